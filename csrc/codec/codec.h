@@ -1,0 +1,87 @@
+#pragma once
+// The FP8 block codec over raw pointers: the CPU entry points and the CUDA
+// launchers share these signatures. Torch-free, so the .cu files compile with a
+// bare `nvcc -c` (DESIGN.md, "The codec is torch-free where it must be").
+#include <stdint.h>
+
+#include "fp8_block_math.h"
+
+namespace fp8comm {
+
+// Where the codes of P segments live. Element i of segment r is element
+// r * segment_numel + i of the flat tensor; it is valid when that index is
+// below the tensor's numel. Segment r's scales start at scales + r * stride and
+// its codes at codes + r * stride, so a wire segment `[scales][codes]` is one
+// contiguous run of segment_bytes() bytes.
+struct BlockCodes {
+  uint8_t* scales = nullptr;
+  uint8_t* codes = nullptr;
+  int64_t stride = 0;          // bytes from one segment to the next (any, when P == 1)
+  int64_t num_segments = 1;    // P
+  int64_t segment_numel = 0;   // m
+  // Codes written per segment: valid elements are encoded, the rest up to the
+  // capacity are written as zeros. A wire segment has capacity m rounded up to
+  // the block, so padding decodes to 0 and sums to 0.
+  int64_t capacity = 0;
+  // Zero bytes written after each segment's last scale (wire alignment), so no
+  // uninitialized memory ever goes on the wire.
+  int64_t scale_padding = 0;
+  int block_size = 32;
+  Fp8Format format = Fp8Format::E4M3;
+};
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+inline int64_t align16(int64_t a) { return (a + 15) & ~int64_t{15}; }
+
+// Scale bytes of a wire segment of m elements, padded so its codes start on a
+// 16-byte boundary (vector loads and stores).
+inline int64_t segment_scale_bytes(int64_t m, int64_t block) { return align16(ceil_div(m, block)); }
+inline int64_t segment_code_bytes(int64_t m, int64_t block) { return ceil_div(m, block) * block; }
+inline int64_t segment_bytes(int64_t m, int64_t block) {
+  return segment_scale_bytes(m, block) + segment_code_bytes(m, block);
+}
+
+// The layout of P wire segments of m elements each, back to back from `base`.
+inline BlockCodes wire_segments(uint8_t* base, int64_t num_segments, int64_t m, int block,
+                                Fp8Format format) {
+  BlockCodes c;
+  c.scales = base;
+  c.codes = base + segment_scale_bytes(m, block);
+  c.stride = segment_bytes(m, block);
+  c.num_segments = num_segments;
+  c.segment_numel = m;
+  c.capacity = segment_code_bytes(m, block);
+  c.scale_padding = segment_scale_bytes(m, block) - ceil_div(m, block);
+  c.block_size = block;
+  c.format = format;
+  return c;
+}
+
+// ---------------------------------------------------------------- operations
+// quantize:        codes(dst) <- q(src * premul), src has `numel` elements.
+// dequantize:      dst[0, numel) <- d(src codes).
+// dequant_sum:     dst[0, numel) <- (sum over r of d(piece r)) / post_div, where
+//                  piece r is segment r of `pieces` (numel <= segment_numel).
+// dequant_sum_requantize: the same sum over all `capacity` elements, quantized
+//                  into the single segment `out` (same segment_numel).
+// premul_device, when not null, points to one float on the device holding the
+// pre-multiplier (PREMUL_SUM with a tensor factor) and replaces `premul`.
+
+void quantize_cpu(const void* src, ElemType type, int64_t numel, float premul, const BlockCodes& dst);
+void dequantize_cpu(const BlockCodes& src, void* dst, ElemType type, int64_t numel);
+void dequant_sum_cpu(const BlockCodes& pieces, int post_div, void* dst, ElemType type, int64_t numel);
+void dequant_sum_requantize_cpu(const BlockCodes& pieces, int post_div, const BlockCodes& out);
+
+// CUDA launchers (csrc/codec/codec_cuda.cu). `stream` is a cudaStream_t.
+// Each is one kernel launch on `stream`, asynchronous to the host; they return
+// a CUDA error code (0 on success) instead of throwing, to stay torch-free.
+int quantize_cuda(const void* src, ElemType type, int64_t numel, float premul,
+                  const float* premul_device, const BlockCodes& dst, void* stream);
+int dequantize_cuda(const BlockCodes& src, void* dst, ElemType type, int64_t numel, void* stream);
+int dequant_sum_cuda(const BlockCodes& pieces, int post_div, void* dst, ElemType type, int64_t numel,
+                     void* stream);
+int dequant_sum_requantize_cuda(const BlockCodes& pieces, int post_div, const BlockCodes& out,
+                                void* stream);
+const char* cuda_error_string(int error);
+
+}  // namespace fp8comm

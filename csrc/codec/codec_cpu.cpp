@@ -1,0 +1,218 @@
+// The FP8 block codec on the CPU: one pass per block, branch-free loops that
+// the compiler vectorizes (AVX2 clone picked at load time), blocks spread over
+// threads with at::parallel_for. The element math is fp8_block_math.h, the same
+// header the CUDA kernels use, so both produce the same bytes.
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+
+#include "codec.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define FP8C_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define FP8C_VECTOR_CLONES
+#endif
+
+namespace fp8comm {
+namespace {
+
+constexpr int kMaxBlock = 4096;
+// Enough blocks per task that a task moves ~64 KiB of input.
+int64_t grain_blocks(int block_size) { return std::max<int64_t>(1, 16384 / block_size); }
+
+template <ElemType E>
+using Storage = typename Elem<E>::storage;
+
+// Blocks [begin, end) of all segments, numbered segment-major.
+template <ElemType E, Fp8Format F>
+FP8C_VECTOR_CLONES void quantize_blocks(const Storage<E>* src, int64_t numel, float premul,
+                                        const BlockCodes dst, int64_t begin, int64_t end) {
+  const int64_t B = dst.block_size;
+  const int64_t blocks_per_segment = ceil_div(dst.capacity, B);
+  float v[kMaxBlock];
+  for (int64_t blk = begin; blk < end; ++blk) {
+    const int64_t r = blk / blocks_per_segment;
+    const int64_t j = blk - r * blocks_per_segment;
+    const int64_t first = r * dst.segment_numel + j * B;  // flat index of the block start
+    const int64_t width = std::min(B, dst.capacity - j * B);
+    const int64_t seg_valid = std::min(dst.segment_numel, numel - r * dst.segment_numel);
+    const int64_t valid = std::max<int64_t>(0, std::min(width, seg_valid - j * B));
+    const Storage<E>* s = src + first;
+    uint32_t amax = 0;
+    for (int64_t i = 0; i < valid; ++i) {
+      v[i] = Elem<E>::load(s[i]) * premul;
+      amax = std::max(amax, finite_abs_bits(v[i]));
+    }
+    const uint8_t sb = scale_byte<F>(amax);
+    const float inv = inv_scale_from_byte(sb);
+    const uint32_t limit = code_limit<F>(sb);
+    uint8_t* codes = dst.codes + r * dst.stride + j * B;
+    for (int64_t i = 0; i < valid; ++i) codes[i] = encode_fp8<F>(v[i] * inv, limit);
+    for (int64_t i = valid; i < width; ++i) codes[i] = 0;
+    dst.scales[r * dst.stride + j] = sb;
+    if (j == blocks_per_segment - 1) {
+      for (int64_t k = 1; k <= dst.scale_padding; ++k) dst.scales[r * dst.stride + j + k] = 0;
+    }
+  }
+}
+
+template <ElemType E, Fp8Format F>
+FP8C_VECTOR_CLONES void dequantize_blocks(const BlockCodes src, Storage<E>* dst, int64_t numel,
+                                          int64_t begin, int64_t end) {
+  const int64_t B = src.block_size;
+  const int64_t blocks_per_segment = ceil_div(src.segment_numel, B);
+  for (int64_t blk = begin; blk < end; ++blk) {
+    const int64_t r = blk / blocks_per_segment;
+    const int64_t j = blk - r * blocks_per_segment;
+    const int64_t first = r * src.segment_numel + j * B;
+    const int64_t width = std::min(B, src.segment_numel - j * B);
+    const int64_t valid = std::max<int64_t>(0, std::min(width, numel - first));
+    const float scale = scale_from_byte(src.scales[r * src.stride + j]);
+    const uint8_t* codes = src.codes + r * src.stride + j * B;
+    Storage<E>* d = dst + first;
+    for (int64_t i = 0; i < valid; ++i) d[i] = Elem<E>::store(decode_fp8<F>(codes[i]) * scale);
+  }
+}
+
+// acc[0, width) <- sum over pieces of block j, divided by post_div.
+template <Fp8Format F>
+FP8C_HD void sum_block(const BlockCodes& pieces, int post_div, int64_t j, int64_t width, float* acc) {
+  const int64_t B = pieces.block_size;
+  {
+    const float scale = scale_from_byte(pieces.scales[j]);
+    const uint8_t* codes = pieces.codes + j * B;
+    for (int64_t i = 0; i < width; ++i) acc[i] = decode_fp8<F>(codes[i]) * scale;
+  }
+  for (int64_t r = 1; r < pieces.num_segments; ++r) {
+    const float scale = scale_from_byte(pieces.scales[r * pieces.stride + j]);
+    const uint8_t* codes = pieces.codes + r * pieces.stride + j * B;
+    for (int64_t i = 0; i < width; ++i) acc[i] += decode_fp8<F>(codes[i]) * scale;
+  }
+  for (int64_t i = 0; i < width; ++i) acc[i] = sum_finish(acc[i], post_div);
+}
+
+template <ElemType E, Fp8Format F>
+FP8C_VECTOR_CLONES void dequant_sum_blocks(const BlockCodes pieces, int post_div, Storage<E>* dst,
+                                           int64_t numel, int64_t begin, int64_t end) {
+  const int64_t B = pieces.block_size;
+  float acc[kMaxBlock];
+  for (int64_t j = begin; j < end; ++j) {
+    const int64_t width = std::min(B, numel - j * B);
+    sum_block<F>(pieces, post_div, j, width, acc);
+    Storage<E>* d = dst + j * B;
+    for (int64_t i = 0; i < width; ++i) d[i] = Elem<E>::store(acc[i]);
+  }
+}
+
+template <Fp8Format F>
+FP8C_VECTOR_CLONES void dequant_sum_requantize_blocks(const BlockCodes pieces, int post_div,
+                                                      const BlockCodes out, int64_t begin,
+                                                      int64_t end) {
+  const int64_t B = pieces.block_size;
+  const int64_t total_blocks = ceil_div(out.capacity, B);
+  float acc[kMaxBlock];
+  for (int64_t j = begin; j < end; ++j) {
+    const int64_t width = std::min(B, out.capacity - j * B);
+    sum_block<F>(pieces, post_div, j, width, acc);
+    uint32_t amax = 0;
+    for (int64_t i = 0; i < width; ++i) amax = std::max(amax, finite_abs_bits(acc[i]));
+    const uint8_t sb = scale_byte<F>(amax);
+    const float inv = inv_scale_from_byte(sb);
+    const uint32_t limit = code_limit<F>(sb);
+    uint8_t* codes = out.codes + j * B;
+    for (int64_t i = 0; i < width; ++i) codes[i] = encode_fp8<F>(acc[i] * inv, limit);
+    out.scales[j] = sb;
+    if (j == total_blocks - 1) {
+      for (int64_t k = 1; k <= out.scale_padding; ++k) out.scales[j + k] = 0;
+    }
+  }
+}
+
+// Calls fn with the compile-time element type and format.
+template <typename Fn>
+void dispatch(ElemType type, Fp8Format format, Fn&& fn) {
+  auto with_format = [&](auto e) {
+    if (format == Fp8Format::E4M3) {
+      fn(e, std::integral_constant<Fp8Format, Fp8Format::E4M3>{});
+    } else {
+      fn(e, std::integral_constant<Fp8Format, Fp8Format::E5M2>{});
+    }
+  };
+  switch (type) {
+    case ElemType::F32: with_format(std::integral_constant<ElemType, ElemType::F32>{}); break;
+    case ElemType::BF16: with_format(std::integral_constant<ElemType, ElemType::BF16>{}); break;
+    case ElemType::F16: with_format(std::integral_constant<ElemType, ElemType::F16>{}); break;
+  }
+}
+
+void check_block(int block_size) {
+  TORCH_CHECK(block_size >= 16 && block_size <= kMaxBlock && block_size % 16 == 0,
+              "fp8comm codec: block_size must be a multiple of 16 in [16, 4096], got ", block_size);
+}
+
+}  // namespace
+
+void quantize_cpu(const void* src, ElemType type, int64_t numel, float premul, const BlockCodes& dst) {
+  check_block(dst.block_size);
+  const int64_t total = dst.num_segments * ceil_div(dst.capacity, dst.block_size);
+  dispatch(type, dst.format, [&](auto e, auto f) {
+    constexpr ElemType E = decltype(e)::value;
+    constexpr Fp8Format F = decltype(f)::value;
+    auto* s = static_cast<const Storage<E>*>(src);
+    at::parallel_for(0, total, grain_blocks(dst.block_size), [&](int64_t b, int64_t end) {
+      quantize_blocks<E, F>(s, numel, premul, dst, b, end);
+    });
+  });
+}
+
+void dequantize_cpu(const BlockCodes& src, void* dst, ElemType type, int64_t numel) {
+  check_block(src.block_size);
+  const int64_t total = src.num_segments * ceil_div(src.segment_numel, src.block_size);
+  dispatch(type, src.format, [&](auto e, auto f) {
+    constexpr ElemType E = decltype(e)::value;
+    constexpr Fp8Format F = decltype(f)::value;
+    auto* d = static_cast<Storage<E>*>(dst);
+    at::parallel_for(0, total, grain_blocks(src.block_size), [&](int64_t b, int64_t end) {
+      dequantize_blocks<E, F>(src, d, numel, b, end);
+    });
+  });
+}
+
+void dequant_sum_cpu(const BlockCodes& pieces, int post_div, void* dst, ElemType type, int64_t numel) {
+  check_block(pieces.block_size);
+  TORCH_CHECK(numel <= pieces.segment_numel, "fp8comm codec: dequant_sum output larger than a piece");
+  const int64_t total = ceil_div(numel, pieces.block_size);
+  dispatch(type, pieces.format, [&](auto e, auto f) {
+    constexpr ElemType E = decltype(e)::value;
+    constexpr Fp8Format F = decltype(f)::value;
+    auto* d = static_cast<Storage<E>*>(dst);
+    const int64_t grain = std::max<int64_t>(1, grain_blocks(pieces.block_size) / pieces.num_segments);
+    at::parallel_for(0, total, grain, [&](int64_t b, int64_t end) {
+      dequant_sum_blocks<E, F>(pieces, post_div, d, numel, b, end);
+    });
+  });
+}
+
+void dequant_sum_requantize_cpu(const BlockCodes& pieces, int post_div, const BlockCodes& out) {
+  check_block(pieces.block_size);
+  TORCH_CHECK(out.block_size == pieces.block_size && out.format == pieces.format &&
+                  out.capacity <= pieces.capacity,
+              "fp8comm codec: dequant_sum_requantize output layout does not match its pieces");
+  const int64_t total = ceil_div(out.capacity, out.block_size);
+  const int64_t grain = std::max<int64_t>(1, grain_blocks(pieces.block_size) / pieces.num_segments);
+  auto run = [&](auto f) {
+    constexpr Fp8Format F = decltype(f)::value;
+    at::parallel_for(0, total, grain, [&](int64_t b, int64_t end) {
+      dequant_sum_requantize_blocks<F>(pieces, post_div, out, b, end);
+    });
+  };
+  if (pieces.format == Fp8Format::E4M3) {
+    run(std::integral_constant<Fp8Format, Fp8Format::E4M3>{});
+  } else {
+    run(std::integral_constant<Fp8Format, Fp8Format::E5M2>{});
+  }
+}
+
+}  // namespace fp8comm

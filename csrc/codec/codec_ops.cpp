@@ -1,0 +1,179 @@
+// The codec as torch.library operators (namespace fp8comm), registered for the
+// CPU and CUDA dispatch keys; their fake implementations live in
+// fp8comm/codec.py. Arguments are checked here, where they enter, and errors
+// name the operator and the argument.
+#include <torch/library.h>
+
+#include "codec_tensor.h"
+
+namespace fp8comm {
+namespace {
+
+BlockCodes flat_codes(const at::Tensor& scales, const at::Tensor& codes, int64_t numel,
+                      int64_t block_size, Fp8Format format) {
+  BlockCodes c;
+  c.scales = static_cast<uint8_t*>(scales.data_ptr());
+  c.codes = static_cast<uint8_t*>(codes.data_ptr());
+  c.num_segments = 1;
+  c.segment_numel = numel;
+  c.capacity = numel;
+  c.block_size = static_cast<int>(block_size);
+  c.format = format;
+  return c;
+}
+
+void check_wire(const char* op, const char* name, const at::Tensor& t, int64_t num_segments,
+                int64_t segment_numel, int64_t block_size) {
+  TORCH_CHECK(num_segments >= 1 && segment_numel >= 0, op, ": num_segments must be >= 1 and ",
+              "segment_numel >= 0, got ", num_segments, " and ", segment_numel);
+  const int64_t expected = num_segments * segment_bytes(segment_numel, block_size);
+  TORCH_CHECK(t.scalar_type() == at::kByte && t.is_contiguous() && t.numel() == expected, op, ": ",
+              name, " must be a contiguous uint8 tensor of ", expected, " bytes (", num_segments,
+              " segments of fp8comm.segment_bytes(", segment_numel, ", ", block_size,
+              ")), got ", t.scalar_type(), " with ", t.numel(), " elements");
+}
+
+void check_out(const char* op, const at::Tensor& out, const at::Tensor& like, int64_t max_numel) {
+  TORCH_CHECK(out.device() == like.device(), op, ": out is on ", out.device(),
+              " but the codes are on ", like.device(), "; put both on one device");
+  TORCH_CHECK(out.is_contiguous(), op, ": out must be contiguous");
+  TORCH_CHECK(out.numel() <= max_numel, op, ": out has ", out.numel(), " elements, more than the ",
+              max_numel, " the segments hold");
+  elem_type_of(out.scalar_type(), op);
+}
+
+std::tuple<at::Tensor, at::Tensor> quantize(const at::Tensor& x, int64_t block_size,
+                                            at::ScalarType fp8_dtype) {
+  const char* op = "fp8comm.quantize";
+  check_block_size(block_size, op);
+  const Fp8Format format = fp8_format_of(fp8_dtype, op);
+  elem_type_of(x.scalar_type(), op);
+  const at::Tensor src = x.contiguous();
+  const int64_t n = src.numel();
+  at::Tensor codes = at::empty({n}, src.options().dtype(fp8_dtype));
+  at::Tensor scales = at::empty({ceil_div(n, block_size)}, src.options().dtype(at::kFloat8_e8m0fnu));
+  if (n > 0) quantize_into(src, 1.0f, std::nullopt, flat_codes(scales, codes, n, block_size, format));
+  return {codes, scales};
+}
+
+at::Tensor dequantize(const at::Tensor& codes, const at::Tensor& scales, int64_t block_size,
+                      at::ScalarType dtype) {
+  const char* op = "fp8comm.dequantize";
+  check_block_size(block_size, op);
+  const Fp8Format format = fp8_format_of(codes.scalar_type(), "fp8comm.dequantize codes");
+  elem_type_of(dtype, op);
+  TORCH_CHECK(scales.scalar_type() == at::kFloat8_e8m0fnu || scales.scalar_type() == at::kByte, op,
+              ": scales must be float8_e8m0fnu or uint8, got ", scales.scalar_type());
+  TORCH_CHECK(codes.device() == scales.device(), op, ": codes on ", codes.device(),
+              " but scales on ", scales.device());
+  const int64_t n = codes.numel();
+  TORCH_CHECK(scales.numel() == ceil_div(n, block_size), op, ": ", n, " codes in blocks of ",
+              block_size, " need ", ceil_div(n, block_size), " scales, got ", scales.numel());
+  const at::Tensor c = codes.contiguous();
+  const at::Tensor s = scales.contiguous();
+  at::Tensor out = at::empty({n}, codes.options().dtype(dtype));
+  if (n > 0) dequantize_into(flat_codes(s, c, n, block_size, format), out);
+  return out;
+}
+
+void quantize_segments(const at::Tensor& x, const at::Tensor& out, int64_t num_segments,
+                       int64_t segment_numel, int64_t block_size, at::ScalarType fp8_dtype,
+                       double premul, const std::optional<at::Tensor>& premul_tensor) {
+  const char* op = "fp8comm.quantize_segments";
+  check_block_size(block_size, op);
+  const Fp8Format format = fp8_format_of(fp8_dtype, op);
+  check_wire(op, "out", out, num_segments, segment_numel, block_size);
+  elem_type_of(x.scalar_type(), op);
+  TORCH_CHECK(x.device() == out.device(), op, ": x on ", x.device(), " but out on ", out.device());
+  TORCH_CHECK(x.numel() <= num_segments * segment_numel, op, ": x has ", x.numel(),
+              " elements, more than ", num_segments, " segments of ", segment_numel);
+  std::optional<at::Tensor> factor;
+  if (premul_tensor) {
+    TORCH_CHECK(premul_tensor->numel() == 1 && premul_tensor->device() == x.device(), op,
+                ": premul_tensor must hold one element on ", x.device());
+    factor = premul_tensor->to(at::kFloat).contiguous();
+  }
+  quantize_into(x.contiguous(), static_cast<float>(premul), factor,
+                wire_segments(static_cast<uint8_t*>(out.data_ptr()), num_segments, segment_numel,
+                              static_cast<int>(block_size), format));
+}
+
+void dequantize_segments(const at::Tensor& segments, const at::Tensor& out, int64_t num_segments,
+                         int64_t segment_numel, int64_t block_size, at::ScalarType fp8_dtype) {
+  const char* op = "fp8comm.dequantize_segments";
+  check_block_size(block_size, op);
+  const Fp8Format format = fp8_format_of(fp8_dtype, op);
+  check_wire(op, "segments", segments, num_segments, segment_numel, block_size);
+  check_out(op, out, segments, num_segments * segment_numel);
+  dequantize_into(wire_segments(static_cast<uint8_t*>(segments.data_ptr()), num_segments,
+                                segment_numel, static_cast<int>(block_size), format),
+                  out);
+}
+
+void check_post_div(const char* op, int64_t post_div) {
+  TORCH_CHECK(post_div >= 1, op, ": post_div must be >= 1, got ", post_div);
+}
+
+void dequant_sum(const at::Tensor& pieces, const at::Tensor& out, int64_t num_pieces,
+                 int64_t segment_numel, int64_t block_size, at::ScalarType fp8_dtype, int64_t post_div) {
+  const char* op = "fp8comm.dequant_sum";
+  check_block_size(block_size, op);
+  check_post_div(op, post_div);
+  const Fp8Format format = fp8_format_of(fp8_dtype, op);
+  check_wire(op, "pieces", pieces, num_pieces, segment_numel, block_size);
+  check_out(op, out, pieces, segment_numel);
+  dequant_sum_into(wire_segments(static_cast<uint8_t*>(pieces.data_ptr()), num_pieces, segment_numel,
+                                 static_cast<int>(block_size), format),
+                   static_cast<int>(post_div), out);
+}
+
+void dequant_sum_requantize(const at::Tensor& pieces, const at::Tensor& out, int64_t num_pieces,
+                            int64_t segment_numel, int64_t block_size, at::ScalarType fp8_dtype,
+                            int64_t post_div) {
+  const char* op = "fp8comm.dequant_sum_requantize";
+  check_block_size(block_size, op);
+  check_post_div(op, post_div);
+  const Fp8Format format = fp8_format_of(fp8_dtype, op);
+  check_wire(op, "pieces", pieces, num_pieces, segment_numel, block_size);
+  check_wire(op, "out", out, 1, segment_numel, block_size);
+  TORCH_CHECK(out.device() == pieces.device(), op, ": out on ", out.device(), " but pieces on ",
+              pieces.device());
+  const int block = static_cast<int>(block_size);
+  dequant_sum_requantize_into(
+      wire_segments(static_cast<uint8_t*>(pieces.data_ptr()), num_pieces, segment_numel, block, format),
+      static_cast<int>(post_div),
+      wire_segments(static_cast<uint8_t*>(out.data_ptr()), 1, segment_numel, block, format),
+      pieces.device());
+}
+
+}  // namespace
+
+TORCH_LIBRARY(fp8comm, m) {
+  m.def("quantize(Tensor x, int block_size, ScalarType fp8_dtype) -> (Tensor codes, Tensor scales)");
+  m.def("dequantize(Tensor codes, Tensor scales, int block_size, ScalarType dtype) -> Tensor");
+  m.def(
+      "quantize_segments(Tensor x, Tensor(a!) out, int num_segments, int segment_numel, "
+      "int block_size, ScalarType fp8_dtype, float premul=1.0, Tensor? premul_tensor=None) -> ()");
+  m.def(
+      "dequantize_segments(Tensor segments, Tensor(a!) out, int num_segments, int segment_numel, "
+      "int block_size, ScalarType fp8_dtype) -> ()");
+  m.def(
+      "dequant_sum(Tensor pieces, Tensor(a!) out, int num_pieces, int segment_numel, "
+      "int block_size, ScalarType fp8_dtype, int post_div=1) -> ()");
+  m.def(
+      "dequant_sum_requantize(Tensor pieces, Tensor(a!) out, int num_pieces, int segment_numel, "
+      "int block_size, ScalarType fp8_dtype, int post_div=1) -> ()");
+}
+
+#define FP8C_REGISTER_CODEC_IMPLS(m)                        \
+  m.impl("quantize", &quantize);                            \
+  m.impl("dequantize", &dequantize);                        \
+  m.impl("quantize_segments", &quantize_segments);          \
+  m.impl("dequantize_segments", &dequantize_segments);      \
+  m.impl("dequant_sum", &dequant_sum);                      \
+  m.impl("dequant_sum_requantize", &dequant_sum_requantize)
+
+TORCH_LIBRARY_IMPL(fp8comm, CPU, m) { FP8C_REGISTER_CODEC_IMPLS(m); }
+TORCH_LIBRARY_IMPL(fp8comm, CUDA, m) { FP8C_REGISTER_CODEC_IMPLS(m); }
+
+}  // namespace fp8comm

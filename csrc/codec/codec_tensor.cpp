@@ -1,0 +1,124 @@
+#include "codec_tensor.h"
+
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+namespace fp8comm {
+
+ElemType elem_type_of(at::ScalarType dtype, const char* what) {
+  switch (dtype) {
+    case at::kFloat: return ElemType::F32;
+    case at::kBFloat16: return ElemType::BF16;
+    case at::kHalf: return ElemType::F16;
+    default:
+      TORCH_CHECK(false, what, ": expected a float32, bfloat16 or float16 tensor, got ", dtype,
+                  "; convert it first (the FP8 codec only encodes these dtypes)");
+  }
+}
+
+Fp8Format fp8_format_of(at::ScalarType fp8_dtype, const char* what) {
+  if (fp8_dtype == at::kFloat8_e4m3fn) return Fp8Format::E4M3;
+  if (fp8_dtype == at::kFloat8_e5m2) return Fp8Format::E5M2;
+  TORCH_CHECK(false, what, ": fp8_dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got ",
+              fp8_dtype);
+}
+
+at::ScalarType fp8_dtype_of(Fp8Format format) {
+  return format == Fp8Format::E4M3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2;
+}
+
+bool is_codec_dtype(at::ScalarType dtype) {
+  return dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf;
+}
+
+void check_block_size(int64_t block_size, const char* what) {
+  TORCH_CHECK(block_size >= 16 && block_size <= 4096 && block_size % 16 == 0, what,
+              ": block_size must be a multiple of 16 between 16 and 4096, got ", block_size);
+}
+
+namespace {
+
+// The device's current stream as a cudaStream_t, with the device made current.
+struct CudaLaunch {
+  explicit CudaLaunch(const at::Device& device) : guard(device) {
+    c10::impl::VirtualGuardImpl impl(device.type());
+    stream = impl.getStream(device).native_handle();
+  }
+  c10::DeviceGuard guard;
+  void* stream = nullptr;
+};
+
+void check_cuda(int error, const char* op) {
+#ifdef FP8COMM_WITH_CUDA
+  TORCH_CHECK(error == 0, "fp8comm: CUDA kernel ", op, " failed to launch: ", cuda_error_string(error));
+#else
+  (void)error;
+  TORCH_CHECK(false, "fp8comm: ", op, " got a CUDA tensor, but this build of fp8comm has no CUDA "
+              "kernels; reinstall it on a machine with nvcc and a CUDA build of torch");
+#endif
+}
+
+bool on_cuda(const at::Device& device, const char* op) {
+  if (device.is_cpu()) return false;
+  TORCH_CHECK(device.is_cuda(), "fp8comm: ", op, " supports CPU and CUDA tensors, got ", device);
+  return true;
+}
+
+}  // namespace
+
+#ifdef FP8COMM_WITH_CUDA
+#define FP8C_CUDA_CALL(expr) (expr)
+#else
+#define FP8C_CUDA_CALL(expr) 0
+#endif
+
+void quantize_into(const at::Tensor& src, float premul, const std::optional<at::Tensor>& premul_tensor,
+                   const BlockCodes& dst) {
+  const ElemType type = elem_type_of(src.scalar_type(), "fp8comm quantize input");
+  if (!on_cuda(src.device(), "quantize")) {
+    if (premul_tensor) premul = premul_tensor->item<float>();
+    quantize_cpu(src.data_ptr(), type, src.numel(), premul, dst);
+    return;
+  }
+  CudaLaunch launch(src.device());
+  const float* premul_device = premul_tensor ? premul_tensor->data_ptr<float>() : nullptr;
+  check_cuda(FP8C_CUDA_CALL(quantize_cuda(src.data_ptr(), type, src.numel(), premul, premul_device,
+                                          dst, launch.stream)),
+             "quantize");
+}
+
+void dequantize_into(const BlockCodes& src, const at::Tensor& dst) {
+  const ElemType type = elem_type_of(dst.scalar_type(), "fp8comm dequantize output");
+  if (!on_cuda(dst.device(), "dequantize")) {
+    dequantize_cpu(src, dst.data_ptr(), type, dst.numel());
+    return;
+  }
+  CudaLaunch launch(dst.device());
+  check_cuda(FP8C_CUDA_CALL(dequantize_cuda(src, dst.data_ptr(), type, dst.numel(), launch.stream)),
+             "dequantize");
+}
+
+void dequant_sum_into(const BlockCodes& pieces, int post_div, const at::Tensor& dst) {
+  const ElemType type = elem_type_of(dst.scalar_type(), "fp8comm dequant_sum output");
+  if (!on_cuda(dst.device(), "dequant_sum")) {
+    dequant_sum_cpu(pieces, post_div, dst.data_ptr(), type, dst.numel());
+    return;
+  }
+  CudaLaunch launch(dst.device());
+  check_cuda(FP8C_CUDA_CALL(dequant_sum_cuda(pieces, post_div, dst.data_ptr(), type, dst.numel(),
+                                             launch.stream)),
+             "dequant_sum");
+}
+
+void dequant_sum_requantize_into(const BlockCodes& pieces, int post_div, const BlockCodes& out,
+                                 const at::Device& device) {
+  if (!on_cuda(device, "dequant_sum_requantize")) {
+    dequant_sum_requantize_cpu(pieces, post_div, out);
+    return;
+  }
+  CudaLaunch launch(device);
+  check_cuda(FP8C_CUDA_CALL(dequant_sum_requantize_cuda(pieces, post_div, out, launch.stream)),
+             "dequant_sum_requantize");
+}
+
+}  // namespace fp8comm

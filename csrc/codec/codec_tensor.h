@@ -1,0 +1,30 @@
+#pragma once
+// The codec over at::Tensors: picks the CPU loops or the CUDA launchers by the
+// tensors' device. CUDA work is enqueued on the device's *current* stream, so
+// callers choose the stream with a guard (the backend runs it on a side stream).
+#include <ATen/ATen.h>
+
+#include <optional>
+
+#include "codec.h"
+
+namespace fp8comm {
+
+// dtype -> codec enums; both raise an error naming `what` when unsupported.
+ElemType elem_type_of(at::ScalarType dtype, const char* what);
+Fp8Format fp8_format_of(at::ScalarType fp8_dtype, const char* what);
+at::ScalarType fp8_dtype_of(Fp8Format format);
+bool is_codec_dtype(at::ScalarType dtype);  // float32, bfloat16, float16
+void check_block_size(int64_t block_size, const char* what);
+
+// The same operations as codec.h; `src`/`dst` are contiguous tensors on the
+// device whose memory `codes` points into. premul_tensor (one float32 element
+// on that device) replaces premul when given.
+void quantize_into(const at::Tensor& src, float premul, const std::optional<at::Tensor>& premul_tensor,
+                   const BlockCodes& dst);
+void dequantize_into(const BlockCodes& src, const at::Tensor& dst);
+void dequant_sum_into(const BlockCodes& pieces, int post_div, const at::Tensor& dst);
+void dequant_sum_requantize_into(const BlockCodes& pieces, int post_div, const BlockCodes& out,
+                                 const at::Device& device);
+
+}  // namespace fp8comm

@@ -1,0 +1,152 @@
+"""The FP8 block codec (DESIGN.md, "Wire format").
+
+A tensor of n elements is cut into blocks of ``block_size`` elements; each block
+has one power-of-two scale stored as one E8M0 byte (``torch.float8_e8m0fnu``,
+value ``2**(byte - 127)``) and ``block_size`` FP8 codes (E4M3 or E5M2). The
+scale is the smallest power of two that keeps the block maximum unsaturated;
+rounding is to nearest even; non-finite inputs decode to non-finite.
+
+The fused operators below work on *wire segments*: ``[scales][codes]`` runs of
+``segment_bytes(m, block_size)`` bytes holding m elements each, the unit the
+backend sends to one peer. All operators are ``torch.ops.fp8comm.*`` with fake
+implementations, so they trace under torch.compile.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import _C
+
+__all__ = [
+    "quantize",
+    "dequantize",
+    "segment_bytes",
+    "quantize_segments",
+    "dequantize_segments",
+    "dequant_sum",
+    "dequant_sum_requantize",
+]
+
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+CODEC_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def segment_bytes(segment_numel: int, block_size: int = 32) -> int:
+    """Bytes of one wire segment of ``segment_numel`` elements: the scale bytes
+    padded to 16, then the codes padded to a whole block."""
+    return _C.segment_bytes(segment_numel, block_size)
+
+
+def quantize(
+    x: torch.Tensor, *, block_size: int = 32, fp8_dtype: torch.dtype = torch.float8_e4m3fn
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize ``x`` (float32/bfloat16/float16, any shape) to FP8 blocks.
+
+    Returns ``(codes, scales)``: ``codes`` is 1-D ``fp8_dtype`` with ``x.numel()``
+    elements; ``scales`` is 1-D ``torch.float8_e8m0fnu`` with one element per block
+    (``scales.view(torch.uint8)`` gives the raw exponent bytes).
+    """
+    return torch.ops.fp8comm.quantize(x, block_size, fp8_dtype)
+
+
+def dequantize(
+    codes: torch.Tensor, scales: torch.Tensor, *, block_size: int = 32, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Decode ``(codes, scales)`` from :func:`quantize` into a 1-D ``dtype`` tensor."""
+    return torch.ops.fp8comm.dequantize(codes, scales, block_size, dtype)
+
+
+def quantize_segments(
+    x: torch.Tensor,
+    out: torch.Tensor,
+    num_segments: int,
+    segment_numel: int,
+    *,
+    block_size: int = 32,
+    fp8_dtype: torch.dtype = torch.float8_e4m3fn,
+    premul: float | torch.Tensor = 1.0,
+) -> None:
+    """Quantize ``x * premul`` (flattened; ``numel <= num_segments * segment_numel``)
+    into ``out``, a uint8 buffer of ``num_segments`` wire segments. Elements past
+    ``x.numel()`` are written as zeros."""
+    factor = premul if isinstance(premul, torch.Tensor) else None
+    scalar = 1.0 if factor is not None else float(premul)
+    torch.ops.fp8comm.quantize_segments(x, out, num_segments, segment_numel, block_size, fp8_dtype, scalar, factor)
+
+
+def dequantize_segments(
+    segments: torch.Tensor,
+    out: torch.Tensor,
+    num_segments: int,
+    segment_numel: int,
+    *,
+    block_size: int = 32,
+    fp8_dtype: torch.dtype = torch.float8_e4m3fn,
+) -> None:
+    """Decode ``num_segments`` wire segments into the first ``out.numel()`` elements
+    of the flat ``out`` (contiguous, float32/bfloat16/float16)."""
+    torch.ops.fp8comm.dequantize_segments(segments, out, num_segments, segment_numel, block_size, fp8_dtype)
+
+
+def dequant_sum(
+    pieces: torch.Tensor,
+    out: torch.Tensor,
+    num_pieces: int,
+    segment_numel: int,
+    *,
+    block_size: int = 32,
+    fp8_dtype: torch.dtype = torch.float8_e4m3fn,
+    post_div: int = 1,
+) -> None:
+    """``out = (sum of the decoded pieces) / post_div``, summed in float32 in piece
+    order; ``out.numel() <= segment_numel``."""
+    torch.ops.fp8comm.dequant_sum(pieces, out, num_pieces, segment_numel, block_size, fp8_dtype, post_div)
+
+
+def dequant_sum_requantize(
+    pieces: torch.Tensor,
+    out: torch.Tensor,
+    num_pieces: int,
+    segment_numel: int,
+    *,
+    block_size: int = 32,
+    fp8_dtype: torch.dtype = torch.float8_e4m3fn,
+    post_div: int = 1,
+) -> None:
+    """Like :func:`dequant_sum`, but quantizes the float32 sum into ``out``, one
+    wire segment of ``segment_numel`` elements."""
+    torch.ops.fp8comm.dequant_sum_requantize(pieces, out, num_pieces, segment_numel, block_size, fp8_dtype, post_div)
+
+
+# ---------------------------------------------------------------- fake kernels
+@torch.library.register_fake("fp8comm::quantize")
+def _quantize_fake(x, block_size, fp8_dtype):
+    n = x.numel()
+    codes = x.new_empty((n,), dtype=fp8_dtype)
+    scales = x.new_empty(((n + block_size - 1) // block_size,), dtype=torch.float8_e8m0fnu)
+    return codes, scales
+
+
+@torch.library.register_fake("fp8comm::dequantize")
+def _dequantize_fake(codes, scales, block_size, dtype):
+    return codes.new_empty((codes.numel(),), dtype=dtype)
+
+
+@torch.library.register_fake("fp8comm::quantize_segments")
+def _quantize_segments_fake(x, out, num_segments, segment_numel, block_size, fp8_dtype, premul=1.0, premul_tensor=None):
+    return None
+
+
+@torch.library.register_fake("fp8comm::dequantize_segments")
+def _dequantize_segments_fake(segments, out, num_segments, segment_numel, block_size, fp8_dtype):
+    return None
+
+
+@torch.library.register_fake("fp8comm::dequant_sum")
+def _dequant_sum_fake(pieces, out, num_pieces, segment_numel, block_size, fp8_dtype, post_div=1):
+    return None
+
+
+@torch.library.register_fake("fp8comm::dequant_sum_requantize")
+def _dequant_sum_requantize_fake(pieces, out, num_pieces, segment_numel, block_size, fp8_dtype, post_div=1):
+    return None
