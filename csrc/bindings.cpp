@@ -1,10 +1,25 @@
 // fp8comm._C: the Python face of the C++ parts. Importing it also registers the
-// torch.library operators (csrc/codec/codec_ops.cpp).
+// torch.library operators (csrc/codec/codec_ops.cpp). torch.distributed must be
+// imported first: ProcessGroupFP8 derives from its c10d::Backend binding.
+#include <torch/csrc/utils/pybind.h>
 #include <torch/extension.h>
 
+#include "backend/registry.h"
 #include "codec/codec.h"
 
+namespace {
+
+c10::DeviceType device_type_of(const std::string& device) {
+  if (device == "cpu") return c10::DeviceType::CPU;
+  if (device == "cuda") return c10::DeviceType::CUDA;
+  TORCH_CHECK(false, "fp8comm: transports exist for \"cpu\" and \"cuda\", got \"", device, "\"");
+}
+
+}  // namespace
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  using fp8comm::FP8Options;
+  using fp8comm::ProcessGroupFP8;
   m.doc() = "fp8comm C++ extension: FP8 block codec and the fp8nccl / fp8gloo backend";
 #ifdef FP8COMM_WITH_CUDA
   m.attr("has_cuda") = true;
@@ -13,4 +28,46 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #endif
   m.def("segment_bytes", &fp8comm::segment_bytes, py::arg("segment_numel"), py::arg("block_size"),
         "Bytes of one wire segment [scales][codes] holding segment_numel elements.");
+
+  py::class_<ProcessGroupFP8, c10d::Backend, c10::intrusive_ptr<ProcessGroupFP8>>(m, "ProcessGroupFP8")
+      .def("stats", [](ProcessGroupFP8& pg) { return pg.stats().snapshot(); })
+      .def("reset_stats", [](ProcessGroupFP8& pg) { pg.stats().reset(); })
+      .def(
+          "transport",
+          [](ProcessGroupFP8& pg, const std::string& device) { return pg.transport(device_type_of(device)); },
+          py::arg("device"), "The inner backend for tensors on `device` (None if there is none).")
+      .def_property_readonly("block_size", [](ProcessGroupFP8& pg) { return pg.options().block_size; })
+      .def_property_readonly("fp8_format",
+                             [](ProcessGroupFP8& pg) {
+                               return pg.options().format == fp8comm::Fp8Format::E4M3 ? "e4m3" : "e5m2";
+                             })
+      .def_property_readonly("min_numel", [](ProcessGroupFP8& pg) { return pg.options().min_numel; })
+      .def_property_readonly("compressed_ops", [](ProcessGroupFP8& pg) {
+        std::vector<std::string> ops;
+        if (pg.options().compress_allreduce) ops.push_back("all_reduce");
+        if (pg.options().compress_reduce_scatter) ops.push_back("reduce_scatter");
+        if (pg.options().compress_allgather) ops.push_back("all_gather");
+        return ops;
+      });
+
+  m.def(
+      "attach_or_create",
+      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, const std::string& group_id,
+         const std::string& device, const c10::intrusive_ptr<c10d::Backend>& inner, int block_size,
+         const std::string& fp8_format, int64_t min_numel, bool compress_allreduce, bool compress_reduce_scatter,
+         bool compress_allgather) {
+        FP8Options options;
+        options.block_size = block_size;
+        TORCH_CHECK(fp8_format == "e4m3" || fp8_format == "e5m2", "fp8comm: fp8 format must be e4m3 or e5m2");
+        options.format = fp8_format == "e4m3" ? fp8comm::Fp8Format::E4M3 : fp8comm::Fp8Format::E5M2;
+        options.min_numel = min_numel;
+        options.compress_allreduce = compress_allreduce;
+        options.compress_reduce_scatter = compress_reduce_scatter;
+        options.compress_allgather = compress_allgather;
+        return fp8comm::attach_or_create(store, rank, size, group_id, device_type_of(device), inner, options);
+      },
+      py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("group_id"), py::arg("device"), py::arg("inner"),
+      py::arg("block_size"), py::arg("fp8_format"), py::arg("min_numel"), py::arg("compress_allreduce"),
+      py::arg("compress_reduce_scatter"), py::arg("compress_allgather"),
+      "The ProcessGroupFP8 of this group creation, with `inner` as its transport for `device`.");
 }

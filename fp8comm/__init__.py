@@ -2,11 +2,12 @@
 
     import fp8comm                                    # registers fp8nccl / fp8gloo
     dist.init_process_group("cpu:gloo,cuda:fp8nccl")
-    model = fp8comm.convert_to_fp8(model)
 """
-import torch  # noqa: F401  (loads libtorch before the extension)
+import torch
+import torch.distributed  # noqa: F401  (ProcessGroupFP8 derives from its Backend binding)
 
 from . import _C  # noqa: F401  (registers the torch.ops.fp8comm operators)
+from .backend import register as _register_backends
 from .codec import (  # noqa: F401
     dequant_sum,
     dequant_sum_requantize,
@@ -16,5 +17,9 @@ from .codec import (  # noqa: F401
     quantize_segments,
     segment_bytes,
 )
+from .options import Options  # noqa: F401
+from .stats import get_stats, reset_stats  # noqa: F401
+
+_register_backends()
 
 __version__ = "0.1.0"
