@@ -1,0 +1,140 @@
+"""Multi-process test harness: a pool of P real processes, each with an
+initialized process group, that runs module-level scenario functions on every
+rank and returns their results. Starting torch in a process takes seconds, so a
+pool is kept for many tests; a pool that hangs or dies is killed, not reused.
+
+In a scenario, ``ctx()`` gives the rank's Context: ``group`` (the backend under
+test, the default group), ``gloo`` (a plain gloo group over the same ranks, the
+reference), ``rank``, ``world``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import queue
+import tempfile
+import time
+import traceback
+from typing import Any, Callable
+
+import torch.multiprocessing as mp
+
+DEFAULT_TIMEOUT_S = 120.0
+
+
+@dataclasses.dataclass
+class Context:
+    rank: int
+    world: int
+    group: Any
+    gloo: Any
+
+
+_CTX: Context | None = None
+
+
+def ctx() -> Context:
+    assert _CTX is not None, "not inside a DistPool worker"
+    return _CTX
+
+
+class ScenarioError(AssertionError):
+    pass
+
+
+def _worker(rank, world, init_file, backend, pg_options_spec, env, inbox, outbox):
+    global _CTX
+    os.environ.update(env)
+    import torch
+    import torch.distributed as dist
+
+    import fp8comm
+
+    torch.set_num_threads(1)
+    pg_options = fp8comm.Options(**pg_options_spec) if pg_options_spec is not None else None
+    dist.init_process_group(
+        backend, init_method=f"file://{init_file}", rank=rank, world_size=world, pg_options=pg_options
+    )
+    gloo = dist.new_group(backend="gloo")
+    _CTX = Context(rank=rank, world=world, group=dist.group.WORLD, gloo=gloo)
+    outbox.put(("ready", rank, None))
+    while True:
+        job = inbox.get()
+        if job is None:
+            break
+        module, name, args, kwargs = job
+        try:
+            fn = getattr(importlib.import_module(module), name)
+            outbox.put(("ok", rank, fn(*args, **kwargs)))
+        except BaseException:  # noqa: BLE001  (report everything to the parent)
+            outbox.put(("error", rank, traceback.format_exc()))
+    dist.destroy_process_group()
+
+
+class DistPool:
+    def __init__(self, world: int, backend: str = "fp8gloo", pg_options: dict | None = None, env: dict | None = None):
+        self.world = world
+        self._dir = tempfile.TemporaryDirectory()
+        spawn = mp.get_context("spawn")
+        self._outbox = spawn.Queue()
+        self._inboxes = [spawn.Queue() for _ in range(world)]
+        init_file = os.path.join(self._dir.name, "init")
+        self._procs = [
+            spawn.Process(
+                target=_worker,
+                args=(r, world, init_file, backend, pg_options, env or {}, self._inboxes[r], self._outbox),
+                daemon=True,
+            )
+            for r in range(world)
+        ]
+        for p in self._procs:
+            p.start()
+        self.broken = False
+        self._collect("ready", DEFAULT_TIMEOUT_S)
+
+    def run(self, fn: Callable, *args, timeout: float = DEFAULT_TIMEOUT_S, **kwargs) -> list:
+        """Runs fn(*args, **kwargs) on every rank; returns the results by rank.
+        Raises ScenarioError with every failing rank's traceback."""
+        if self.broken:
+            raise ScenarioError("this pool broke in an earlier scenario")
+        for inbox in self._inboxes:
+            inbox.put((fn.__module__, fn.__name__, args, kwargs))
+        return self._collect("ok", timeout)
+
+    def _collect(self, expected: str, timeout: float) -> list:
+        results: list = [None] * self.world
+        errors = {}
+        deadline = time.monotonic() + timeout
+        for _ in range(self.world):
+            while True:
+                try:
+                    kind, rank, value = self._outbox.get(timeout=0.5)
+                    break
+                except queue.Empty:
+                    dead = [r for r, p in enumerate(self._procs) if not p.is_alive()]
+                    if dead or time.monotonic() > deadline:
+                        self.close(kill=True)
+                        why = f"rank(s) {dead} died" if dead else f"ranks did not answer within {timeout}s (hang?)"
+                        raise ScenarioError(f"{why}; pool killed") from None
+            if kind == "error":
+                errors[rank] = value
+            else:
+                results[rank] = value
+        if errors:
+            self.close(kill=True)
+            raise ScenarioError("\n".join(f"--- rank {r}:\n{tb}" for r, tb in sorted(errors.items())))
+        return results
+
+    def close(self, kill: bool = False) -> None:
+        if not kill and not self.broken:
+            for inbox in self._inboxes:
+                inbox.put(None)
+            for p in self._procs:
+                p.join(timeout=30)
+        for p in self._procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+        self.broken = True
+        self._dir.cleanup()

@@ -1,0 +1,330 @@
+"""Scenario functions run on every rank of a DistPool (see dist_harness.py).
+
+Inputs are drawn from per-rank seeds, so every rank can rebuild every other
+rank's input and compute the FP64 reference without communicating.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+import fp8comm
+from codec_reference import sqnr_db
+from dist_harness import ctx
+
+
+def rank_input(rank: int, n: int, dtype=torch.float32, seed: int = 0, scale: float = 1.0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed * 7919 + rank)
+    return (torch.randn(n, generator=gen) * scale).to(dtype)
+
+
+def premul_factors(world: int, kind: str) -> list[float]:
+    if kind == "double":
+        return [0.5] * world
+    if kind == "tensor":  # a different factor per rank, as NCCL allows
+        return [0.25 * (r + 1) for r in range(world)]
+    return [1.0] * world
+
+
+def make_op(op: str, factor_kind: str, rank: int, world: int):
+    if op == "sum":
+        return dist.ReduceOp.SUM
+    if op == "avg":
+        return dist.ReduceOp.AVG
+    if op == "premul_sum":
+        f = premul_factors(world, factor_kind)[rank]
+        return dist._make_nccl_premul_sum(torch.tensor(f) if factor_kind == "tensor" else f)
+    return {"max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN, "product": dist.ReduceOp.PRODUCT}[op]
+
+
+def reference_sum(n: int, dtype, op: str, factor_kind: str, world: int, seed: int = 0) -> torch.Tensor:
+    factors = premul_factors(world, factor_kind) if op == "premul_sum" else [1.0] * world
+    total = sum(rank_input(r, n, dtype, seed).double() * factors[r] for r in range(world))
+    return total / world if op == "avg" else total
+
+
+# ------------------------------------------------------------------ all_reduce
+def all_reduce(n, dtype, op="sum", factor_kind="", seed=0, non_contiguous=False):
+    c = ctx()
+    x = rank_input(c.rank, n, dtype, seed)
+    if non_contiguous:
+        base = torch.zeros(n, 2, dtype=dtype)
+        base[:, 0] = x
+        x = base[:, 0]  # stride 2
+        assert not x.is_contiguous()
+    dist.all_reduce(x, op=make_op(op, factor_kind, c.rank, c.world), group=c.group)
+    ref = reference_sum(n, dtype, op, factor_kind, c.world, seed)
+    return x.contiguous(), sqnr_db(ref, x)
+
+
+def all_reduce_coalesced(sizes, dtype, op="sum"):
+    c = ctx()
+    xs = [rank_input(c.rank, n, dtype, seed=i) for i, n in enumerate(sizes)]
+    dist.all_reduce_coalesced(xs, op=make_op(op, "", c.rank, c.world), group=c.group)
+    refs = [reference_sum(n, dtype, op, "", c.world, seed=i) for i, n in enumerate(sizes)]
+    return [x for x in xs], [sqnr_db(r, x) for r, x in zip(refs, xs)]
+
+
+# -------------------------------------------------------------- reduce_scatter
+def reduce_scatter(k, dtype, op="sum", factor_kind="", form="tensor", seed=0):
+    c = ctx()
+    x = rank_input(c.rank, k * c.world, dtype, seed)
+    out = torch.empty(k, dtype=dtype)
+    rop = make_op(op, factor_kind, c.rank, c.world)
+    if form == "tensor":
+        dist.reduce_scatter_tensor(out, x, op=rop, group=c.group)
+    elif form == "list":
+        dist.reduce_scatter(out, list(x.chunk(c.world)), op=rop, group=c.group)
+    else:  # coalesced: two reduce_scatters in one call
+        out2 = torch.empty(k, dtype=dtype)
+        with dist._coalescing_manager(group=c.group):
+            dist.reduce_scatter_tensor(out, x, op=rop, group=c.group)
+            dist.reduce_scatter_tensor(out2, x * 2, op=rop, group=c.group)
+        ref2 = 2 * reference_sum(k * c.world, dtype, op, factor_kind, c.world, seed)[c.rank * k : (c.rank + 1) * k]
+        assert sqnr_db(ref2, out2) >= 30
+    ref = reference_sum(k * c.world, dtype, op, factor_kind, c.world, seed)[c.rank * k : (c.rank + 1) * k]
+    return out, sqnr_db(ref, out)
+
+
+# ------------------------------------------------------------------ all_gather
+def all_gather(k, dtype, form="tensor", group="group", seed=0):
+    c = ctx()
+    pg = c.group if group == "group" else make_group(group)
+    x = rank_input(c.rank, k, dtype, seed)
+    if form == "tensor":
+        out = torch.empty(k * c.world, dtype=dtype)
+        dist.all_gather_into_tensor(out, x, group=pg)
+    elif form == "list":
+        outs = [torch.empty(k, dtype=dtype) for _ in range(c.world)]
+        dist.all_gather(outs, x, group=pg)
+        out = torch.cat(outs)
+    else:  # coalesced
+        out = torch.empty(k * c.world, dtype=dtype)
+        out2 = torch.empty(k * c.world, dtype=dtype)
+        with dist._coalescing_manager(group=pg):
+            dist.all_gather_into_tensor(out, x, group=pg)
+            dist.all_gather_into_tensor(out2, x * 4, group=pg)
+        assert torch.equal(out2, out * 4)  # power-of-two scaling commutes exactly with the codec
+    ref = torch.cat([rank_input(r, k, dtype, seed).double() for r in range(c.world)])
+    return out, sqnr_db(ref, out)
+
+
+_GROUPS: dict = {}
+
+
+def make_group(spec: str):
+    """A cached extra fp8gloo group over all ranks with Options from `spec`."""
+    if spec not in _GROUPS:
+        kwargs = dict(item.split("=") for item in spec.split(";"))
+        if "compress" in kwargs:
+            kwargs["compress"] = kwargs["compress"].split(",")
+        for key in ("block_size", "min_numel"):
+            if key in kwargs:
+                kwargs[key] = int(kwargs[key])
+        _GROUPS[spec] = dist.new_group(backend="fp8gloo", pg_options=fp8comm.Options(**kwargs))
+    return _GROUPS[spec]
+
+
+# ------------------------------------------------------------ exact passthrough
+def passthrough_vs_gloo(case: str):
+    """Runs one collective on the fp8 group and on plain gloo with the same
+    inputs; returns both results (they must be bitwise equal)."""
+    c = ctx()
+    results = []
+    for pg in (c.group, c.gloo):
+        results.append(_run_passthrough_case(case, pg, c.rank, c.world))
+    return results
+
+
+def _run_passthrough_case(case, pg, rank, world):
+    def inp(n, dtype=torch.float32):
+        return rank_input(rank, n, dtype, seed=3)
+
+    if case.startswith("all_reduce_"):
+        _, _, dtype_name, op = case.split("_", 3)
+        dtype = getattr(torch, dtype_name)
+        x = inp(5000).mul(100).to(dtype) if not dtype.is_floating_point else inp(5000, dtype)
+        dist.all_reduce(x, op=make_op(op, "", rank, world), group=pg)
+        return x
+    if case == "small_all_reduce":  # below min_numel: a loss, a grad norm
+        x = inp(1000)
+        dist.all_reduce(x, group=pg)
+        return x
+    if case == "small_reduce_scatter":
+        out = torch.empty(100)
+        dist.reduce_scatter_tensor(out, inp(100 * world), group=pg)
+        return out
+    if case == "all_gather_default":  # all_gather compression is opt-in
+        out = torch.empty(5000 * world)
+        dist.all_gather_into_tensor(out, inp(5000), group=pg)
+        return out
+    if case == "all_gather_fp8":  # float8 moves as bytes
+        x = inp(5000).to(torch.float8_e4m3fn)
+        out = torch.empty(5000 * world, dtype=torch.float8_e4m3fn)
+        if pg is ctx().gloo:  # plain gloo has no float8 types: the reference moves bytes
+            dist.all_gather_into_tensor(out.view(torch.uint8), x.view(torch.uint8), group=pg)
+        else:
+            dist.all_gather_into_tensor(out, x, group=pg)
+        return out.view(torch.uint8)
+    if case == "broadcast":
+        x = inp(3000)
+        dist.broadcast(x, src=world - 1, group=pg)
+        return x
+    if case == "reduce":
+        x = inp(3000)
+        dist.reduce(x, dst=0, group=pg)
+        return x
+    if case == "gather":
+        outs = [torch.empty(300) for _ in range(world)] if rank == 0 else None
+        dist.gather(inp(300), outs, dst=0, group=pg)
+        return torch.cat(outs) if outs else torch.empty(0)
+    if case == "scatter":
+        out = torch.empty(300)
+        dist.scatter(out, [inp(300) * r for r in range(world)] if rank == 0 else None, src=0, group=pg)
+        return out
+    if case == "all_to_all_single":
+        out = torch.empty(64 * world)
+        dist.all_to_all_single(out, inp(64 * world), group=pg)
+        return out
+    if case == "all_to_all":
+        outs = [torch.empty(40) for _ in range(world)]
+        dist.all_to_all(outs, list(inp(40 * world).chunk(world)), group=pg)
+        return torch.cat(outs)
+    if case == "send_recv":
+        x = inp(20000)
+        if rank == 0:
+            dist.send(x, dst=1, group=pg)
+        elif rank == 1:
+            dist.recv(x, src=0, group=pg)
+        return x
+    if case == "barrier":
+        dist.barrier(group=pg)
+        return torch.ones(1)
+    if case == "zero_size":
+        x = torch.empty(0)
+        dist.all_reduce(x, group=pg)
+        out = torch.empty(0)
+        dist.reduce_scatter_tensor(out, torch.empty(0), group=pg)
+        return x
+    raise ValueError(case)
+
+
+def stats_of_last(case: str):
+    """Stats of the fp8 group after running `case` once on it."""
+    c = ctx()
+    fp8comm.reset_stats(c.group)
+    _run_passthrough_case(case, c.group, c.rank, c.world)
+    return fp8comm.get_stats(c.group)
+
+
+# --------------------------------------------------------------- non-finite
+def non_finite(kind: str, n: int = 8192):
+    c = ctx()
+    pg = make_group("compress=all;min_numel=1024")
+    x = rank_input(c.rank, n * c.world, torch.float32)
+    bad = {0: float("nan"), 1: float("inf"), 2: float("-inf")}
+    if c.rank == 0:  # one rank's input carries the bad values
+        x[[5, n + 9, 2 * n - 1]] = torch.tensor([bad[0], bad[1], bad[0]])
+    if c.rank == c.world - 1:
+        x[[17]] = bad[2]
+    if kind == "all_reduce":
+        dist.all_reduce(x, group=pg)
+        return ~torch.isfinite(x)
+    if kind == "reduce_scatter":
+        out = torch.empty(n)
+        dist.reduce_scatter_tensor(out, x, group=pg)
+        return ~torch.isfinite(out)
+    out = torch.empty(n * c.world * c.world)
+    dist.all_gather_into_tensor(out, x, group=pg)
+    return ~torch.isfinite(out)
+
+
+# -------------------------------------------------------------- async and futures
+def async_in_flight(n: int = 20_000):
+    c = ctx()
+    xs = [rank_input(c.rank, n, torch.float32, seed=s) for s in range(4)]
+    outs = [torch.empty(n // c.world * c.world // c.world) for _ in range(2)]
+    works = [dist.all_reduce(x, group=c.group, async_op=True) for x in xs[:2]]
+    rs_in = [rank_input(c.rank, len(outs[0]) * c.world, torch.float32, seed=10 + i) for i in range(2)]
+    works += [dist.reduce_scatter_tensor(o, i, group=c.group, async_op=True) for o, i in zip(outs, rs_in)]
+    futs = [w.get_future() for w in works]
+    for w in works:
+        w.wait()
+        assert w.is_completed() and w.is_success()
+    for f in futs:
+        assert f.done()
+    values = futs[0].wait()
+    assert isinstance(values, list) and values[0] is xs[0]
+    chained = dist.all_reduce(xs[2], group=c.group, async_op=True).get_future().then(lambda f: f.value()[0] * 2)
+    doubled = chained.wait()
+    sq = [sqnr_db(reference_sum(n, torch.float32, "sum", "", c.world, seed=s), xs[s]) for s in range(3)]
+    sq.append(sqnr_db(2 * reference_sum(n, torch.float32, "sum", "", c.world, seed=2), doubled))
+    return sq
+
+
+# ------------------------------------------------------------------ training
+def _mlp(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Linear(128, 256), torch.nn.GELU(), torch.nn.Linear(256, 256), torch.nn.GELU(), torch.nn.Linear(256, 8)
+    )
+
+
+def ddp_train(steps: int = 20, hook: str = "none"):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    c = ctx()
+    model = DDP(_mlp(), process_group=c.group)
+    if hook == "future":  # a comm hook built on Work.get_future(), as users write them
+        def allreduce_hook(state, bucket):
+            t = bucket.buffer().div_(c.world)
+            return dist.all_reduce(t, group=c.group, async_op=True).get_future().then(lambda f: f.value()[0])
+        model.register_comm_hook(None, allreduce_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    fp8comm.reset_stats(c.group)
+    gen = torch.Generator().manual_seed(100 + c.rank)
+    losses = []
+    for _ in range(steps):
+        x = torch.randn(32, 128, generator=gen)
+        y = torch.randn(32, 8, generator=gen)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return flat, losses, fp8comm.get_stats(c.group)
+
+
+def fsdp2_train(which: str, steps: int = 30):
+    """A small MLP under fully_shard on the fp8 group or on plain gloo; returns
+    the global mean loss per step."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    c = ctx()
+    pg = c.group if which == "fp8" else c.gloo
+    mesh = DeviceMesh.from_group(pg, "cpu")
+    model = _mlp(seed=1)
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    gen = torch.Generator().manual_seed(200 + c.rank)
+    target = torch.nn.Linear(128, 8)
+    torch.nn.init.normal_(target.weight, std=0.2, generator=torch.Generator().manual_seed(5))
+    losses = []
+    for _ in range(steps):
+        x = torch.randn(64, 128, generator=gen)
+        with torch.no_grad():
+            y = target(x)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        mean = loss.detach().clone()
+        dist.all_reduce(mean, group=c.gloo)
+        losses.append(mean.item() / c.world)
+    stats = fp8comm.get_stats(c.group) if which == "fp8" else None
+    return losses, stats
