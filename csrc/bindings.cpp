@@ -36,6 +36,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "transport",
           [](ProcessGroupFP8& pg, const std::string& device) { return pg.transport(device_type_of(device)); },
           py::arg("device"), "The inner backend for tensors on `device` (None if there is none).")
+      .def(
+          "transport_identity",
+          [](ProcessGroupFP8& pg, const std::string& device) {
+            auto inner = pg.transport(device_type_of(device));
+            TORCH_CHECK(inner, "fp8comm: no transport for ", device);
+            return std::make_pair(inner->getGroupUid(), inner->getGroupDesc());
+          },
+          py::arg("device"), "(group name, group description) as the inner backend knows them.")
       .def_property_readonly("block_size", [](ProcessGroupFP8& pg) { return pg.options().block_size; })
       .def_property_readonly("fp8_format",
                              [](ProcessGroupFP8& pg) {

@@ -53,9 +53,10 @@ class Options:
         fp8 = self.fp8_dtype if self.fp8_dtype is not None else os.environ.get("FP8COMM_FP8_DTYPE", DEFAULT_FP8_DTYPE)
         key = fp8.lower() if isinstance(fp8, str) else fp8
         if key not in _FP8_NAMES:
+            where = " (from FP8COMM_FP8_DTYPE)" if self.fp8_dtype is None else ""
             raise ValueError(
-                f"fp8comm.Options: fp8_dtype must be 'e4m3' / torch.float8_e4m3fn or 'e5m2' / torch.float8_e5m2, got {fp8!r}"
-                " (from FP8COMM_FP8_DTYPE)" * (self.fp8_dtype is None)
+                "fp8comm.Options: fp8_dtype must be 'e4m3' / torch.float8_e4m3fn or 'e5m2' / "
+                f"torch.float8_e5m2, got {fp8!r}{where}"
             )
 
         min_numel = self.min_numel

@@ -328,3 +328,108 @@ def fsdp2_train(which: str, steps: int = 30):
         losses.append(mean.item() / c.world)
     stats = fp8comm.get_stats(c.group) if which == "fp8" else None
     return losses, stats
+
+
+# ------------------------------------------------------------- setup and options
+def stats_after_all_reduce(n: int, dtype):
+    c = ctx()
+    fp8comm.reset_stats(c.group)
+    x = rank_input(c.rank, n, dtype)
+    dist.all_reduce(x, group=c.group)
+    return fp8comm.get_stats(c.group)
+
+
+def backend_properties(spec: str | None = None):
+    c = ctx()
+    pg = make_group(spec) if spec else c.group
+    be = pg._get_backend(torch.device("cpu"))
+    return {
+        "name": be.name(),
+        "block_size": be.block_size,
+        "fp8_format": be.fp8_format,
+        "min_numel": be.min_numel,
+        "compressed_ops": be.compressed_ops,
+    }
+
+
+def compress_none_passes_everything_through():
+    c = ctx()
+    pg = make_group("compress=none")
+    fp8comm.reset_stats(pg)
+    x = rank_input(c.rank, 100_000, torch.float32)
+    ref = x.clone()
+    dist.all_reduce(x, group=pg)
+    dist.all_reduce(ref, group=c.gloo)
+    out = torch.empty(50_000)
+    dist.reduce_scatter_tensor(out, rank_input(c.rank, 50_000 * c.world, torch.float32), group=pg)
+    return torch.equal(x, ref), fp8comm.get_stats(pg)
+
+
+def group_identity():
+    c = ctx()
+    g = dist.new_group(backend="fp8gloo", group_desc="fp8-test-group")
+    x = torch.ones(10)
+    dist.all_reduce(x, group=g)
+    be = g._get_backend(torch.device("cpu"))
+    uid, desc = be.transport_identity("cpu")
+    name = g.group_name
+    dist.destroy_process_group(g)
+    return uid, desc, name, x
+
+
+def subgroup_of_first_two(repeats: int = 1):
+    """new_group over ranks [0, 1], created and destroyed `repeats` times."""
+    c = ctx()
+    out = []
+    for i in range(repeats):
+        g = dist.new_group(ranks=[0, 1], backend="fp8gloo", pg_options=fp8comm.Options(min_numel=1))
+        if c.rank < 2:
+            x = torch.full((5000,), float(c.rank + 1 + i))
+            dist.all_reduce(x, group=g)
+            out.append(x[0].item())
+            dist.destroy_process_group(g)
+    return out
+
+
+def bad_inputs():
+    """Each bad call must raise on this rank before anything is sent: afterwards
+    a correct collective still works."""
+    c = ctx()
+    w = c.world
+    cases = {
+        "rs_size": lambda: dist.reduce_scatter_tensor(torch.empty(100), torch.randn(100 * w + 1), group=c.group),
+        "rs_dtype": lambda: dist.reduce_scatter_tensor(
+            torch.empty(10_000, dtype=torch.bfloat16), torch.randn(10_000 * w), group=c.group
+        ),
+        "ag_size": lambda: dist.all_gather_into_tensor(torch.empty(100 * w + 3), torch.randn(100), group=c.group),
+        "ag_dtype": lambda: dist.all_gather_into_tensor(
+            torch.empty(100 * w, dtype=torch.float16), torch.randn(100), group=c.group
+        ),
+        "ag_list_len": lambda: dist.all_gather([torch.empty(100)] * (w + 1), torch.randn(100), group=c.group),
+        "ag_list_size": lambda: dist.all_gather([torch.empty(101)] * w, torch.randn(100), group=c.group),
+        "rs_list_size": lambda: dist.reduce_scatter(torch.empty(5000), [torch.randn(5001)] * w, group=c.group),
+    }
+    messages = {}
+    for name, call in cases.items():
+        try:
+            call()
+            messages[name] = None
+        except (RuntimeError, ValueError) as e:
+            messages[name] = str(e)
+    x = rank_input(c.rank, 20_000, torch.float32)
+    dist.all_reduce(x, group=c.group)
+    return messages, sqnr_db(reference_sum(20_000, torch.float32, "sum", "", c.world), x)
+
+
+def reinit_in_same_process(init_file: str):
+    """destroy_process_group(), then init_process_group again, then work."""
+    import dist_harness
+
+    c = ctx()
+    dist.destroy_process_group()
+    dist.init_process_group("fp8gloo", init_method=f"file://{init_file}", rank=c.rank, world_size=c.world)
+    gloo = dist.new_group(backend="gloo")
+    dist_harness._CTX = dist_harness.Context(c.rank, c.world, dist.group.WORLD, gloo)
+    x = rank_input(c.rank, 50_000, torch.float32)
+    dist.all_reduce(x)
+    return sqnr_db(reference_sum(50_000, torch.float32, "sum", "", c.world), x), fp8comm.get_stats()
