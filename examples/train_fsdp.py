@@ -1,0 +1,169 @@
+"""FSDP2 training of a Llama-style decoder with FP8 compute and FP8 communication.
+
+    torchrun --nproc_per_node=2 examples/train_fsdp.py                 # FP8 compute + FP8 comm
+    torchrun --nproc_per_node=2 examples/train_fsdp.py --no-fp8-compute --no-fp8-comm
+    torchrun --nproc_per_node=2 examples/train_fsdp.py --compare losses.png
+
+On CUDA machines the group is "cpu:gloo,cuda:fp8nccl" (BF16 parameters and
+gradient reduction, one GPU per rank); without a GPU it is "fp8gloo" on the CPU
+(FP32). The text is the Python standard library's own source, as bytes.
+--compare trains the same model twice from the same seed and data — once with
+nn.Linear over the plain backend, once with FP8 compute over the fp8 backend —
+prints both loss curves and writes them to a PNG.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+import fp8comm
+from tiny_llama import ByteBatches, ModelConfig, TinyLlama, stdlib_bytes
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dim", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--batch", type=int, default=8, help="sequences per rank per step")
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--fp8-compute", action=argparse.BooleanOptionalAction, default=True,
+                   help="convert the model's nn.Linear layers to fp8comm Fp8Linear")
+    p.add_argument("--fp8-comm", action=argparse.BooleanOptionalAction, default=True,
+                   help="communicate through fp8nccl / fp8gloo (else plain nccl / gloo)")
+    p.add_argument("--recipe", default="tensorwise", choices=["tensorwise", "rowwise"])
+    p.add_argument("--compare", metavar="PNG", help="train a baseline and an FP8 run, plot both losses")
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def setup():
+    use_cuda = torch.cuda.is_available()
+    if use_cuda:
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        dist.init_process_group("cpu:gloo,cuda:fp8nccl", device_id=device)
+        plain = dist.new_group(backend="nccl")
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("fp8gloo")
+        plain = dist.new_group(backend="gloo")
+    return device, dist.group.WORLD, plain
+
+
+def global_mean(value: torch.Tensor, group) -> float:
+    v = value.detach().float().reshape(1).clone()
+    dist.all_reduce(v, group=group)  # a scalar: below min_numel, so exact even on fp8 groups
+    return v.item() / dist.get_world_size(group)
+
+
+def train(args, device, group, fp8_compute: bool, label: str):
+    rank = dist.get_rank()
+    torch.manual_seed(args.seed)
+    cfg = ModelConfig(dim=args.dim, layers=args.layers, heads=args.heads, max_seq=args.seq)
+    model = TinyLlama(cfg)
+    if fp8_compute:
+        fp8comm.convert_to_fp8(model, recipe=args.recipe)
+    model.to(device)
+    mesh = DeviceMesh.from_group(group, device.type)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16) if device.type == "cuda" else None
+    kwargs = {"mesh": mesh} | ({"mp_policy": mp} if mp else {})
+    for block in model.blocks:
+        fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    data = ByteBatches(stdlib_bytes(), args.seq, args.batch, rank, seed=args.seed)
+    if fp8comm.stats.fp8_backends(group):
+        fp8comm.reset_stats(group)
+
+    losses, tokens, timed_s = [], 0, 0.0
+    warmup = min(3, args.steps - 1)
+    for step in range(args.steps):
+        t0 = time.perf_counter()
+        x, y = (t.to(device) for t in data.next())
+        logits = model(x)
+        loss = torch.nn.functional.cross_entropy(logits.float().view(-1, cfg.vocab), y.reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        mean = global_mean(loss, group)  # also synchronizes the step
+        if step >= warmup:
+            timed_s += time.perf_counter() - t0
+            tokens += x.numel() * dist.get_world_size(group)
+        losses.append(mean)
+        if rank == 0 and (step % args.log_every == 0 or step == args.steps - 1):
+            print(f"[{label}] step {step:4d}  loss {mean:.4f}", flush=True)
+
+    with torch.no_grad():
+        x, y = (t.to(device) for t in data.eval_batch())
+        eval_loss = global_mean(
+            torch.nn.functional.cross_entropy(model(x).float().view(-1, cfg.vocab), y.reshape(-1)), group
+        )
+    result = {"label": label, "losses": losses, "eval_loss": eval_loss,
+              "tokens_per_s": tokens / timed_s if timed_s else float("nan")}
+    if fp8comm.stats.fp8_backends(group):
+        stats = fp8comm.get_stats(group)
+        result["bytes_sent"] = stats["bytes_sent"]
+        result["bytes_sent_uncompressed"] = stats["bytes_sent_uncompressed"]
+    if rank == 0:
+        line = f"[{label}] eval loss {eval_loss:.4f}  tokens/s {result['tokens_per_s']:.0f}"
+        if "bytes_sent" in result:
+            saved = result["bytes_sent_uncompressed"] - result["bytes_sent"]
+            line += (f"  comm bytes sent {result['bytes_sent'] / 2**20:.1f} MiB of "
+                     f"{result['bytes_sent_uncompressed'] / 2**20:.1f} MiB ({saved / 2**20:.1f} MiB saved)")
+        print(line, flush=True)
+    return result
+
+
+def plot(results, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in results:
+        ax.plot(r["losses"], label=f"{r['label']} (eval {r['eval_loss']:.3f})")
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss (bytes, cross-entropy)")
+    ax.set_title(f"tiny Llama, FSDP2, {dist.get_world_size()} ranks")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    device, fp8_group, plain_group = setup()
+    baseline_label = "bf16" if device.type == "cuda" else "fp32"
+    if args.compare:
+        runs = [
+            train(args, device, plain_group, fp8_compute=False, label=f"{baseline_label} nn.Linear + plain comm"),
+            train(args, device, fp8_group, fp8_compute=True, label="Fp8Linear + fp8 comm"),
+        ]
+        if dist.get_rank() == 0:
+            base, fp8 = runs
+            diff = (fp8["losses"][-1] - base["losses"][-1]) / base["losses"][-1]
+            print(f"final loss: baseline {base['losses'][-1]:.4f}, fp8 {fp8['losses'][-1]:.4f} ({100 * diff:+.2f}%); "
+                  f"tokens/s ratio fp8/baseline {fp8['tokens_per_s'] / base['tokens_per_s']:.2f}", flush=True)
+            plot(runs, args.compare)
+            print(f"wrote {args.compare}")
+    else:
+        group = fp8_group if args.fp8_comm else plain_group
+        label = ("Fp8Linear" if args.fp8_compute else "nn.Linear") + (" + fp8 comm" if args.fp8_comm else " + plain comm")
+        train(args, device, group, fp8_compute=args.fp8_compute, label=label)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
