@@ -408,6 +408,7 @@ def bad_inputs():
         "ag_list_len": lambda: dist.all_gather([torch.empty(100)] * (w + 1), torch.randn(100), group=c.group),
         "ag_list_size": lambda: dist.all_gather([torch.empty(101)] * w, torch.randn(100), group=c.group),
         "rs_list_size": lambda: dist.reduce_scatter(torch.empty(5000), [torch.randn(5001)] * w, group=c.group),
+        "fp8_reduce": lambda: dist.all_reduce(torch.zeros(10).to(torch.float8_e4m3fn), group=c.group),
     }
     messages = {}
     for name, call in cases.items():

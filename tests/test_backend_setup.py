@@ -140,6 +140,7 @@ def test_bad_input_raises_on_the_calling_rank_before_sending(pool):
         "ag_list_len": r"all_gather: the output list has 4 tensors but the group has 3 ranks",
         "ag_list_size": r"all_gather: every output must have the input's 100 elements, got 101",
         "rs_list_size": r"reduce_scatter: every input must have the output's 5000 elements, got 5001",
+        "fp8_reduce": r"all_reduce: cannot reduce Float8_e4m3fn tensors",
     }
     for messages, sqnr in pool.run(scenarios.bad_inputs):
         for name, pattern in expected.items():

@@ -49,6 +49,13 @@ void check_same_device_and_dtype(const char* op, const at::Tensor& ref, const at
               " but the input has dtype ", ref.scalar_type(), "; use one dtype for input and output");
 }
 
+// Float8 values cannot be summed on the wire (NCCL and gloo have no float8
+// reductions); say so where the call enters instead of failing in the transport.
+void check_not_fp8_reduction(const char* op, const at::Tensor& t) {
+  TORCH_CHECK(!is_fp8(t), "fp8comm ", op, ": cannot reduce ", t.scalar_type(),
+              " tensors; reduce in float32 / bfloat16 (fp8comm compresses those to FP8 on the wire itself)");
+}
+
 void check_dense(const char* op, const at::Tensor& t) {
   TORCH_CHECK(t.layout() == at::kStrided, "fp8comm ", op, ": expected a dense (strided) tensor, got layout ",
               t.layout());
@@ -159,6 +166,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allreduce(std::vector<at::Tensor
   const char* op = "all_reduce";
   TORCH_CHECK(tensors.size() == 1, "fp8comm ", op, ": expected one tensor per call, got ", tensors.size());
   at::Tensor tensor = tensors[0];
+  check_not_fp8_reduction(op, tensor);
   auto inner = innerFor(tensor.device(), op);
   const int64_t P = size_;
   const int64_t plain = 2 * (P - 1) * bytes_of(tensor) / P;
@@ -275,6 +283,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::_reduce_scatter_base(at::Tensor&
                                                                      const c10d::ReduceScatterOptions& opts) {
   const char* op = "reduce_scatter_tensor";
   check_same_device_and_dtype(op, input, output, "output");
+  check_not_fp8_reduction(op, input);
   TORCH_CHECK(input.numel() == size_ * output.numel(), "fp8comm ", op, ": input has ", input.numel(),
               " elements but must have group size (", size_, ") x output numel (", output.numel(), ") = ",
               size_ * output.numel());
