@@ -71,6 +71,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::run(c10d::OpType op, const at::D
                                                     const std::vector<at::Tensor>& user_tensors,
                                                     std::vector<at::Tensor> outputs, Body&& body) {
   if (device.is_cpu()) {
+    std::lock_guard<std::recursive_mutex> lock(cpu_mutex_);
     body();
     return c10::make_intrusive<FP8Work>(rank_, op, std::move(outputs));
   }

@@ -1,7 +1,8 @@
 // The compressed algorithms (DESIGN.md, "Algorithms"), written once over the
 // Transport so the logic CI runs on gloo is the logic that runs on NCCL.
-// All buffers are allocated inside the algorithm, i.e. on the stream it runs
-// on, so the caching allocator keeps them until that stream is done.
+// CUDA buffers are allocated inside the algorithm, i.e. on the stream it runs
+// on, so the caching allocator keeps them until that stream is done; CPU ones
+// come from the reusable Workspace.
 #include "algorithm_parts.h"
 #include "../codec/codec_tensor.h"
 
@@ -22,12 +23,6 @@ c10::Stream ProcessGroupFP8::sideStream(const at::Device& device) {
   return it->second;
 }
 
-namespace {
-at::Tensor byte_buffer(const at::Tensor& like, int64_t bytes) {
-  return at::empty({bytes}, like.options().dtype(at::kByte).memory_format(at::MemoryFormat::Contiguous));
-}
-}  // namespace
-
 // reduce_scatter of the P segments of n/P elements each, the sum re-quantized,
 // then all_gather of those bytes: every rank decodes the same bytes, so every
 // rank ends with bitwise the same result.
@@ -37,13 +32,13 @@ void ProcessGroupFP8::allreduceCompressed(Transport& transport, const at::Tensor
   // Segments are whole blocks, so each starts 16-byte aligned in the tensor.
   const int64_t m = ceil_div(ceil_div(tensor.numel(), P), B) * B;
   const int64_t S = segment_bytes(m, B);
-  at::Tensor send = byte_buffer(tensor, P * S);
-  at::Tensor recv = byte_buffer(tensor, P * S);
+  at::Tensor send = workspace_.bytes(Workspace::kSend, P * S, tensor);
+  at::Tensor recv = workspace_.bytes(Workspace::kRecv, P * S, tensor);
   quantize_into(tensor, red.premul, red.premul_tensor, wire(send, P, m));
   transport.allToAll(recv, send);
-  at::Tensor mine = byte_buffer(tensor, S);
+  at::Tensor mine = workspace_.bytes(Workspace::kReduced, S, tensor);
   dequant_sum_requantize_into(wire(recv, P, m), red.post_div, wire(mine, 1, m), tensor.device());
-  at::Tensor gathered = byte_buffer(tensor, P * S);
+  at::Tensor gathered = workspace_.bytes(Workspace::kGathered, P * S, tensor);
   transport.allGather(gathered, mine);
   dequantize_into(wire(gathered, P, m), tensor);
 }
@@ -54,7 +49,7 @@ void ProcessGroupFP8::reduceScatterCompressed(Transport& transport, const at::Te
   const int64_t P = size_;
   const int64_t k = output.numel();
   const int64_t S = segment_bytes(k, options_.block_size);
-  at::Tensor send = byte_buffer(output, P * S);
+  at::Tensor send = workspace_.bytes(Workspace::kSend, P * S, output);
   if (input_segments.size() == 1) {  // one flat input of P * k elements
     quantize_into(input_segments[0], red.premul, red.premul_tensor, wire(send, P, k));
   } else {
@@ -62,7 +57,7 @@ void ProcessGroupFP8::reduceScatterCompressed(Transport& transport, const at::Te
       quantize_into(input_segments[r], red.premul, red.premul_tensor, wire(send.narrow(0, r * S, S), 1, k));
     }
   }
-  at::Tensor recv = byte_buffer(output, P * S);
+  at::Tensor recv = workspace_.bytes(Workspace::kRecv, P * S, output);
   transport.allToAll(recv, send);
   dequant_sum_into(wire(recv, P, k), red.post_div, output);
 }
@@ -73,9 +68,9 @@ void ProcessGroupFP8::allgatherCompressed(Transport& transport, const std::vecto
   const int64_t P = size_;
   const int64_t k = input.numel();
   const int64_t S = segment_bytes(k, options_.block_size);
-  at::Tensor send = byte_buffer(input, S);
+  at::Tensor send = workspace_.bytes(Workspace::kSend, S, input);
   quantize_into(input, 1.0f, std::nullopt, wire(send, 1, k));
-  at::Tensor recv = byte_buffer(input, P * S);
+  at::Tensor recv = workspace_.bytes(Workspace::kRecv, P * S, input);
   transport.allGather(recv, send);
   if (output_segments.size() == 1) {  // one flat output of P * k elements
     dequantize_into(wire(recv, P, k), output_segments[0]);

@@ -16,6 +16,7 @@
 #include "../codec/codec.h"
 #include "options.h"
 #include "stats.h"
+#include "workspace.h"
 
 namespace fp8comm {
 
@@ -133,6 +134,10 @@ class ProcessGroupFP8 : public c10d::Backend {
   std::map<c10::DeviceType, c10::intrusive_ptr<c10d::Backend>> inner_;
   std::map<c10::DeviceIndex, c10::Stream> side_streams_;
   std::vector<c10::intrusive_ptr<c10d::Backend>> coalescing_;
+  // CPU collectives run in the calling thread and share the workspace: one at
+  // a time (recursive: coalesced calls run their parts through run() again).
+  std::recursive_mutex cpu_mutex_;
+  Workspace workspace_;
 };
 
 }  // namespace fp8comm

@@ -25,13 +25,46 @@ int64_t grain_blocks(int block_size) { return std::max<int64_t>(1, 16384 / block
 template <ElemType E>
 using Storage = typename Elem<E>::storage;
 
+// The per-block element loops. `n` is either a compile-time 32 (a full block
+// of the default size: the loops unroll into a few AVX2 registers with no
+// remainder handling) or a run-time count.
+using Full32 = std::integral_constant<int64_t, 32>;
+
+// Two passes over the (cache-hot) block: a pure max-reduction, then the
+// encode; gcc vectorizes each, but not a reduction fused with stores.
+template <ElemType E, Fp8Format F, typename Count>
+FP8C_HD uint8_t quantize_run(const Storage<E>* s, Count n, float premul, uint8_t* codes) {
+  uint32_t amax = 0;
+  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, finite_abs_bits(Elem<E>::load(s[i]) * premul));
+  const uint8_t sb = scale_byte<F>(amax);
+  const float inv = inv_scale_from_byte(sb);
+  const uint32_t limit = code_limit<F>(sb);
+  for (int64_t i = 0; i < n; ++i) codes[i] = encode_fp8<F>((Elem<E>::load(s[i]) * premul) * inv, limit);
+  return sb;
+}
+
+template <ElemType E, Fp8Format F, typename Count>
+FP8C_HD void dequantize_run(const uint8_t* codes, float scale, Count n, Storage<E>* d) {
+  for (int64_t i = 0; i < n; ++i) d[i] = Elem<E>::store(decode_fp8<F>(codes[i]) * scale);
+}
+
+template <Fp8Format F, typename Count>
+FP8C_HD uint8_t requantize_run(const float* acc, Count n, uint8_t* codes) {
+  uint32_t amax = 0;
+  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, finite_abs_bits(acc[i]));
+  const uint8_t sb = scale_byte<F>(amax);
+  const float inv = inv_scale_from_byte(sb);
+  const uint32_t limit = code_limit<F>(sb);
+  for (int64_t i = 0; i < n; ++i) codes[i] = encode_fp8<F>(acc[i] * inv, limit);
+  return sb;
+}
+
 // Blocks [begin, end) of all segments, numbered segment-major.
 template <ElemType E, Fp8Format F>
 FP8C_VECTOR_CLONES void quantize_blocks(const Storage<E>* src, int64_t numel, float premul,
                                         const BlockCodes dst, int64_t begin, int64_t end) {
   const int64_t B = dst.block_size;
   const int64_t blocks_per_segment = ceil_div(dst.capacity, B);
-  float v[kMaxBlock];
   for (int64_t blk = begin; blk < end; ++blk) {
     const int64_t r = blk / blocks_per_segment;
     const int64_t j = blk - r * blocks_per_segment;
@@ -40,16 +73,9 @@ FP8C_VECTOR_CLONES void quantize_blocks(const Storage<E>* src, int64_t numel, fl
     const int64_t seg_valid = std::min(dst.segment_numel, numel - r * dst.segment_numel);
     const int64_t valid = std::max<int64_t>(0, std::min(width, seg_valid - j * B));
     const Storage<E>* s = src + first;
-    uint32_t amax = 0;
-    for (int64_t i = 0; i < valid; ++i) {
-      v[i] = Elem<E>::load(s[i]) * premul;
-      amax = std::max(amax, finite_abs_bits(v[i]));
-    }
-    const uint8_t sb = scale_byte<F>(amax);
-    const float inv = inv_scale_from_byte(sb);
-    const uint32_t limit = code_limit<F>(sb);
     uint8_t* codes = dst.codes + r * dst.stride + j * B;
-    for (int64_t i = 0; i < valid; ++i) codes[i] = encode_fp8<F>(v[i] * inv, limit);
+    const uint8_t sb = valid == 32 ? quantize_run<E, F>(s, Full32{}, premul, codes)
+                                   : quantize_run<E, F>(s, valid, premul, codes);
     for (int64_t i = valid; i < width; ++i) codes[i] = 0;
     dst.scales[r * dst.stride + j] = sb;
     if (j == blocks_per_segment - 1) {
@@ -71,14 +97,17 @@ FP8C_VECTOR_CLONES void dequantize_blocks(const BlockCodes src, Storage<E>* dst,
     const int64_t valid = std::max<int64_t>(0, std::min(width, numel - first));
     const float scale = scale_from_byte(src.scales[r * src.stride + j]);
     const uint8_t* codes = src.codes + r * src.stride + j * B;
-    Storage<E>* d = dst + first;
-    for (int64_t i = 0; i < valid; ++i) d[i] = Elem<E>::store(decode_fp8<F>(codes[i]) * scale);
+    if (valid == 32) {
+      dequantize_run<E, F>(codes, scale, Full32{}, dst + first);
+    } else {
+      dequantize_run<E, F>(codes, scale, valid, dst + first);
+    }
   }
 }
 
 // acc[0, width) <- sum over pieces of block j, divided by post_div.
-template <Fp8Format F>
-FP8C_HD void sum_block(const BlockCodes& pieces, int post_div, int64_t j, int64_t width, float* acc) {
+template <Fp8Format F, typename Count>
+FP8C_HD void sum_run(const BlockCodes& pieces, int post_div, int64_t j, Count width, float* acc) {
   const int64_t B = pieces.block_size;
   {
     const float scale = scale_from_byte(pieces.scales[j]);
@@ -90,7 +119,18 @@ FP8C_HD void sum_block(const BlockCodes& pieces, int post_div, int64_t j, int64_
     const uint8_t* codes = pieces.codes + r * pieces.stride + j * B;
     for (int64_t i = 0; i < width; ++i) acc[i] += decode_fp8<F>(codes[i]) * scale;
   }
-  for (int64_t i = 0; i < width; ++i) acc[i] = sum_finish(acc[i], post_div);
+  if (post_div != 1) {
+    for (int64_t i = 0; i < width; ++i) acc[i] = sum_finish(acc[i], post_div);
+  }
+}
+
+template <Fp8Format F>
+FP8C_HD void sum_block(const BlockCodes& pieces, int post_div, int64_t j, int64_t width, float* acc) {
+  if (width == 32) {
+    sum_run<F>(pieces, post_div, j, Full32{}, acc);
+  } else {
+    sum_run<F>(pieces, post_div, j, width, acc);
+  }
 }
 
 template <ElemType E, Fp8Format F>
@@ -102,7 +142,7 @@ FP8C_VECTOR_CLONES void dequant_sum_blocks(const BlockCodes pieces, int post_div
     const int64_t width = std::min(B, numel - j * B);
     sum_block<F>(pieces, post_div, j, width, acc);
     Storage<E>* d = dst + j * B;
-    for (int64_t i = 0; i < width; ++i) d[i] = Elem<E>::store(acc[i]);
+    for (int64_t i = 0; i < width; ++i) d[i] = Elem<E>::store(acc[i]);  // width is 32 but for the tail
   }
 }
 
@@ -116,14 +156,8 @@ FP8C_VECTOR_CLONES void dequant_sum_requantize_blocks(const BlockCodes pieces, i
   for (int64_t j = begin; j < end; ++j) {
     const int64_t width = std::min(B, out.capacity - j * B);
     sum_block<F>(pieces, post_div, j, width, acc);
-    uint32_t amax = 0;
-    for (int64_t i = 0; i < width; ++i) amax = std::max(amax, finite_abs_bits(acc[i]));
-    const uint8_t sb = scale_byte<F>(amax);
-    const float inv = inv_scale_from_byte(sb);
-    const uint32_t limit = code_limit<F>(sb);
     uint8_t* codes = out.codes + j * B;
-    for (int64_t i = 0; i < width; ++i) codes[i] = encode_fp8<F>(acc[i] * inv, limit);
-    out.scales[j] = sb;
+    out.scales[j] = width == 32 ? requantize_run<F>(acc, Full32{}, codes) : requantize_run<F>(acc, width, codes);
     if (j == total_blocks - 1) {
       for (int64_t k = 1; k <= out.scale_padding; ++k) out.scales[j + k] = 0;
     }

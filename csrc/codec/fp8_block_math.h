@@ -55,9 +55,10 @@ FP8C_HD float pow2f(int e) {
 
 // |v| as bits when v is finite, else 0: the block amax is the max of these
 // (IEEE ordering of non-negative floats equals their unsigned bit ordering).
+// (A mask, not a select: gcc vectorizes a max-reduction only in this form.)
 FP8C_HD uint32_t finite_abs_bits(float v) {
-  uint32_t a = float_bits(v) & 0x7FFFFFFFu;
-  return a < 0x7F800000u ? a : 0u;
+  const uint32_t a = float_bits(v) & 0x7FFFFFFFu;
+  return a & (0u - static_cast<uint32_t>(a < 0x7F800000u));
 }
 
 // ---------------------------------------------------------------- formats
