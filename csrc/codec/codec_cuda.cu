@@ -1,0 +1,373 @@
+// The FP8 block codec on CUDA: plain kernels over raw pointers (torch-free, so a
+// bare `nvcc -c` builds them), one kernel per operation, the element math from
+// fp8_block_math.h so the bytes equal the CPU codec's bit for bit.
+//
+// Work unit: a *chunk* of 16 consecutive elements per thread — 64 bytes of
+// fp32 / 32 bytes of bf16 read with 16-byte loads, 16 codes written with one
+// 16-byte store — whenever the pointers are 16-byte aligned and the chunk is
+// whole; otherwise the same thread falls back to element accesses (source
+// views and segment starts need not be aligned).
+//
+// A block of B elements is B/16 chunks. When B/16 is a power of two <= 32 the
+// block's chunks sit in adjacent lanes of one warp and the block amax is a
+// butterfly of warp shuffles; otherwise one warp walks the block's chunks.
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "codec.h"
+
+namespace fp8comm {
+namespace {
+
+constexpr int kChunk = 16;
+constexpr int kThreads = 256;
+constexpr int64_t kMaxGrid = int64_t{1} << 20;
+
+template <ElemType E>
+using Storage = typename Elem<E>::storage;
+
+__device__ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// v[0, 16) <- elements [0, valid) of p as float (zeros past valid).
+template <ElemType E>
+__device__ __forceinline__ void load_chunk(const Storage<E>* p, int valid, float (&v)[kChunk]) {
+  if (valid == kChunk && aligned16(p)) {
+    constexpr int kPer16B = 16 / sizeof(Storage<E>);
+    const uint4* q = reinterpret_cast<const uint4*>(p);
+#pragma unroll
+    for (int k = 0; k < kChunk / kPer16B; ++k) {
+      const uint4 w = __ldg(q + k);
+      Storage<E> e[kPer16B];
+      memcpy(e, &w, 16);
+#pragma unroll
+      for (int t = 0; t < kPer16B; ++t) v[k * kPer16B + t] = Elem<E>::load(e[t]);
+    }
+  } else {
+#pragma unroll
+    for (int t = 0; t < kChunk; ++t) v[t] = t < valid ? Elem<E>::load(p[t]) : 0.0f;
+  }
+}
+
+template <ElemType E>
+__device__ __forceinline__ void store_chunk(Storage<E>* p, int valid, const float (&v)[kChunk]) {
+  if (valid == kChunk && aligned16(p)) {
+    constexpr int kPer16B = 16 / sizeof(Storage<E>);
+    uint4* q = reinterpret_cast<uint4*>(p);
+#pragma unroll
+    for (int k = 0; k < kChunk / kPer16B; ++k) {
+      Storage<E> e[kPer16B];
+#pragma unroll
+      for (int t = 0; t < kPer16B; ++t) e[t] = Elem<E>::store(v[k * kPer16B + t]);
+      uint4 w;
+      memcpy(&w, e, 16);
+      q[k] = w;
+    }
+  } else {
+    for (int t = 0; t < valid; ++t) p[t] = Elem<E>::store(v[t]);
+  }
+}
+
+__device__ __forceinline__ void load_codes(const uint8_t* p, int valid, uint8_t (&c)[kChunk]) {
+  if (valid == kChunk && aligned16(p)) {
+    const uint4 w = __ldg(reinterpret_cast<const uint4*>(p));
+    memcpy(c, &w, 16);
+  } else {
+#pragma unroll
+    for (int t = 0; t < kChunk; ++t) c[t] = t < valid ? p[t] : 0;
+  }
+}
+
+__device__ __forceinline__ void store_codes(uint8_t* p, int count, const uint8_t (&c)[kChunk]) {
+  if (count == kChunk && aligned16(p)) {
+    uint4 w;
+    memcpy(&w, c, 16);
+    *reinterpret_cast<uint4*>(p) = w;
+  } else {
+    for (int t = 0; t < count; ++t) p[t] = c[t];
+  }
+}
+
+__device__ __forceinline__ int clamp_chunk(int64_t n) {
+  return n <= 0 ? 0 : (n >= kChunk ? kChunk : static_cast<int>(n));
+}
+
+// ------------------------------------------------------------------ sources
+// What a quantizing kernel encodes: chunk (segment r, offset i0) as floats.
+
+// A tensor times premul (quantize).
+template <ElemType E>
+struct TensorSource {
+  const Storage<E>* src;
+  int64_t numel;
+  int64_t segment_numel;
+  float premul;
+  const float* premul_device;
+
+  __device__ int load(int64_t r, int64_t i0, float (&v)[kChunk]) const {
+    const int64_t first = r * segment_numel + i0;
+    const int64_t seg_end = (r + 1) * segment_numel < numel ? (r + 1) * segment_numel : numel;
+    const int valid = clamp_chunk(seg_end - first);
+    load_chunk<E>(src + first, valid, v);
+    const float f = premul_device != nullptr ? *premul_device : premul;
+#pragma unroll
+    for (int t = 0; t < kChunk; ++t) v[t] = v[t] * f;
+    return valid;
+  }
+};
+
+// The sum of P pieces, in piece order, then / post_div (dequant-sum-requantize
+// and dequant-sum). Padding codes are zeros, so the whole capacity is summed.
+template <Fp8Format F>
+__device__ __forceinline__ void sum_pieces(const BlockCodes& pieces, int post_div, int64_t i0, int valid,
+                                           float (&acc)[kChunk]) {
+  const int64_t j = i0 / pieces.block_size;
+  for (int64_t r = 0; r < pieces.num_segments; ++r) {
+    const float scale = scale_from_byte(pieces.scales[r * pieces.stride + j]);
+    uint8_t c[kChunk];
+    load_codes(pieces.codes + r * pieces.stride + i0, valid, c);
+#pragma unroll
+    for (int t = 0; t < kChunk; ++t) {
+      const float d = decode_fp8<F>(c[t]) * scale;
+      acc[t] = r == 0 ? d : acc[t] + d;
+    }
+  }
+  if (post_div != 1) {
+#pragma unroll
+    for (int t = 0; t < kChunk; ++t) acc[t] = sum_finish(acc[t], post_div);
+  }
+}
+
+template <Fp8Format F>
+struct PiecesSource {
+  BlockCodes pieces;
+  int post_div;
+
+  __device__ int load(int64_t /*r*/, int64_t i0, float (&v)[kChunk]) const {
+    const int valid = clamp_chunk(pieces.capacity - i0);
+    sum_pieces<F>(pieces, post_div, i0, valid, v);
+    return valid;
+  }
+};
+
+// ------------------------------------------------------------- quantizing
+// Encodes one chunk with its block's scale byte; writes zero codes past the
+// valid elements up to the capacity.
+template <Fp8Format F>
+__device__ __forceinline__ void encode_chunk(const float (&v)[kChunk], int valid, uint8_t sb, uint8_t* codes,
+                                             int count) {
+  const float inv = inv_scale_from_byte(sb);
+  const uint32_t limit = code_limit<F>(sb);
+  uint8_t c[kChunk];
+#pragma unroll
+  for (int t = 0; t < kChunk; ++t) c[t] = t < valid ? encode_fp8<F>(v[t] * inv, limit) : 0;
+  store_codes(codes, count, c);
+}
+
+__device__ __forceinline__ uint32_t chunk_amax(const float (&v)[kChunk], int valid) {
+  uint32_t amax = 0;
+#pragma unroll
+  for (int t = 0; t < kChunk; ++t) {
+    const uint32_t a = t < valid ? finite_abs_bits(v[t]) : 0u;
+    amax = a > amax ? a : amax;
+  }
+  return amax;
+}
+
+__device__ __forceinline__ void write_scale(const BlockCodes& dst, int64_t r, int64_t j, int64_t blocks_per_segment,
+                                            uint8_t sb) {
+  uint8_t* scales = dst.scales + r * dst.stride;
+  scales[j] = sb;
+  if (j == blocks_per_segment - 1) {
+    for (int64_t k = 1; k <= dst.scale_padding; ++k) scales[j + k] = 0;
+  }
+}
+
+// Blocks of lanes_per_block (a power of two <= 32) adjacent lanes.
+template <class Source, Fp8Format F>
+__global__ void __launch_bounds__(kThreads) quantize_shuffle_kernel(Source source, BlockCodes dst,
+                                                                    int64_t total_blocks, int lanes_per_block) {
+  const int64_t B = dst.block_size;
+  const int64_t blocks_per_segment = (dst.capacity + B - 1) / B;
+  const int64_t total_threads = total_blocks * lanes_per_block;
+  // Grid-stride over whole warps, so every lane reaches every shuffle.
+  for (int64_t base = int64_t{blockIdx.x} * blockDim.x; base < total_threads;
+       base += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t tid = base + threadIdx.x;
+    const bool active = tid < total_threads;
+    const int64_t blk = active ? tid / lanes_per_block : 0;
+    const int lane_in_block = static_cast<int>(tid % lanes_per_block);
+    const int64_t r = blk / blocks_per_segment;
+    const int64_t j = blk - r * blocks_per_segment;
+    const int64_t i0 = j * B + int64_t{lane_in_block} * kChunk;  // offset in the segment
+    float v[kChunk];
+    int valid = 0;
+    if (active && i0 < dst.capacity) valid = source.load(r, i0, v);
+    uint32_t amax = valid > 0 ? chunk_amax(v, valid) : 0u;
+    for (int off = lanes_per_block / 2; off >= 1; off /= 2) {
+      const uint32_t other = __shfl_xor_sync(0xffffffffu, amax, off);
+      amax = other > amax ? other : amax;
+    }
+    if (!active || i0 >= dst.capacity) continue;
+    const uint8_t sb = scale_byte<F>(amax);
+    encode_chunk<F>(v, valid, sb, dst.codes + r * dst.stride + i0, clamp_chunk(dst.capacity - i0));
+    if (lane_in_block == 0) write_scale(dst, r, j, blocks_per_segment, sb);
+  }
+}
+
+// Any block size: one warp per block walks its chunks twice (amax, encode);
+// the second pass re-reads the source, which is in L1/L2 by then.
+template <class Source, Fp8Format F>
+__global__ void __launch_bounds__(kThreads) quantize_warp_kernel(Source source, BlockCodes dst,
+                                                                 int64_t total_blocks) {
+  const int64_t B = dst.block_size;
+  const int64_t blocks_per_segment = (dst.capacity + B - 1) / B;
+  const int lane = threadIdx.x & 31;
+  const int64_t warps_per_grid = int64_t{gridDim.x} * (blockDim.x / 32);
+  for (int64_t blk = int64_t{blockIdx.x} * (blockDim.x / 32) + threadIdx.x / 32; blk < total_blocks;
+       blk += warps_per_grid) {
+    const int64_t r = blk / blocks_per_segment;
+    const int64_t j = blk - r * blocks_per_segment;
+    const int64_t width = dst.capacity - j * B < B ? dst.capacity - j * B : B;
+    uint32_t amax = 0;
+    for (int64_t i = int64_t{lane} * kChunk; i < width; i += 32 * kChunk) {
+      float v[kChunk];
+      const int valid = source.load(r, j * B + i, v);
+      const uint32_t a = chunk_amax(v, valid);
+      amax = a > amax ? a : amax;
+    }
+    for (int off = 16; off >= 1; off /= 2) {
+      const uint32_t other = __shfl_xor_sync(0xffffffffu, amax, off);
+      amax = other > amax ? other : amax;
+    }
+    const uint8_t sb = scale_byte<F>(amax);
+    for (int64_t i = int64_t{lane} * kChunk; i < width; i += 32 * kChunk) {
+      float v[kChunk];
+      const int valid = source.load(r, j * B + i, v);
+      encode_chunk<F>(v, valid, sb, dst.codes + r * dst.stride + j * B + i, clamp_chunk(width - i));
+    }
+    if (lane == 0) write_scale(dst, r, j, blocks_per_segment, sb);
+  }
+}
+
+int64_t grid_for(int64_t threads) {
+  const int64_t blocks = (threads + kThreads - 1) / kThreads;
+  return blocks < 1 ? 1 : (blocks > kMaxGrid ? kMaxGrid : blocks);
+}
+
+template <class Source, Fp8Format F>
+int launch_quantize(const Source& source, const BlockCodes& dst, cudaStream_t stream) {
+  const int64_t blocks_per_segment = (dst.capacity + dst.block_size - 1) / dst.block_size;
+  const int64_t total_blocks = dst.num_segments * blocks_per_segment;
+  if (total_blocks == 0) return 0;
+  const int lanes = dst.block_size / kChunk;
+  if (lanes <= 32 && (lanes & (lanes - 1)) == 0) {
+    quantize_shuffle_kernel<Source, F>
+        <<<grid_for(total_blocks * lanes), kThreads, 0, stream>>>(source, dst, total_blocks, lanes);
+  } else {
+    quantize_warp_kernel<Source, F><<<grid_for(total_blocks * 32), kThreads, 0, stream>>>(source, dst, total_blocks);
+  }
+  return static_cast<int>(cudaGetLastError());
+}
+
+// ------------------------------------------------------------- decoding
+// One thread per chunk of 16 codes: dst[r * m + i0 + t] for the valid ones.
+template <ElemType E, Fp8Format F>
+__global__ void __launch_bounds__(kThreads) dequantize_kernel(BlockCodes src, Storage<E>* dst, int64_t numel,
+                                                              int64_t chunks_per_segment) {
+  const int64_t m = src.segment_numel;
+  const int64_t total = src.num_segments * chunks_per_segment;
+  for (int64_t idx = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; idx < total;
+       idx += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = idx / chunks_per_segment;
+    const int64_t i0 = (idx - r * chunks_per_segment) * kChunk;
+    const int64_t first = r * m + i0;
+    const int64_t seg_end = (r + 1) * m < numel ? (r + 1) * m : numel;
+    const int valid = clamp_chunk(seg_end - first);
+    if (valid == 0) continue;
+    const float scale = scale_from_byte(src.scales[r * src.stride + i0 / src.block_size]);
+    uint8_t c[kChunk];
+    load_codes(src.codes + r * src.stride + i0, valid, c);
+    float v[kChunk];
+#pragma unroll
+    for (int t = 0; t < kChunk; ++t) v[t] = decode_fp8<F>(c[t]) * scale;
+    store_chunk<E>(dst + first, valid, v);
+  }
+}
+
+template <ElemType E, Fp8Format F>
+__global__ void __launch_bounds__(kThreads) dequant_sum_kernel(BlockCodes pieces, int post_div, Storage<E>* dst,
+                                                               int64_t numel) {
+  const int64_t total = (numel + kChunk - 1) / kChunk;
+  for (int64_t idx = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; idx < total;
+       idx += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t i0 = idx * kChunk;
+    const int valid = clamp_chunk(numel - i0);
+    float acc[kChunk];
+    sum_pieces<F>(pieces, post_div, i0, valid, acc);
+    store_chunk<E>(dst + i0, valid, acc);
+  }
+}
+
+// ------------------------------------------------------------- dispatch
+template <typename Fn>
+int with_types(ElemType type, Fp8Format format, Fn&& fn) {
+  auto with_format = [&](auto e) {
+    return format == Fp8Format::E4M3 ? fn(e, std::integral_constant<Fp8Format, Fp8Format::E4M3>{})
+                                     : fn(e, std::integral_constant<Fp8Format, Fp8Format::E5M2>{});
+  };
+  switch (type) {
+    case ElemType::F32: return with_format(std::integral_constant<ElemType, ElemType::F32>{});
+    case ElemType::BF16: return with_format(std::integral_constant<ElemType, ElemType::BF16>{});
+    case ElemType::F16: return with_format(std::integral_constant<ElemType, ElemType::F16>{});
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
+}  // namespace
+
+int quantize_cuda(const void* src, ElemType type, int64_t numel, float premul, const float* premul_device,
+                  const BlockCodes& dst, void* stream) {
+  return with_types(type, dst.format, [&](auto e, auto f) {
+    constexpr ElemType E = decltype(e)::value;
+    constexpr Fp8Format F = decltype(f)::value;
+    TensorSource<E> source{static_cast<const Storage<E>*>(src), numel, dst.segment_numel, premul, premul_device};
+    return launch_quantize<TensorSource<E>, F>(source, dst, static_cast<cudaStream_t>(stream));
+  });
+}
+
+int dequantize_cuda(const BlockCodes& src, void* dst, ElemType type, int64_t numel, void* stream) {
+  const int64_t chunks_per_segment = (src.segment_numel + kChunk - 1) / kChunk;
+  const int64_t total = src.num_segments * chunks_per_segment;
+  if (total == 0 || numel == 0) return 0;
+  return with_types(type, src.format, [&](auto e, auto f) {
+    constexpr ElemType E = decltype(e)::value;
+    constexpr Fp8Format F = decltype(f)::value;
+    dequantize_kernel<E, F><<<grid_for(total), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+        src, static_cast<Storage<E>*>(dst), numel, chunks_per_segment);
+    return static_cast<int>(cudaGetLastError());
+  });
+}
+
+int dequant_sum_cuda(const BlockCodes& pieces, int post_div, void* dst, ElemType type, int64_t numel, void* stream) {
+  if (numel == 0) return 0;
+  return with_types(type, pieces.format, [&](auto e, auto f) {
+    constexpr ElemType E = decltype(e)::value;
+    constexpr Fp8Format F = decltype(f)::value;
+    dequant_sum_kernel<E, F><<<grid_for((numel + kChunk - 1) / kChunk), kThreads, 0,
+                                static_cast<cudaStream_t>(stream)>>>(pieces, post_div, static_cast<Storage<E>*>(dst),
+                                                                     numel);
+    return static_cast<int>(cudaGetLastError());
+  });
+}
+
+int dequant_sum_requantize_cuda(const BlockCodes& pieces, int post_div, const BlockCodes& out, void* stream) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (pieces.format == Fp8Format::E4M3) {
+    return launch_quantize<PiecesSource<Fp8Format::E4M3>, Fp8Format::E4M3>({pieces, post_div}, out, s);
+  }
+  return launch_quantize<PiecesSource<Fp8Format::E5M2>, Fp8Format::E5M2>({pieces, post_div}, out, s);
+}
+
+const char* cuda_error_string(int error) { return cudaGetErrorString(static_cast<cudaError_t>(error)); }
+
+}  // namespace fp8comm

@@ -1,0 +1,140 @@
+"""CUDA codec kernels equal the CPU codec bit for bit (marked cuda; skipped
+without a GPU or without fp8comm's CUDA kernels)."""
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import fp8comm
+
+pytestmark = pytest.mark.cuda
+
+if not (torch.cuda.is_available() and fp8comm._C.has_cuda):
+    pytest.skip("needs a GPU and fp8comm built with CUDA", allow_module_level=True)
+
+FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+BLOCKS = [16, 32, 48, 128, 4096]
+SIZES = [0, 1, 15, 33, 1000, (1 << 20) + 7]
+
+
+def bits(t):
+    """Raw bits, so NaN payloads and -0 count."""
+    t = t.contiguous().cpu()
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+def nasty(n, dtype, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=gen) * torch.logspace(-30, 30, max(n, 1))[:n]
+    if n > 10:
+        x[3], x[7], x[9] = float("nan"), float("inf"), -0.0
+        x[n // 2] = 3.3e38
+        x[n - 1] = 1e-42
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("fp8_dtype", FP8)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block_size", BLOCKS)
+@pytest.mark.parametrize("n", SIZES)
+def test_quantize_and_dequantize(n, block_size, dtype, fp8_dtype):
+    x = nasty(n, dtype)
+    c_cpu, s_cpu = fp8comm.quantize(x, block_size=block_size, fp8_dtype=fp8_dtype)
+    c_gpu, s_gpu = fp8comm.quantize(x.cuda(), block_size=block_size, fp8_dtype=fp8_dtype)
+    assert torch.equal(bits(c_cpu), bits(c_gpu)) and torch.equal(bits(s_cpu), bits(s_gpu))
+    d_cpu = fp8comm.dequantize(c_cpu, s_cpu, block_size=block_size, dtype=dtype)
+    d_gpu = fp8comm.dequantize(c_gpu, s_gpu, block_size=block_size, dtype=dtype)
+    assert torch.equal(bits(d_cpu), bits(d_gpu))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_misaligned_views(dtype):
+    base = nasty(100_003, dtype)
+    for offset in (1, 3, 8):
+        x = base[offset:]
+        c_cpu, s_cpu = fp8comm.quantize(x)
+        c_gpu, s_gpu = fp8comm.quantize(base.cuda()[offset:])
+        assert torch.equal(bits(c_cpu), bits(c_gpu)) and torch.equal(bits(s_cpu), bits(s_gpu))
+        out_cpu = fp8comm.dequantize(c_cpu[1:], s_cpu[: math.ceil((x.numel() - 1) / 32)], dtype=dtype)
+        out_gpu = fp8comm.dequantize(c_gpu[1:], s_gpu[: math.ceil((x.numel() - 1) / 32)], dtype=dtype)
+        assert torch.equal(bits(out_cpu), bits(out_gpu))
+
+
+def wire(num_segments, m, block_size, device):
+    return torch.empty(num_segments * fp8comm.segment_bytes(m, block_size), dtype=torch.uint8, device=device)
+
+
+@pytest.mark.parametrize("fp8_dtype", FP8)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block_size", BLOCKS)
+@pytest.mark.parametrize("n,P", [(1000, 4), (100_003, 3), (5, 4), (1 << 20, 2)])
+def test_fused_segment_ops(n, P, block_size, dtype, fp8_dtype):
+    x = nasty(n, dtype, seed=1)
+    m = math.ceil(n / P)
+    kw = dict(block_size=block_size, fp8_dtype=fp8_dtype)
+    out = {}
+    for device in ("cpu", "cuda"):
+        buf = wire(P, m, block_size, device)
+        buf.fill_(0xAB)
+        fp8comm.quantize_segments(x.to(device)[1:] if n > 1 else x.to(device), buf, P, m, premul=0.75, **kw)
+        deq = torch.empty(max(n - 1, 0), dtype=dtype, device=device)
+        fp8comm.dequantize_segments(buf, deq, P, m, **kw)
+        summed = torch.empty(m, dtype=dtype, device=device)
+        fp8comm.dequant_sum(buf, summed, P, m, post_div=P, **kw)
+        req = wire(1, m, block_size, device)
+        req.fill_(0xCD)
+        fp8comm.dequant_sum_requantize(buf, req, P, m, post_div=3, **kw)
+        out[device] = (buf, deq, summed, req)
+    for a, b in zip(out["cpu"], out["cuda"]):
+        assert torch.equal(bits(a), bits(b))
+
+
+def test_tensor_premul_on_the_device():
+    x = nasty(50_000, torch.float32)
+    a = wire(2, 25_000, 32, "cpu")
+    b = wire(2, 25_000, 32, "cuda")
+    fp8comm.quantize_segments(x, a, 2, 25_000, premul=torch.tensor(0.3))
+    fp8comm.quantize_segments(x.cuda(), b, 2, 25_000, premul=torch.tensor(0.3, device="cuda"))
+    assert torch.equal(bits(a), bits(b))
+
+
+def test_ops_run_on_the_current_stream():
+    x = torch.randn(1 << 22, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        y = x * 2  # enqueued on s; the codec must read it after this
+        codes, scales = fp8comm.quantize(y)
+        back = fp8comm.dequantize(codes, scales)
+    s.synchronize()
+    c_cpu, s_cpu = fp8comm.quantize(x.cpu() * 2)
+    assert torch.equal(bits(codes), bits(c_cpu)) and torch.equal(bits(back), bits(fp8comm.dequantize(c_cpu, s_cpu)))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(0, 20_000),
+    log_scale=st.floats(-35, 35),
+    dtype=st.sampled_from(DTYPES),
+    fp8_dtype=st.sampled_from(FP8),
+    block_size=st.sampled_from([16, 32, 64, 80, 512, 1024]),
+    P=st.integers(1, 5),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_hypothesis_cuda_equals_cpu(n, log_scale, dtype, fp8_dtype, block_size, P, seed):
+    gen = torch.Generator().manual_seed(seed)
+    x = (torch.randn(n, generator=gen) * 10.0**log_scale).to(dtype)
+    m = max(1, math.ceil(n / P))
+    kw = dict(block_size=block_size, fp8_dtype=fp8_dtype)
+    res = {}
+    for device in ("cpu", "cuda"):
+        buf = wire(P, m, block_size, device)
+        fp8comm.quantize_segments(x.to(device), buf, P, m, **kw)
+        summed = torch.empty(m, dtype=dtype, device=device)
+        fp8comm.dequant_sum(buf, summed, P, m, **kw)
+        res[device] = (buf, summed, *fp8comm.quantize(x.to(device), **kw))
+    for a, b in zip(res["cpu"], res["cuda"]):
+        assert torch.equal(bits(a), bits(b))
