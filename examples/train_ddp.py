@@ -44,7 +44,7 @@ def main():
     cfg = ModelConfig(dim=args.dim, layers=args.layers, heads=4, max_seq=args.seq)
     model = TinyLlama(cfg)
     if args.fp8_compute:
-        fp8comm.convert_to_fp8(model)
+        fp8comm.convert_to_fp8(model, module_filter_fn=lambda mod, fqn: fqn.startswith("blocks."))
     model = DDP(model.to(device))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
     data = ByteBatches(stdlib_bytes(), args.seq, args.batch, rank)

@@ -2,6 +2,7 @@
 
     import fp8comm                                    # registers fp8nccl / fp8gloo
     dist.init_process_group("cpu:gloo,cuda:fp8nccl")
+    model = fp8comm.convert_to_fp8(model)             # FP8 compute (Fp8Linear)
 """
 import torch
 import torch.distributed  # noqa: F401  (ProcessGroupFP8 derives from its Backend binding)
@@ -17,6 +18,7 @@ from .codec import (  # noqa: F401
     quantize_segments,
     segment_bytes,
 )
+from .nn import Fp8Linear, convert_to_fp8  # noqa: F401
 from .options import Options  # noqa: F401
 from .stats import get_stats, reset_stats  # noqa: F401
 

@@ -1,0 +1,4 @@
+"""FP8 compute: Fp8Linear and convert_to_fp8 (DESIGN.md, "FP8 compute")."""
+from .config import RECIPES, Recipe  # noqa: F401
+from .convert import convert_to_fp8, default_filter  # noqa: F401
+from .linear import Fp8Linear, reset_stats, stats  # noqa: F401

@@ -1,0 +1,46 @@
+"""Recipes of the FP8 linear layer (DESIGN.md, "FP8 compute").
+
+Current ("real-time") scaling: every GEMM operand is scaled from its own amax
+in this step, no history. The scale maps the operand's amax onto the FP8
+format's largest value.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """How each of the three GEMMs of a linear layer is cast to FP8.
+
+    name: "tensorwise" or "rowwise".
+    input_dtype / weight_dtype / grad_output_dtype: the FP8 formats.
+    rowwise: one scale per row of each operand along the contracted dim
+        (else one scale per tensor).
+    """
+
+    name: str
+    input_dtype: torch.dtype
+    weight_dtype: torch.dtype
+    grad_output_dtype: torch.dtype
+    rowwise: bool
+
+
+RECIPES = {
+    # E4M3 for forward operands, E5M2 (more range) for gradients; one scale
+    # per tensor, so the backward GEMMs reuse the forward casts transposed.
+    "tensorwise": Recipe("tensorwise", torch.float8_e4m3fn, torch.float8_e4m3fn, torch.float8_e5m2, rowwise=False),
+    # E4M3 everywhere with a scale per row: a row with one outlier does not
+    # crush the others. Backward casts again along the new contracted dims.
+    "rowwise": Recipe("rowwise", torch.float8_e4m3fn, torch.float8_e4m3fn, torch.float8_e4m3fn, rowwise=True),
+}
+
+
+def recipe_of(recipe: str | Recipe) -> Recipe:
+    if isinstance(recipe, Recipe):
+        return recipe
+    if recipe not in RECIPES:
+        raise ValueError(f"fp8comm: unknown FP8 recipe {recipe!r}; choose one of {sorted(RECIPES)}")
+    return RECIPES[recipe]
