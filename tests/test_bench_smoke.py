@@ -24,3 +24,22 @@ def test_codec_bench_quick(tmp_path):
     assert {r["dtype"] for r in result["rows"]} == {"float32", "bfloat16"}
     for r in result["rows"]:
         assert r["gb_per_s"] > 0 and r["seconds"] > 0
+
+
+def test_comm_bench_quick(tmp_path):
+    path = tmp_path / "comm.json"
+    png = tmp_path / "comm.png"
+    run_script("-m", "fp8comm.bench", "comm", "--nproc", "2", "--quick", "--json", str(path), "--plot", str(png))
+    result = json.loads(path.read_text())
+    assert result["benchmark"] == "comm" and result["world_size"] == 2 and result["baseline"] == "gloo"
+    assert png.stat().st_size > 10_000
+    ops = {(r["op"], r["dtype"]) for r in result["rows"]}
+    assert len(ops) == 10  # 5 op forms x 2 dtypes
+    for r in result["rows"]:
+        assert r["calls_compressed"] == 1
+        ratio = r["bytes_sent"] / r["bytes_sent_uncompressed"]
+        assert ratio <= (0.26 if r["dtype"] == "float32" else 0.52)
+        assert r["sqnr_db"] >= (27.0 if r["op"] == "all_reduce" else 30.0)
+        for side in ("fp8", "plain"):
+            assert r[side]["p10_s"] <= r[side]["median_s"] <= r[side]["p90_s"]
+            assert r[side]["busbw_gbps"] > 0
