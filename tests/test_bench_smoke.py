@@ -43,3 +43,15 @@ def test_comm_bench_quick(tmp_path):
         for side in ("fp8", "plain"):
             assert r[side]["p10_s"] <= r[side]["median_s"] <= r[side]["p90_s"]
             assert r[side]["busbw_gbps"] > 0
+
+
+def test_model_labels_everything_modeled(tmp_path):
+    path = tmp_path / "model.json"
+    out = run_script("bench/model.py", "--gpus", "8,64", "--sizes-mib", "64", "--json", str(path))
+    assert out.stdout.startswith("MODELED, not measured")
+    result = json.loads(path.read_text())
+    assert result["modeled"] is True and "assumed" in result["codec"]["source"]
+    for r in result["rows"]:
+        assert all(k.startswith("modeled_") for k in r if k.endswith("_ms") or k.startswith("speedup"))
+        # FP8 moves ~0.52 of BF16's bytes: never more than 2x, and faster on bandwidth-bound links
+        assert 1.0 < r["modeled_speedup_vs_bf16"] < 2.0
