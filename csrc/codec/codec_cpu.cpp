@@ -43,9 +43,26 @@ FP8C_HD uint8_t quantize_run(const Storage<E>* s, Count n, float premul, uint8_t
   return sb;
 }
 
+// decode_fp8 of every byte: on the CPU a table lookup (an AVX2 gather) is
+// cheaper than the branch-free bit math, and gives the same floats.
+template <Fp8Format F>
+struct DecodeTable {
+  float value[256];
+  DecodeTable() {
+    for (int c = 0; c < 256; ++c) value[c] = decode_fp8<F>(static_cast<uint8_t>(c));
+  }
+};
+
+template <Fp8Format F>
+const float* decode_table() {
+  static const DecodeTable<F> table;
+  return table.value;
+}
+
 template <ElemType E, Fp8Format F, typename Count>
 FP8C_HD void dequantize_run(const uint8_t* codes, float scale, Count n, Storage<E>* d) {
-  for (int64_t i = 0; i < n; ++i) d[i] = Elem<E>::store(decode_fp8<F>(codes[i]) * scale);
+  const float* lut = decode_table<F>();
+  for (int64_t i = 0; i < n; ++i) d[i] = Elem<E>::store(lut[codes[i]] * scale);
 }
 
 template <Fp8Format F, typename Count>
@@ -109,15 +126,16 @@ FP8C_VECTOR_CLONES void dequantize_blocks(const BlockCodes src, Storage<E>* dst,
 template <Fp8Format F, typename Count>
 FP8C_HD void sum_run(const BlockCodes& pieces, int post_div, int64_t j, Count width, float* acc) {
   const int64_t B = pieces.block_size;
+  const float* lut = decode_table<F>();
   {
     const float scale = scale_from_byte(pieces.scales[j]);
     const uint8_t* codes = pieces.codes + j * B;
-    for (int64_t i = 0; i < width; ++i) acc[i] = decode_fp8<F>(codes[i]) * scale;
+    for (int64_t i = 0; i < width; ++i) acc[i] = lut[codes[i]] * scale;
   }
   for (int64_t r = 1; r < pieces.num_segments; ++r) {
     const float scale = scale_from_byte(pieces.scales[r * pieces.stride + j]);
     const uint8_t* codes = pieces.codes + r * pieces.stride + j * B;
-    for (int64_t i = 0; i < width; ++i) acc[i] += decode_fp8<F>(codes[i]) * scale;
+    for (int64_t i = 0; i < width; ++i) acc[i] += lut[codes[i]] * scale;
   }
   if (post_div != 1) {
     for (int64_t i = 0; i < width; ++i) acc[i] = sum_finish(acc[i], post_div);
