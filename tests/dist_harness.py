@@ -43,20 +43,25 @@ class ScenarioError(AssertionError):
     pass
 
 
-def _worker(rank, world, init_file, backend, pg_options_spec, env, inbox, outbox):
+def _worker(rank, world, init_file, backend, pg_options_spec, env, timeout_s, inbox, outbox):
     global _CTX
     os.environ.update(env)
+    import datetime
+
     import torch
     import torch.distributed as dist
 
     import fp8comm
 
     torch.set_num_threads(1)
+    dist.set_debug_level_from_env()  # torch read TORCH_DISTRIBUTED_DEBUG at import, before `env` was applied
     pg_options = fp8comm.Options(**pg_options_spec) if pg_options_spec is not None else None
+    timeout = datetime.timedelta(seconds=timeout_s)
     dist.init_process_group(
-        backend, init_method=f"file://{init_file}", rank=rank, world_size=world, pg_options=pg_options
+        backend, init_method=f"file://{init_file}", rank=rank, world_size=world, pg_options=pg_options,
+        timeout=timeout,
     )
-    gloo = dist.new_group(backend="gloo")
+    gloo = dist.new_group(backend="gloo", timeout=timeout)
     _CTX = Context(rank=rank, world=world, group=dist.group.WORLD, gloo=gloo)
     outbox.put(("ready", rank, None))
     while True:
@@ -73,7 +78,9 @@ def _worker(rank, world, init_file, backend, pg_options_spec, env, inbox, outbox
 
 
 class DistPool:
-    def __init__(self, world: int, backend: str = "fp8gloo", pg_options: dict | None = None, env: dict | None = None):
+    def __init__(self, world: int, backend: str = "fp8gloo", pg_options: dict | None = None, env: dict | None = None,
+                 timeout_s: float = 300.0):
+        """timeout_s: the process groups' timeout (how long a collective may wait for peers)."""
         self.world = world
         self._dir = tempfile.TemporaryDirectory()
         spawn = mp.get_context("spawn")
@@ -83,7 +90,7 @@ class DistPool:
         self._procs = [
             spawn.Process(
                 target=_worker,
-                args=(r, world, init_file, backend, pg_options, env or {}, self._inboxes[r], self._outbox),
+                args=(r, world, init_file, backend, pg_options, env or {}, timeout_s, self._inboxes[r], self._outbox),
                 daemon=True,
             )
             for r in range(world)
@@ -101,6 +108,30 @@ class DistPool:
         for inbox in self._inboxes:
             inbox.put((fn.__module__, fn.__name__, args, kwargs))
         return self._collect("ok", timeout)
+
+    def run_with_deaths(self, fn: Callable, *args, timeout: float = DEFAULT_TIMEOUT_S, **kwargs) -> dict:
+        """Like run(), for scenarios in which ranks may die: returns {rank:
+        result, or the traceback string if it raised} for the ranks that
+        answered; ranks that died are absent. Raises only if a live rank has
+        not answered within `timeout` (a hang). The pool is closed after."""
+        for inbox in self._inboxes:
+            inbox.put((fn.__module__, fn.__name__, args, kwargs))
+        answers: dict = {}
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                alive = {r for r, p in enumerate(self._procs) if p.is_alive()}
+                if alive <= set(answers):
+                    return answers
+                if time.monotonic() > deadline:
+                    raise ScenarioError(f"rank(s) {sorted(alive - set(answers))} hung for {timeout}s")
+                try:
+                    kind, rank, value = self._outbox.get(timeout=0.2)
+                    answers[rank] = value
+                except queue.Empty:
+                    pass
+        finally:
+            self.close(kill=True)
 
     def _collect(self, expected: str, timeout: float) -> list:
         results: list = [None] * self.world

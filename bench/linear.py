@@ -1,0 +1,106 @@
+"""Forward + backward time of Fp8Linear vs nn.Linear (and torchao's Float8Linear
+when importable), on Llama-3-8B shapes.
+
+    python bench/linear.py [--json PATH] [--quick]
+
+Shapes (tokens x in -> out): 8192 and 16384 tokens through 4096->14336,
+14336->4096 and 4096->4096. On CUDA the baseline is nn.Linear in BF16, times
+are CUDA events (median of --reps after warm-up); on the CPU (--quick, tiny
+shapes, a smoke test) the baseline is FP32. Goal (GPU): >= 1.5x BF16 at the
+largest shapes, and not slower than torchao.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn as nn
+
+from fp8comm.nn import Fp8Linear
+
+SHAPES = [(t, i, o) for t in (8192, 16384) for (i, o) in ((4096, 14336), (14336, 4096), (4096, 4096))]
+QUICK_SHAPES = [(256, 256, 512), (256, 512, 256)]
+
+
+def torchao_linear(linear: nn.Linear, recipe: str):
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except ImportError:
+        return None
+    model = nn.Sequential(copy.deepcopy(linear))
+    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe))
+    return model
+
+
+def time_fwd_bwd(module, x, grad, reps, device) -> float:
+    def step():
+        x.grad = None
+        module(x).backward(grad)
+
+    for _ in range(3):
+        step()
+    times = []
+    for _ in range(reps):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--recipes", default="tensorwise,rowwise")
+    p.add_argument("--json", metavar="PATH")
+    args = p.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    shapes = QUICK_SHAPES if args.quick or device.type == "cpu" else SHAPES
+    reps = 3 if args.quick else args.reps
+    rows = []
+    for tokens, fin, fout in shapes:
+        base = nn.Linear(fin, fout, bias=False, device=device, dtype=dtype)
+        x = torch.randn(tokens, fin, device=device, dtype=dtype, requires_grad=True)
+        grad = torch.randn(tokens, fout, device=device, dtype=dtype)
+        t_base = time_fwd_bwd(base, x, grad, reps, device)
+        for recipe in args.recipes.split(","):
+            ours = Fp8Linear.from_linear(copy.deepcopy(base), recipe=recipe)
+            t_ours = time_fwd_bwd(ours, x, grad, reps, device)
+            ao = torchao_linear(base, recipe) if device.type == "cuda" else None
+            t_ao = time_fwd_bwd(ao, x, grad, reps, device) if ao is not None else None
+            rows.append({"tokens": tokens, "in": fin, "out": fout, "recipe": recipe, "dtype": str(dtype)[6:],
+                         "baseline_s": t_base, "fp8comm_s": t_ours, "torchao_s": t_ao,
+                         "speedup_vs_baseline": t_base / t_ours,
+                         "speedup_vs_torchao": (t_ao / t_ours) if t_ao else None})
+            print(f"{tokens:6d} x {fin:5d} -> {fout:5d} {recipe:10s} base {t_base * 1e3:8.3f} ms  "
+                  f"fp8comm {t_ours * 1e3:8.3f} ms  x{t_base / t_ours:5.2f}"
+                  + (f"  torchao {t_ao * 1e3:8.3f} ms" if t_ao else ""), flush=True)
+    result = {"benchmark": "linear", "date": datetime.date.today().isoformat(),
+              "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+              "device": torch.cuda.get_device_name() if device.type == "cuda" else f"CPU ({os.cpu_count()} cores)",
+              "torch": torch.__version__, "baseline": f"nn.Linear {str(dtype)[6:]}", "rows": rows}
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+if __name__ == "__main__":
+    main()
