@@ -79,13 +79,17 @@ def test_soak_mixed_collectives():
         results = pool.run(rs.soak, ops, timeout=60 + ops * 0.5)
     finally:
         pool.close()
-    for checked, warm, end, worst in results:
+    marks = results[0][1]
+    print(f"\nsoak: {ops} ops on 3 ranks; rank 0 RSS (MiB) at each fifth: {[m['rss_kib'] // 1024 for m in marks]}, "
+          f"threads {marks[-1]['threads']}, fds {marks[-1]['fds']}; worst per kind {results[0][2]}")
+    for checked, marks, worst in results:
         assert checked == ops
         assert worst.get("all_reduce_sqnr", 99) >= 27.0 and worst.get("reduce_scatter_sqnr", 99) >= 30.0
         for kind in ("all_gather_exact", "small_exact", "int_exact", "max_exact", "broadcast_exact"):
             assert worst.get(kind, 1.0) == 1.0, kind
-        assert end["rss_kib"] <= warm["rss_kib"] + 64 * 1024  # no growth beyond 64 MiB after warm-up
-        assert end["fds"] <= warm["fds"] + 2 and end["threads"] <= warm["threads"] + 2
+        # After the first fifth (warm-up: allocator pools, workspace), no growth beyond 32 MiB.
+        assert marks[-1]["rss_kib"] <= marks[0]["rss_kib"] + 32 * 1024
+        assert marks[-1]["fds"] <= marks[0]["fds"] + 2 and marks[-1]["threads"] <= marks[0]["threads"] + 2
 
 
 @pytest.fixture(scope="module", params=[2, 3, 4])
