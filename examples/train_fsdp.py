@@ -3,6 +3,7 @@
     torchrun --nproc_per_node=2 examples/train_fsdp.py                 # FP8 compute + FP8 comm
     torchrun --nproc_per_node=2 examples/train_fsdp.py --no-fp8-compute --no-fp8-comm
     torchrun --nproc_per_node=2 examples/train_fsdp.py --compare losses.png
+    torchrun --nproc_per_node=2 examples/train_fsdp.py --no-fp8-all-gather   # weights gathered in FP32/BF16
 
 On CUDA machines the group is "cpu:gloo,cuda:fp8nccl" (BF16 parameters and
 gradient reduction, one GPU per rank); without a GPU it is "fp8gloo" on the CPU
@@ -10,6 +11,9 @@ gradient reduction, one GPU per rank); without a GPU it is "fp8gloo" on the CPU
 --compare trains the same model twice from the same seed and data — once with
 nn.Linear over the plain backend, once with FP8 compute over the fp8 backend —
 prints both loss curves and writes them to a PNG.
+With FP8 compute and the tensorwise recipe, FSDP2 all-gathers the Fp8Linear
+weights as the FP8 bytes their GEMMs consume (--fp8-all-gather, on by default
+here); each run on an fp8 group prints the bytes one forward's all-gathers sent.
 """
 from __future__ import annotations
 
@@ -40,6 +44,9 @@ def parse_args(argv=None):
     p.add_argument("--fp8-comm", action=argparse.BooleanOptionalAction, default=True,
                    help="communicate through fp8nccl / fp8gloo (else plain nccl / gloo)")
     p.add_argument("--recipe", default="tensorwise", choices=["tensorwise", "rowwise"])
+    p.add_argument("--fp8-all-gather", action=argparse.BooleanOptionalAction, default=True,
+                   help="all-gather Fp8Linear weights as FP8 (FSDP2 extension; tensorwise recipe only, "
+                        "rowwise weights are gathered exactly)")
     p.add_argument("--fp8-layers", default="blocks", choices=["blocks", "auto"],
                    help="blocks: every linear of the decoder blocks (the output head stays high precision); "
                         "auto: fp8comm's default size rule")
@@ -75,9 +82,11 @@ def train(args, device, group, fp8_compute: bool, label: str):
     torch.manual_seed(args.seed)
     cfg = ModelConfig(dim=args.dim, layers=args.layers, heads=args.heads, max_seq=args.seq)
     model = TinyLlama(cfg)
+    fp8_all_gather = fp8_compute and args.fp8_all_gather and args.recipe == "tensorwise"
     if fp8_compute:
         only_blocks = (lambda mod, fqn: fqn.startswith("blocks.")) if args.fp8_layers == "blocks" else None
-        fp8comm.convert_to_fp8(model, recipe=args.recipe, module_filter_fn=only_blocks)
+        fp8comm.convert_to_fp8(model, recipe=args.recipe, module_filter_fn=only_blocks,
+                               fp8_all_gather=fp8_all_gather)
     model.to(device)
     mesh = DeviceMesh.from_group(group, device.type)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16) if device.type == "cuda" else None
@@ -85,6 +94,8 @@ def train(args, device, group, fp8_compute: bool, label: str):
     for block in model.blocks:
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)
+    if fp8_all_gather:  # one all_reduce for all weight amaxes, instead of one per weight per all-gather
+        fp8comm.precompute_fp8_scales_for_fsdp(model)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     data = ByteBatches(stdlib_bytes(), args.seq, args.batch, rank, seed=args.seed)
     if fp8comm.stats.fp8_backends(group):
@@ -100,6 +111,8 @@ def train(args, device, group, fp8_compute: bool, label: str):
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        if fp8_all_gather:
+            fp8comm.precompute_fp8_scales_for_fsdp(model)
         mean = global_mean(loss, group)  # also synchronizes the step
         if step >= warmup:
             timed_s += time.perf_counter() - t0
@@ -110,11 +123,22 @@ def train(args, device, group, fp8_compute: bool, label: str):
 
     with torch.no_grad():
         x, y = (t.to(device) for t in data.eval_batch())
-        eval_loss = global_mean(
-            torch.nn.functional.cross_entropy(model(x).float().view(-1, cfg.vocab), y.reshape(-1)), group
-        )
+        sent_before = fp8comm.get_stats(group)["bytes_sent"] if fp8comm.stats.fp8_backends(group) else None
+        logits = model(x)  # the all-gathers of one forward (the amaxes were precomputed)
+        sent_forward = fp8comm.get_stats(group)["bytes_sent"] - sent_before if sent_before is not None else None
+        eval_loss = global_mean(torch.nn.functional.cross_entropy(logits.float().view(-1, cfg.vocab), y.reshape(-1)),
+                                group)
     result = {"label": label, "losses": losses, "eval_loss": eval_loss,
               "tokens_per_s": tokens / timed_s if timed_s else float("nan")}
+    if sent_forward is not None and rank == 0:
+        world = dist.get_world_size(group)
+        gather_dtype = mp.param_dtype if mp else torch.float32
+        exact = sum(p.numel() for p in model.parameters()) * gather_dtype.itemsize * (world - 1) // world
+        fp8_elems = sum(m.weight.numel() for m in model.modules() if fp8comm.nn.has_fp8_all_gather(m))
+        n_elems = sum(p.numel() for p in model.parameters())
+        print(f"[{label}] all-gather bytes sent per forward {sent_forward / 2**20:.2f} MiB "
+              f"(FP8 all-gather of {fp8_elems} of {n_elems} parameter elements; all in {str(gather_dtype)[6:]}: "
+              f"{exact / 2**20:.2f} MiB, computed)", flush=True)
     if fp8comm.stats.fp8_backends(group):
         stats = fp8comm.get_stats(group)
         result["bytes_sent"] = stats["bytes_sent"]

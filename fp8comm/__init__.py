@@ -18,7 +18,7 @@ from .codec import (  # noqa: F401
     quantize_segments,
     segment_bytes,
 )
-from .nn import Fp8Linear, convert_to_fp8  # noqa: F401
+from .nn import Fp8Linear, convert_to_fp8, precompute_fp8_scales_for_fsdp  # noqa: F401
 from .options import Options  # noqa: F401
 from .stats import get_stats, reset_stats  # noqa: F401
 

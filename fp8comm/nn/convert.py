@@ -1,11 +1,13 @@
 """convert_to_fp8: swap a model's nn.Linear layers for Fp8Linear, in place."""
 from __future__ import annotations
 
+import warnings
 from typing import Callable
 
 import torch.nn as nn
 
 from .config import Recipe, recipe_of
+from .fsdp import wrap_weight
 from .linear import Fp8Linear
 
 
@@ -34,12 +36,34 @@ def convert_to_fp8(
     *,
     recipe: str | Recipe = "tensorwise",
     module_filter_fn: Callable[[nn.Module, str], bool] | None = None,
+    fp8_all_gather: bool = False,
 ) -> nn.Module:
     """Replaces every nn.Linear in ``model`` (the model itself included) with an
     Fp8Linear sharing its parameters, skipping those for which
     ``module_filter_fn(module, fqn)`` returns False (torchao's convention); with
-    no filter, :func:`default_filter` decides. Returns the model."""
+    no filter, :func:`default_filter` decides. Returns the model.
+
+    ``fp8_all_gather=True`` (tensorwise recipe; call before ``fully_shard``):
+    FSDP2 all-gathers the converted layers' weights as the FP8 bytes their
+    forward GEMM consumes, cast once from the shard with the whole weight's
+    scale (fsdp.py). The weight parameters become Fp8AllGatherWeight, which
+    behaves as the plain tensor everywhere else (optimizers, state_dict, DDP,
+    FSDP1). Off by default: see docs/fp8_linear.md, "FP8 all-gather". The
+    rowwise recipe keeps the exact all-gather (a warning says so)."""
     rec = recipe_of(recipe)
+    if fp8_all_gather and rec.rowwise:
+        warnings.warn(
+            "fp8comm.convert_to_fp8: fp8_all_gather serves the tensorwise recipe only; rowwise weights are "
+            "all-gathered exactly (their backward needs column-wise scales that row-cast FP8 bytes cannot give)",
+            stacklevel=2,
+        )
+        fp8_all_gather = False
+
+    def convert(linear: nn.Linear) -> Fp8Linear:
+        new = Fp8Linear.from_linear(linear, recipe=rec)
+        if fp8_all_gather:
+            wrap_weight(new, rec.weight_dtype)
+        return new
 
     def wanted(mod: nn.Module, fqn: str) -> bool:
         if type(mod) is not nn.Linear:  # subclasses (Fp8Linear included) are left alone
@@ -47,10 +71,10 @@ def convert_to_fp8(
         return module_filter_fn(mod, fqn) if module_filter_fn is not None else default_filter(mod, fqn, rec)
 
     if wanted(model, ""):
-        return Fp8Linear.from_linear(model, recipe=rec)
+        return convert(model)
     for fqn, parent in list(model.named_modules()):
         for name, child in list(parent.named_children()):
             child_fqn = f"{fqn}.{name}" if fqn else name
             if wanted(child, child_fqn):
-                setattr(parent, name, Fp8Linear.from_linear(child, recipe=rec))
+                setattr(parent, name, convert(child))
     return model

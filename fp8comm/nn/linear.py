@@ -11,6 +11,9 @@ What backward keeps: tensorwise saves the FP8 casts of x and W (one byte per
 element instead of two or four) and reuses them transposed — a transpose of a
 tensorwise cast is exact. Rowwise needs new scales along the other dims, so it
 saves x in high precision (W is a parameter, held anyway) and casts again.
+
+Under FSDP2 with the FP8 all-gather (fsdp.py) the weight arrives already cast
+(an Fp8WeightCast): its bytes and inverse scale go to the GEMMs as they are.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .config import Recipe, recipe_of
+from .fsdp import Fp8WeightCast, unwrap_weight
 from .scaling import cast_to_fp8
 
 _GEMM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -30,10 +34,13 @@ _warned: set = set()
 
 
 def stats() -> dict:
-    """{"fp8_calls": n, "fallback_calls": n, "fallback_reasons": {reason: n}}
-    for all Fp8Linear forward calls in this process."""
+    """{"fp8_calls": n, "fallback_calls": n, "fallback_reasons": {reason: n},
+    "weight_precast_calls": n} for all Fp8Linear forward calls in this process;
+    weight_precast_calls counts the FP8 calls whose weight arrived already cast
+    by the FSDP2 FP8 all-gather (so it was not cast again)."""
     reasons = {k[len("fallback:"):]: v for k, v in _counts.items() if k.startswith("fallback:")}
-    return {"fp8_calls": _counts["fp8"], "fallback_calls": sum(reasons.values()), "fallback_reasons": reasons}
+    return {"fp8_calls": _counts["fp8"], "fallback_calls": sum(reasons.values()), "fallback_reasons": reasons,
+            "weight_precast_calls": _counts["precast"]}
 
 
 def reset_stats() -> None:
@@ -81,7 +88,10 @@ class _Fp8Matmul(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x2d: torch.Tensor, weight: torch.Tensor, recipe: Recipe):
         xq, xs = cast_to_fp8(x2d, recipe.input_dtype, recipe.rowwise)
-        wq, ws = cast_to_fp8(weight, recipe.weight_dtype, recipe.rowwise)
+        if isinstance(weight, Fp8WeightCast):  # gathered as FP8 (tensorwise only): not cast again
+            wq, ws = weight._data, weight._inv_scale
+        else:
+            wq, ws = cast_to_fp8(weight, recipe.weight_dtype, recipe.rowwise)
         # _scaled_mm wants its second operand column-major: wq.t() is [K, N] column-major.
         out = _mm(xq, wq.t(), xs, ws.t() if recipe.rowwise else ws, x2d.dtype, recipe.rowwise)
         if recipe.rowwise:
@@ -137,20 +147,40 @@ class Fp8Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = self.weight, self.bias
+        precast = isinstance(weight, Fp8WeightCast)
+        if precast and (self.recipe.rowwise or weight._data.dtype != self.recipe.weight_dtype):
+            raise RuntimeError(
+                f"fp8comm: this Fp8Linear ({self.recipe.name}) got a weight all-gathered as tensorwise "
+                f"{weight._data.dtype}; the FP8 all-gather serves the tensorwise recipe only"
+            )
         if torch.is_autocast_enabled(x.device.type):
             dtype = torch.get_autocast_dtype(x.device.type)
-            x, weight = x.to(dtype), weight.to(dtype)
+            x = x.to(dtype)
+            if not precast:  # an FP8 weight goes to the GEMM as it is
+                weight = weight.to(dtype)
             bias = bias.to(dtype) if bias is not None else None
         x2d = x.reshape(-1, self.in_features)
         reason = _fallback_reason(x2d, weight)
         if reason is not None:
             _count_fallback(reason)
+            # A gathered FP8 weight takes part dequantized (the high-precision
+            # weight is not on this rank); gradients reach it as usual.
             return F.linear(x, weight, bias)
         _counts["fp8"] += 1
-        if weight.dtype != x2d.dtype:
+        if precast:
+            _counts["precast"] += 1
+        elif weight.dtype != x2d.dtype:
             weight = weight.to(x2d.dtype)
         out = _Fp8Matmul.apply(x2d, weight, self.recipe).reshape(*x.shape[:-1], self.out_features)
         return out + bias.to(out.dtype) if bias is not None else out
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        # state_dict values are plain tensors (or DTensors of plain tensors)
+        # even when the weight is wrapped for the FP8 all-gather.
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        key = prefix + "weight"
+        if not keep_vars and key in destination:
+            destination[key] = unwrap_weight(destination[key])
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, recipe={self.recipe.name}"

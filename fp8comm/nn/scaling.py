@@ -23,6 +23,14 @@ def cast_to_fp8(x: torch.Tensor, dtype: torch.dtype, rowwise: bool) -> tuple[tor
         amax = x32.abs().amax(dim=-1, keepdim=True)
     else:
         amax = x32.abs().amax()
+    return cast_with_amax(x32, dtype, amax)
+
+
+def cast_with_amax(x32: torch.Tensor, dtype: torch.dtype, amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cast of float32 ``x32`` given its amax (a float32 scalar or [rows, 1]).
+    The FSDP2 FP8 all-gather (fsdp.py) casts a weight shard with the amax of the
+    whole weight through this function, so its bytes are those cast_to_fp8
+    gives the unsharded weight."""
     # Non-finite amax (an Inf/NaN in x) gives scale 0 or NaN: the GEMM then
     # produces NaN, as the high-precision GEMM would.
     scale = fp8_max(dtype) / amax.clamp(min=EPS)
