@@ -7,7 +7,7 @@ import torch.distributed as dist
 import fp8comm
 from dist_harness import ctx
 
-CHUNK = 1 << 21  # csrc/backend/compressed_algorithms.cpp, kCpuChunkElements
+CHUNK = 1 << 21  # csrc/backend/compressed_algorithms.cpp, cpu_chunk_elements()
 
 
 def rank_input(rank: int, n: int, dtype, seed: int) -> torch.Tensor:

@@ -4,6 +4,7 @@
 // on, so the caching allocator keeps them until that stream is done; CPU ones
 // come from the reusable Workspace.
 #include <algorithm>
+#include <cstdlib>
 #include <vector>
 
 #include "algorithm_parts.h"
@@ -28,11 +29,19 @@ c10::Stream ProcessGroupFP8::sideStream(const at::Device& device) {
 
 namespace {
 
-// CPU all_reduces are cut into chunks of this many elements (8 MiB of FP32),
-// so that the codec works on one chunk while the transport moves another:
-// measured best of 1-16 chunks for 64 MiB on 2 ranks (docs/performance.md).
-// CUDA runs one chunk: its phases are ordered on one side stream.
-constexpr int64_t kCpuChunkElements = int64_t{1} << 21;
+// CPU all_reduces are cut into chunks of 2M elements (8 MiB of FP32), so that
+// the codec works on one chunk while the transport moves another: measured
+// best of 1-16 chunks for 64 MiB on 2 ranks (docs/performance.md).
+// FP8COMM_CPU_CHUNK_ELEMENTS overrides it (for measuring). CUDA runs one
+// chunk: its phases are ordered on one side stream.
+int64_t cpu_chunk_elements() {
+  static const int64_t chunk = [] {
+    const char* env = std::getenv("FP8COMM_CPU_CHUNK_ELEMENTS");
+    const int64_t v = env ? std::atoll(env) : 0;
+    return v > 0 ? v : int64_t{1} << 21;
+  }();
+  return chunk;
+}
 
 // Chunk k of an all_reduce: elements [offset, offset + numel) of the tensor,
 // as P segments of m elements, S wire bytes each; `at` is where its P
@@ -53,7 +62,7 @@ void ProcessGroupFP8::allreduceCompressed(Transport& transport, const at::Tensor
   const int64_t B = options_.block_size;
   const int64_t n = tensor.numel();
   const int64_t unit = P * B;
-  const int64_t chunk = tensor.is_cpu() ? ceil_div(kCpuChunkElements, unit) * unit : ceil_div(n, unit) * unit;
+  const int64_t chunk = tensor.is_cpu() ? ceil_div(cpu_chunk_elements(), unit) * unit : ceil_div(n, unit) * unit;
   std::vector<Chunk> chunks;
   int64_t bytes = 0, gather_send_bytes = 0;
   for (int64_t offset = 0; offset < n; offset += chunk) {

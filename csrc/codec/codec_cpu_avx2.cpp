@@ -20,6 +20,19 @@ namespace {
 template <ElemType E>
 using Storage = typename Elem<E>::storage;
 
+// The block size: the default 32 as a compile-time constant (loops unroll,
+// constants stay in registers), any other multiple of 16 at run time.
+using Block32 = std::integral_constant<int64_t, 32>;
+
+template <typename Fn>
+void with_block(int block_size, Fn&& fn) {
+  if (block_size == 32) {
+    fn(Block32{});
+  } else {
+    fn(static_cast<int64_t>(block_size));
+  }
+}
+
 FP8C_AVX2_INLINE __m256i splat(uint32_t v) { return _mm256_set1_epi32(static_cast<int>(v)); }
 
 // ---------------------------------------------------------------- element I/O
@@ -154,8 +167,8 @@ FP8C_AVX2_INLINE __m256 decode8_raw(const uint8_t* p) {
 }
 
 // Whether a block's codes hold no Inf/NaN code (so decode8_raw applies).
-template <Fp8Format F>
-FP8C_AVX2_INLINE bool plain_codes(const uint8_t* codes, int64_t B) {
+template <Fp8Format F, typename Count>
+FP8C_AVX2_INLINE bool plain_codes(const uint8_t* codes, Count B) {
   __m128i special = _mm_setzero_si128();
   for (int64_t i = 0; i < B; i += 16) {
     const __m128i em = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i)), _mm_set1_epi8(0x7F));
@@ -232,9 +245,8 @@ FP8C_AVX2_INLINE uint8_t quantize_block(Lanes x, int64_t vectors, uint8_t* codes
 }
 
 // acc[0, B) <- the sum over pieces of block j (pieces added in rank order), / post_div.
-template <Fp8Format F>
-FP8C_AVX2_INLINE void sum_block(const BlockCodes& pieces, int post_div, int64_t j, bool daz, float* acc) {
-  const int64_t B = pieces.block_size;
+template <Fp8Format F, typename Count>
+FP8C_AVX2_INLINE void sum_block(const BlockCodes& pieces, Count B, int post_div, int64_t j, bool daz, float* acc) {
   const __m256 div = _mm256_set1_ps(static_cast<float>(post_div));
   // Fast when every piece's block decodes through decode8_raw (at most 64 pieces: larger groups
   // take the exact decode).
@@ -270,8 +282,8 @@ FP8C_AVX2_INLINE void sum_block(const BlockCodes& pieces, int post_div, int64_t 
   }
 }
 
-template <ElemType E, Fp8Format F, bool kPremul>
-FP8C_AVX2 void quantize_run(const Storage<E>* src, int64_t blocks, int B, float premul, uint8_t* codes,
+template <ElemType E, Fp8Format F, bool kPremul, typename Count>
+FP8C_AVX2 void quantize_run(const Storage<E>* src, int64_t blocks, Count B, float premul, uint8_t* codes,
                             uint8_t* scales) {
   const __m256 pm = _mm256_set1_ps(premul);
   for (int64_t j = 0; j < blocks; ++j) {
@@ -279,8 +291,8 @@ FP8C_AVX2 void quantize_run(const Storage<E>* src, int64_t blocks, int B, float 
   }
 }
 
-template <ElemType E, Fp8Format F>
-FP8C_AVX2 void dequantize_run(const uint8_t* codes, const uint8_t* scales, int64_t blocks, int B, Storage<E>* dst) {
+template <ElemType E, Fp8Format F, typename Count>
+FP8C_AVX2 void dequantize_run(const uint8_t* codes, const uint8_t* scales, int64_t blocks, Count B, Storage<E>* dst) {
   const bool daz = denormals_are_zero();
   for (int64_t j = 0; j < blocks; ++j) {
     const uint8_t* c = codes + j * B;
@@ -296,25 +308,24 @@ FP8C_AVX2 void dequantize_run(const uint8_t* codes, const uint8_t* scales, int64
   }
 }
 
-template <ElemType E, Fp8Format F>
-FP8C_AVX2 void dequant_sum_run(const BlockCodes& pieces, int post_div, int64_t j0, int64_t blocks, Storage<E>* dst) {
-  const int B = pieces.block_size;
+template <ElemType E, Fp8Format F, typename Count>
+FP8C_AVX2 void dequant_sum_run(const BlockCodes& pieces, Count B, int post_div, int64_t j0, int64_t blocks,
+                               Storage<E>* dst) {
   alignas(32) float acc[kMaxCpuBlock];
   const bool daz = denormals_are_zero();
   for (int64_t j = j0; j < j0 + blocks; ++j) {
-    sum_block<F>(pieces, post_div, j, daz, acc);
+    sum_block<F>(pieces, B, post_div, j, daz, acc);
     for (int64_t i = 0; i < B; i += 8) store8<E>(dst + (j - j0) * B + i, _mm256_load_ps(acc + i));
   }
 }
 
-template <Fp8Format F>
-FP8C_AVX2 void dequant_sum_requantize_run(const BlockCodes& pieces, int post_div, int64_t j0, int64_t blocks,
-                                          uint8_t* codes, uint8_t* scales) {
-  const int B = pieces.block_size;
+template <Fp8Format F, typename Count>
+FP8C_AVX2 void dequant_sum_requantize_run(const BlockCodes& pieces, Count B, int post_div, int64_t j0,
+                                          int64_t blocks, uint8_t* codes, uint8_t* scales) {
   alignas(32) float acc[kMaxCpuBlock];
   const bool daz = denormals_are_zero();
   for (int64_t j = j0; j < j0 + blocks; ++j) {
-    sum_block<F>(pieces, post_div, j, daz, acc);
+    sum_block<F>(pieces, B, post_div, j, daz, acc);
     scales[j - j0] = quantize_block<F>(Accumulated{acc}, B / 8, codes + (j - j0) * B);
   }
 }
@@ -332,11 +343,13 @@ void quantize_full_blocks(const void* src, ElemType type, Fp8Format format, int6
     constexpr ElemType E = decltype(e)::value;
     constexpr Fp8Format F = decltype(f)::value;
     auto* s = static_cast<const Storage<E>*>(src);
-    if (premul == 1.0f) {
-      quantize_run<E, F, false>(s, blocks, block_size, premul, codes, scales);
-    } else {
-      quantize_run<E, F, true>(s, blocks, block_size, premul, codes, scales);
-    }
+    with_block(block_size, [&](auto B) {
+      if (premul == 1.0f) {
+        quantize_run<E, F, false>(s, blocks, B, premul, codes, scales);
+      } else {
+        quantize_run<E, F, true>(s, blocks, B, premul, codes, scales);
+      }
+    });
   });
 }
 
@@ -344,7 +357,9 @@ void dequantize_full_blocks(const uint8_t* codes, const uint8_t* scales, Fp8Form
                             int block_size, void* dst, ElemType type) {
   with_codec_types(type, format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
-    dequantize_run<E, decltype(f)::value>(codes, scales, blocks, block_size, static_cast<Storage<E>*>(dst));
+    with_block(block_size, [&](auto B) {
+      dequantize_run<E, decltype(f)::value>(codes, scales, blocks, B, static_cast<Storage<E>*>(dst));
+    });
   });
 }
 
@@ -352,17 +367,21 @@ void dequant_sum_full_blocks(const BlockCodes& pieces, int post_div, int64_t fir
                              ElemType type) {
   with_codec_types(type, pieces.format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
-    dequant_sum_run<E, decltype(f)::value>(pieces, post_div, first_block, blocks, static_cast<Storage<E>*>(dst));
+    with_block(pieces.block_size, [&](auto B) {
+      dequant_sum_run<E, decltype(f)::value>(pieces, B, post_div, first_block, blocks, static_cast<Storage<E>*>(dst));
+    });
   });
 }
 
 void dequant_sum_requantize_full_blocks(const BlockCodes& pieces, int post_div, int64_t first_block, int64_t blocks,
                                         uint8_t* codes, uint8_t* scales) {
-  if (pieces.format == Fp8Format::E4M3) {
-    dequant_sum_requantize_run<Fp8Format::E4M3>(pieces, post_div, first_block, blocks, codes, scales);
-  } else {
-    dequant_sum_requantize_run<Fp8Format::E5M2>(pieces, post_div, first_block, blocks, codes, scales);
-  }
+  with_block(pieces.block_size, [&](auto B) {
+    if (pieces.format == Fp8Format::E4M3) {
+      dequant_sum_requantize_run<Fp8Format::E4M3>(pieces, B, post_div, first_block, blocks, codes, scales);
+    } else {
+      dequant_sum_requantize_run<Fp8Format::E5M2>(pieces, B, post_div, first_block, blocks, codes, scales);
+    }
+  });
 }
 
 }  // namespace avx2
