@@ -29,6 +29,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("segment_bytes", &fp8comm::segment_bytes, py::arg("segment_numel"), py::arg("block_size"),
         "Bytes of one wire segment [scales][codes] holding segment_numel elements.");
 
+  m.def("cpu_simd_enabled", &fp8comm::cpu_simd_enabled,
+        "Whether the CPU codec runs whole blocks through its AVX2 kernels.");
+  m.def("set_cpu_simd", &fp8comm::set_cpu_simd, py::arg("enabled"),
+        "Switch the CPU codec's AVX2 kernels on or off (same bytes either way); returns the old setting.");
+
   py::class_<ProcessGroupFP8, c10d::Backend, c10::intrusive_ptr<ProcessGroupFP8>>(m, "ProcessGroupFP8")
       .def("stats", [](ProcessGroupFP8& pg) { return pg.stats().snapshot(); })
       .def("reset_stats", [](ProcessGroupFP8& pg) { pg.stats().reset(); })

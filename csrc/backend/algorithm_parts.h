@@ -8,6 +8,8 @@
 
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "fp8_work.h"
 #include "process_group_fp8.h"
@@ -24,31 +26,53 @@ struct ProcessGroupFP8::Reduction {
 };
 
 // Only alltoall_base with equal splits and _allgather_base on uint8 buffers, so
-// the multi-rank logic is the same on NCCL and gloo. Each call waits for its
-// inner Work: on CUDA that makes the current (side) stream wait, on the CPU it
-// blocks until the bytes have arrived, so the next codec pass may read them.
+// the multi-rank logic is the same on NCCL and gloo. A phase is started, then
+// waited for: on CUDA the wait makes the current (side) stream wait, on the CPU
+// it blocks until the bytes have arrived, so the next codec pass may read them.
+// Between the two the CPU algorithms run the codec on other chunks (pipelining).
 class ProcessGroupFP8::Transport {
  public:
-  Transport(c10::intrusive_ptr<c10d::Backend> inner, std::chrono::milliseconds timeout, const char* op)
-      : inner_(std::move(inner)), timeout_(timeout), op_(op) {}
+  using Pending = c10::intrusive_ptr<c10d::Work>;
 
-  void allToAll(at::Tensor& recv, at::Tensor& send) {
+  Transport(c10::intrusive_ptr<c10d::Backend> inner, std::chrono::milliseconds timeout, const char* op)
+      : inner_(std::move(inner)),
+        timeout_(timeout),
+        op_(op),
+        // gloo moves an all_to_all faster than an all_gather of the same bytes
+        // (docs/performance.md), so over gloo all_gather runs as one.
+        gather_by_all_to_all_(inner_->getBackendName() == "gloo") {}
+
+  Pending startAllToAll(at::Tensor& recv, at::Tensor& send) {
     std::vector<int64_t> equal_splits;
     c10d::AllToAllOptions opts;
     opts.timeout = timeout_;
     opts.asyncOp = false;
-    finish(inner_->alltoall_base(recv, send, equal_splits, equal_splits, opts), "all_to_all");
+    return inner_->alltoall_base(recv, send, equal_splits, equal_splits, opts);
   }
 
-  void allGather(at::Tensor& recv, at::Tensor& send) {
+  // Bytes the send buffer of an all_gather of `segment` bytes per rank needs.
+  int64_t gatherSendBytes(int64_t segment, int64_t group_size) const {
+    return gather_by_all_to_all_ ? group_size * segment : segment;
+  }
+
+  // All-gathers send[0, segment) of every rank into recv (P * segment bytes).
+  // `send` has gatherSendBytes(segment) bytes; over gloo the segment is copied
+  // into the rest of it and sent to every rank by one all_to_all.
+  Pending startAllGather(at::Tensor& recv, at::Tensor& send, int64_t segment) {
+    if (gather_by_all_to_all_) {
+      const int64_t P = recv.numel() / segment;
+      at::Tensor mine = send.narrow(0, 0, segment);
+      for (int64_t r = 1; r < P; ++r) send.narrow(0, r * segment, segment).copy_(mine);
+      return startAllToAll(recv, send);
+    }
     c10d::AllgatherOptions opts;
     opts.timeout = timeout_;
     opts.asyncOp = false;
-    finish(inner_->_allgather_base(recv, send, opts), "all_gather");
+    at::Tensor mine = send.narrow(0, 0, segment);
+    return inner_->_allgather_base(recv, mine, opts);
   }
 
- private:
-  void finish(const c10::intrusive_ptr<c10d::Work>& work, const char* phase) {
+  void wait(const Pending& work, const char* phase) {
     try {
       work->wait();
     } catch (const std::exception& e) {
@@ -57,9 +81,34 @@ class ProcessGroupFP8::Transport {
     }
   }
 
+ private:
   c10::intrusive_ptr<c10d::Backend> inner_;
   std::chrono::milliseconds timeout_;
   const char* op_;
+  const bool gather_by_all_to_all_;
+};
+
+// Phases started and not yet waited for. If the algorithm throws, they are
+// waited for (their own errors dropped) before the workspace they write into
+// can be handed to the next call.
+class InFlight {
+ public:
+  explicit InFlight(size_t slots) : works_(slots) {}
+  ~InFlight() {
+    for (auto& w : works_) {
+      if (!w) continue;
+      try {
+        w->wait();
+      } catch (...) {
+      }
+    }
+  }
+  c10::intrusive_ptr<c10d::Work>& operator[](size_t i) { return works_[i]; }
+  // The work of slot i, which then no longer counts as in flight.
+  c10::intrusive_ptr<c10d::Work> take(size_t i) { return std::exchange(works_[i], {}); }
+
+ private:
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
 };
 
 // DESIGN.md, "Streams and Work": on CUDA with async_op the side stream first

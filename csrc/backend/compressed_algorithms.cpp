@@ -3,6 +3,10 @@
 // CUDA buffers are allocated inside the algorithm, i.e. on the stream it runs
 // on, so the caching allocator keeps them until that stream is done; CPU ones
 // come from the reusable Workspace.
+#include <algorithm>
+#include <cstdlib>
+#include <vector>
+
 #include "algorithm_parts.h"
 #include "../codec/codec_tensor.h"
 
@@ -23,24 +27,91 @@ c10::Stream ProcessGroupFP8::sideStream(const at::Device& device) {
   return it->second;
 }
 
+namespace {
+
+// CPU all_reduces are cut into chunks of 2M elements (8 MiB of FP32), so that
+// the codec works on one chunk while the transport moves another: measured
+// best of 1-16 chunks for 64 MiB on 2 ranks (docs/performance.md).
+// FP8COMM_CPU_CHUNK_ELEMENTS overrides it (for measuring). CUDA runs one
+// chunk: its phases are ordered on one side stream.
+int64_t cpu_chunk_elements() {
+  static const int64_t chunk = [] {
+    const char* env = std::getenv("FP8COMM_CPU_CHUNK_ELEMENTS");
+    const int64_t v = env ? std::atoll(env) : 0;
+    return v > 0 ? v : int64_t{1} << 21;
+  }();
+  return chunk;
+}
+
+// Chunk k of an all_reduce: elements [offset, offset + numel) of the tensor,
+// as P segments of m elements, S wire bytes each; `at` is where its P
+// segments start in the send / recv / gathered buffers.
+struct Chunk {
+  int64_t offset, numel, m, S, at;
+};
+
+}  // namespace
+
 // reduce_scatter of the P segments of n/P elements each, the sum re-quantized,
 // then all_gather of those bytes: every rank decodes the same bytes, so every
-// rank ends with bitwise the same result.
+// rank ends with bitwise the same result. Chunks are whole multiples of P
+// blocks, so every block holds the elements it would hold unchunked: the
+// result does not depend on the chunking.
 void ProcessGroupFP8::allreduceCompressed(Transport& transport, const at::Tensor& tensor, const Reduction& red) {
   const int64_t P = size_;
   const int64_t B = options_.block_size;
-  // Segments are whole blocks, so each starts 16-byte aligned in the tensor.
-  const int64_t m = ceil_div(ceil_div(tensor.numel(), P), B) * B;
-  const int64_t S = segment_bytes(m, B);
-  at::Tensor send = workspace_.bytes(Workspace::kSend, P * S, tensor);
-  at::Tensor recv = workspace_.bytes(Workspace::kRecv, P * S, tensor);
-  quantize_into(tensor, red.premul, red.premul_tensor, wire(send, P, m));
-  transport.allToAll(recv, send);
-  at::Tensor mine = workspace_.bytes(Workspace::kReduced, S, tensor);
-  dequant_sum_requantize_into(wire(recv, P, m), red.post_div, wire(mine, 1, m), tensor.device());
-  at::Tensor gathered = workspace_.bytes(Workspace::kGathered, P * S, tensor);
-  transport.allGather(gathered, mine);
-  dequantize_into(wire(gathered, P, m), tensor);
+  const int64_t n = tensor.numel();
+  const int64_t unit = P * B;
+  const int64_t chunk = tensor.is_cpu() ? ceil_div(cpu_chunk_elements(), unit) * unit : ceil_div(n, unit) * unit;
+  std::vector<Chunk> chunks;
+  int64_t bytes = 0, gather_send_bytes = 0;
+  for (int64_t offset = 0; offset < n; offset += chunk) {
+    const int64_t numel = std::min(chunk, n - offset);
+    // Segments are whole blocks, so each starts 16-byte aligned in the tensor.
+    const int64_t m = ceil_div(ceil_div(numel, P), B) * B;
+    const int64_t S = segment_bytes(m, B);
+    chunks.push_back({offset, numel, m, S, bytes});
+    bytes += P * S;
+    gather_send_bytes = std::max(gather_send_bytes, transport.gatherSendBytes(S, P));
+  }
+  const int64_t C = static_cast<int64_t>(chunks.size());
+  at::Tensor send = workspace_.bytes(Workspace::kSend, bytes, tensor);
+  at::Tensor recv = workspace_.bytes(Workspace::kRecv, bytes, tensor);
+  at::Tensor gathered = workspace_.bytes(Workspace::kGathered, bytes, tensor);
+  // One reduced segment per chunk in flight (two at most: see the schedule below).
+  at::Tensor mine = workspace_.bytes(Workspace::kReduced, 2 * gather_send_bytes, tensor);
+  auto slice = [](const at::Tensor& t, const Chunk& c, int64_t P) { return t.narrow(0, c.at, P * c.S); };
+  InFlight all_to_all(C), all_gather(C);
+
+  auto quantize = [&](int64_t k) {
+    const Chunk& c = chunks[k];
+    at::Tensor out = slice(send, c, P), in = slice(recv, c, P);
+    quantize_into(tensor.narrow(0, c.offset, c.numel), red.premul, red.premul_tensor, wire(out, P, c.m));
+    all_to_all[k] = transport.startAllToAll(in, out);
+  };
+  auto reduce = [&](int64_t k) {
+    const Chunk& c = chunks[k];
+    transport.wait(all_to_all.take(k), "all_to_all");
+    at::Tensor reduced = mine.narrow(0, (k % 2) * gather_send_bytes, transport.gatherSendBytes(c.S, P));
+    dequant_sum_requantize_into(wire(slice(recv, c, P), P, c.m), red.post_div, wire(reduced, 1, c.m),
+                                tensor.device());
+    at::Tensor in = slice(gathered, c, P);
+    all_gather[k] = transport.startAllGather(in, reduced, c.S);
+  };
+  auto decode = [&](int64_t k) {
+    const Chunk& c = chunks[k];
+    transport.wait(all_gather.take(k), "all_gather");
+    dequantize_into(wire(slice(gathered, c, P), P, c.m), tensor.narrow(0, c.offset, c.numel));
+  };
+  // Quantize chunk k while chunk k-1's all_to_all and chunk k-2's all_gather
+  // are on the wire; chunk k-2's reduced segment is free again before k's is written.
+  for (int64_t k = 0; k < C; ++k) {
+    quantize(k);
+    if (k >= 1) reduce(k - 1);
+    if (k >= 2) decode(k - 2);
+  }
+  reduce(C - 1);
+  for (int64_t k = std::max<int64_t>(0, C - 2); k < C; ++k) decode(k);
 }
 
 // Segment r of the input goes to rank r, which sums the P pieces in FP32.
@@ -58,7 +129,7 @@ void ProcessGroupFP8::reduceScatterCompressed(Transport& transport, const at::Te
     }
   }
   at::Tensor recv = workspace_.bytes(Workspace::kRecv, P * S, output);
-  transport.allToAll(recv, send);
+  transport.wait(transport.startAllToAll(recv, send), "all_to_all");
   dequant_sum_into(wire(recv, P, k), red.post_div, output);
 }
 
@@ -68,10 +139,10 @@ void ProcessGroupFP8::allgatherCompressed(Transport& transport, const std::vecto
   const int64_t P = size_;
   const int64_t k = input.numel();
   const int64_t S = segment_bytes(k, options_.block_size);
-  at::Tensor send = workspace_.bytes(Workspace::kSend, S, input);
+  at::Tensor send = workspace_.bytes(Workspace::kSend, transport.gatherSendBytes(S, P), input);
   quantize_into(input, 1.0f, std::nullopt, wire(send, 1, k));
   at::Tensor recv = workspace_.bytes(Workspace::kRecv, P * S, input);
-  transport.allGather(recv, send);
+  transport.wait(transport.startAllGather(recv, send, S), "all_gather");
   if (output_segments.size() == 1) {  // one flat output of P * k elements
     dequantize_into(wire(recv, P, k), output_segments[0]);
   } else {

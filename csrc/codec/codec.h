@@ -4,6 +4,8 @@
 // bare `nvcc -c` (DESIGN.md, "The codec is torch-free where it must be").
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "fp8_block_math.h"
 
 namespace fp8comm {
@@ -57,6 +59,24 @@ inline BlockCodes wire_segments(uint8_t* base, int64_t num_segments, int64_t m, 
   return c;
 }
 
+// Calls fn(e, f) with the element type and format as compile-time constants
+// (std::integral_constant); the CPU loops are instantiated through it.
+template <typename Fn>
+void with_codec_types(ElemType type, Fp8Format format, Fn&& fn) {
+  auto with_format = [&](auto e) {
+    if (format == Fp8Format::E4M3) {
+      fn(e, std::integral_constant<Fp8Format, Fp8Format::E4M3>{});
+    } else {
+      fn(e, std::integral_constant<Fp8Format, Fp8Format::E5M2>{});
+    }
+  };
+  switch (type) {
+    case ElemType::F32: with_format(std::integral_constant<ElemType, ElemType::F32>{}); break;
+    case ElemType::BF16: with_format(std::integral_constant<ElemType, ElemType::BF16>{}); break;
+    case ElemType::F16: with_format(std::integral_constant<ElemType, ElemType::F16>{}); break;
+  }
+}
+
 // ---------------------------------------------------------------- operations
 // quantize:        codes(dst) <- q(src * premul), src has `numel` elements.
 // dequantize:      dst[0, numel) <- d(src codes).
@@ -66,6 +86,11 @@ inline BlockCodes wire_segments(uint8_t* base, int64_t num_segments, int64_t m, 
 //                  into the single segment `out` (same segment_numel).
 // premul_device, when not null, points to one float on the device holding the
 // pre-multiplier (PREMUL_SUM with a tensor factor) and replaces `premul`.
+
+// Whether whole blocks go to the AVX2 kernels (default: when the CPU has
+// AVX2 and F16C, unless FP8COMM_CPU_SIMD=0). set_cpu_simd returns the old value.
+bool cpu_simd_enabled();
+bool set_cpu_simd(bool enabled);
 
 void quantize_cpu(const void* src, ElemType type, int64_t numel, float premul, const BlockCodes& dst);
 void dequantize_cpu(const BlockCodes& src, void* dst, ElemType type, int64_t numel);

@@ -1,13 +1,19 @@
-// The FP8 block codec on the CPU: one pass per block, branch-free loops that
-// the compiler vectorizes (AVX2 clone picked at load time), blocks spread over
-// threads with at::parallel_for. The element math is fp8_block_math.h, the same
-// header the CUDA kernels use, so both produce the same bytes.
+// The FP8 block codec on the CPU: blocks spread over threads with
+// at::parallel_for; runs of whole blocks go to the hand-written AVX2 kernels
+// (codec_cpu_avx2.cpp) when the CPU has them, everything else (tails, or no
+// AVX2) to branch-free scalar loops that the compiler vectorizes. The element
+// math is fp8_block_math.h, the same header the CUDA kernels use, so every
+// path produces the same bytes.
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
 
 #include "codec.h"
+#include "codec_cpu_avx2.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define FP8C_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
@@ -18,7 +24,14 @@
 namespace fp8comm {
 namespace {
 
-constexpr int kMaxBlock = 4096;
+constexpr int kMaxBlock = kMaxCpuBlock;
+
+// FP8COMM_CPU_SIMD=0 keeps the scalar loops (the tests compare both paths).
+std::atomic<bool>& simd_flag() {
+  static std::atomic<bool> flag{avx2::supported() && !(std::getenv("FP8COMM_CPU_SIMD") &&
+                                                       std::strcmp(std::getenv("FP8COMM_CPU_SIMD"), "0") == 0)};
+  return flag;
+}
 // Enough blocks per task that a task moves ~64 KiB of input.
 int64_t grain_blocks(int block_size) { return std::max<int64_t>(1, 16384 / block_size); }
 
@@ -77,12 +90,14 @@ FP8C_HD uint8_t requantize_run(const float* acc, Count n, uint8_t* codes) {
 }
 
 // Blocks [begin, end) of all segments, numbered segment-major.
+// Blocks [begin, end) of all segments, numbered segment-major; with `simd`,
+// each run of whole blocks goes to the AVX2 kernel in one call.
 template <ElemType E, Fp8Format F>
 FP8C_VECTOR_CLONES void quantize_blocks(const Storage<E>* src, int64_t numel, float premul,
-                                        const BlockCodes dst, int64_t begin, int64_t end) {
+                                        const BlockCodes dst, int64_t begin, int64_t end, bool simd) {
   const int64_t B = dst.block_size;
   const int64_t blocks_per_segment = ceil_div(dst.capacity, B);
-  for (int64_t blk = begin; blk < end; ++blk) {
+  for (int64_t blk = begin; blk < end;) {
     const int64_t r = blk / blocks_per_segment;
     const int64_t j = blk - r * blocks_per_segment;
     const int64_t first = r * dst.segment_numel + j * B;  // flat index of the block start
@@ -91,29 +106,44 @@ FP8C_VECTOR_CLONES void quantize_blocks(const Storage<E>* src, int64_t numel, fl
     const int64_t valid = std::max<int64_t>(0, std::min(width, seg_valid - j * B));
     const Storage<E>* s = src + first;
     uint8_t* codes = dst.codes + r * dst.stride + j * B;
-    const uint8_t sb = valid == 32 ? quantize_run<E, F>(s, Full32{}, premul, codes)
-                                   : quantize_run<E, F>(s, valid, premul, codes);
-    for (int64_t i = valid; i < width; ++i) codes[i] = 0;
-    dst.scales[r * dst.stride + j] = sb;
-    if (j == blocks_per_segment - 1) {
-      for (int64_t k = 1; k <= dst.scale_padding; ++k) dst.scales[r * dst.stride + j + k] = 0;
+    uint8_t* scales = dst.scales + r * dst.stride + j;
+    int64_t run = 1;
+    if (simd && valid == B) {
+      run = std::min(end - blk, (seg_valid - j * B) / B);  // whole blocks left in this segment
+      avx2::quantize_full_blocks(s, E, F, run, static_cast<int>(B), premul, codes, scales);
+    } else {
+      *scales = valid == 32 ? quantize_run<E, F>(s, Full32{}, premul, codes)
+                            : quantize_run<E, F>(s, valid, premul, codes);
+      for (int64_t i = valid; i < width; ++i) codes[i] = 0;
     }
+    if (j + run == blocks_per_segment) {
+      for (int64_t k = 0; k < dst.scale_padding; ++k) scales[run + k] = 0;
+    }
+    blk += run;
   }
 }
 
 template <ElemType E, Fp8Format F>
 FP8C_VECTOR_CLONES void dequantize_blocks(const BlockCodes src, Storage<E>* dst, int64_t numel,
-                                          int64_t begin, int64_t end) {
+                                          int64_t begin, int64_t end, bool simd) {
   const int64_t B = src.block_size;
   const int64_t blocks_per_segment = ceil_div(src.segment_numel, B);
-  for (int64_t blk = begin; blk < end; ++blk) {
+  for (int64_t blk = begin; blk < end;) {
     const int64_t r = blk / blocks_per_segment;
     const int64_t j = blk - r * blocks_per_segment;
     const int64_t first = r * src.segment_numel + j * B;
     const int64_t width = std::min(B, src.segment_numel - j * B);
     const int64_t valid = std::max<int64_t>(0, std::min(width, numel - first));
-    const float scale = scale_from_byte(src.scales[r * src.stride + j]);
+    const uint8_t* scales = src.scales + r * src.stride + j;
     const uint8_t* codes = src.codes + r * src.stride + j * B;
+    if (simd && valid == B) {
+      const int64_t run = std::min(end - blk, std::min(src.segment_numel - j * B, numel - first) / B);
+      avx2::dequantize_full_blocks(codes, scales, F, run, static_cast<int>(B), dst + first, E);
+      blk += run;
+      continue;
+    }
+    ++blk;
+    const float scale = scale_from_byte(*scales);
     if (valid == 32) {
       dequantize_run<E, F>(codes, scale, Full32{}, dst + first);
     } else {
@@ -153,49 +183,44 @@ FP8C_HD void sum_block(const BlockCodes& pieces, int post_div, int64_t j, int64_
 
 template <ElemType E, Fp8Format F>
 FP8C_VECTOR_CLONES void dequant_sum_blocks(const BlockCodes pieces, int post_div, Storage<E>* dst,
-                                           int64_t numel, int64_t begin, int64_t end) {
+                                           int64_t numel, int64_t begin, int64_t end, bool simd) {
   const int64_t B = pieces.block_size;
   float acc[kMaxBlock];
   for (int64_t j = begin; j < end; ++j) {
     const int64_t width = std::min(B, numel - j * B);
+    if (simd && width == B) {
+      const int64_t run = std::min(end - j, (numel - j * B) / B);
+      avx2::dequant_sum_full_blocks(pieces, post_div, j, run, dst + j * B, E);
+      j += run - 1;
+      continue;
+    }
     sum_block<F>(pieces, post_div, j, width, acc);
     Storage<E>* d = dst + j * B;
     for (int64_t i = 0; i < width; ++i) d[i] = Elem<E>::store(acc[i]);  // width is 32 but for the tail
   }
 }
 
+// The output capacity is whole blocks, so every block here is a full one.
 template <Fp8Format F>
 FP8C_VECTOR_CLONES void dequant_sum_requantize_blocks(const BlockCodes pieces, int post_div,
                                                       const BlockCodes out, int64_t begin,
-                                                      int64_t end) {
+                                                      int64_t end, bool simd) {
   const int64_t B = pieces.block_size;
   const int64_t total_blocks = ceil_div(out.capacity, B);
-  float acc[kMaxBlock];
-  for (int64_t j = begin; j < end; ++j) {
-    const int64_t width = std::min(B, out.capacity - j * B);
-    sum_block<F>(pieces, post_div, j, width, acc);
-    uint8_t* codes = out.codes + j * B;
-    out.scales[j] = width == 32 ? requantize_run<F>(acc, Full32{}, codes) : requantize_run<F>(acc, width, codes);
-    if (j == total_blocks - 1) {
-      for (int64_t k = 1; k <= out.scale_padding; ++k) out.scales[j + k] = 0;
+  if (simd) {
+    avx2::dequant_sum_requantize_full_blocks(pieces, post_div, begin, end - begin, out.codes + begin * B,
+                                             out.scales + begin);
+  } else {
+    float acc[kMaxBlock];
+    for (int64_t j = begin; j < end; ++j) {
+      const int64_t width = std::min(B, out.capacity - j * B);
+      sum_block<F>(pieces, post_div, j, width, acc);
+      uint8_t* codes = out.codes + j * B;
+      out.scales[j] = width == 32 ? requantize_run<F>(acc, Full32{}, codes) : requantize_run<F>(acc, width, codes);
     }
   }
-}
-
-// Calls fn with the compile-time element type and format.
-template <typename Fn>
-void dispatch(ElemType type, Fp8Format format, Fn&& fn) {
-  auto with_format = [&](auto e) {
-    if (format == Fp8Format::E4M3) {
-      fn(e, std::integral_constant<Fp8Format, Fp8Format::E4M3>{});
-    } else {
-      fn(e, std::integral_constant<Fp8Format, Fp8Format::E5M2>{});
-    }
-  };
-  switch (type) {
-    case ElemType::F32: with_format(std::integral_constant<ElemType, ElemType::F32>{}); break;
-    case ElemType::BF16: with_format(std::integral_constant<ElemType, ElemType::BF16>{}); break;
-    case ElemType::F16: with_format(std::integral_constant<ElemType, ElemType::F16>{}); break;
+  if (end == total_blocks) {
+    for (int64_t k = 0; k < out.scale_padding; ++k) out.scales[total_blocks + k] = 0;
   }
 }
 
@@ -206,15 +231,23 @@ void check_block(int block_size) {
 
 }  // namespace
 
+bool cpu_simd_enabled() { return simd_flag().load(std::memory_order_relaxed); }
+
+bool set_cpu_simd(bool enabled) {
+  TORCH_CHECK(!enabled || avx2::supported(), "fp8comm codec: this CPU lacks AVX2 / F16C; the scalar loops are used");
+  return simd_flag().exchange(enabled);
+}
+
 void quantize_cpu(const void* src, ElemType type, int64_t numel, float premul, const BlockCodes& dst) {
   check_block(dst.block_size);
   const int64_t total = dst.num_segments * ceil_div(dst.capacity, dst.block_size);
-  dispatch(type, dst.format, [&](auto e, auto f) {
+  with_codec_types(type, dst.format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
     constexpr Fp8Format F = decltype(f)::value;
     auto* s = static_cast<const Storage<E>*>(src);
+    const bool simd = cpu_simd_enabled();
     at::parallel_for(0, total, grain_blocks(dst.block_size), [&](int64_t b, int64_t end) {
-      quantize_blocks<E, F>(s, numel, premul, dst, b, end);
+      quantize_blocks<E, F>(s, numel, premul, dst, b, end, simd);
     });
   });
 }
@@ -222,12 +255,13 @@ void quantize_cpu(const void* src, ElemType type, int64_t numel, float premul, c
 void dequantize_cpu(const BlockCodes& src, void* dst, ElemType type, int64_t numel) {
   check_block(src.block_size);
   const int64_t total = src.num_segments * ceil_div(src.segment_numel, src.block_size);
-  dispatch(type, src.format, [&](auto e, auto f) {
+  with_codec_types(type, src.format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
     constexpr Fp8Format F = decltype(f)::value;
     auto* d = static_cast<Storage<E>*>(dst);
+    const bool simd = cpu_simd_enabled();
     at::parallel_for(0, total, grain_blocks(src.block_size), [&](int64_t b, int64_t end) {
-      dequantize_blocks<E, F>(src, d, numel, b, end);
+      dequantize_blocks<E, F>(src, d, numel, b, end, simd);
     });
   });
 }
@@ -236,13 +270,14 @@ void dequant_sum_cpu(const BlockCodes& pieces, int post_div, void* dst, ElemType
   check_block(pieces.block_size);
   TORCH_CHECK(numel <= pieces.segment_numel, "fp8comm codec: dequant_sum output larger than a piece");
   const int64_t total = ceil_div(numel, pieces.block_size);
-  dispatch(type, pieces.format, [&](auto e, auto f) {
+  with_codec_types(type, pieces.format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
     constexpr Fp8Format F = decltype(f)::value;
     auto* d = static_cast<Storage<E>*>(dst);
     const int64_t grain = std::max<int64_t>(1, grain_blocks(pieces.block_size) / pieces.num_segments);
+    const bool simd = cpu_simd_enabled();
     at::parallel_for(0, total, grain, [&](int64_t b, int64_t end) {
-      dequant_sum_blocks<E, F>(pieces, post_div, d, numel, b, end);
+      dequant_sum_blocks<E, F>(pieces, post_div, d, numel, b, end, simd);
     });
   });
 }
@@ -254,10 +289,11 @@ void dequant_sum_requantize_cpu(const BlockCodes& pieces, int post_div, const Bl
               "fp8comm codec: dequant_sum_requantize output layout does not match its pieces");
   const int64_t total = ceil_div(out.capacity, out.block_size);
   const int64_t grain = std::max<int64_t>(1, grain_blocks(pieces.block_size) / pieces.num_segments);
+  const bool simd = cpu_simd_enabled();
   auto run = [&](auto f) {
     constexpr Fp8Format F = decltype(f)::value;
     at::parallel_for(0, total, grain, [&](int64_t b, int64_t end) {
-      dequant_sum_requantize_blocks<F>(pieces, post_div, out, b, end);
+      dequant_sum_requantize_blocks<F>(pieces, post_div, out, b, end, simd);
     });
   };
   if (pieces.format == Fp8Format::E4M3) {

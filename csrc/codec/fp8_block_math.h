@@ -123,6 +123,8 @@ FP8C_HD float inv_scale_from_byte(uint8_t b) { return pow2f(kScaleBias - static_
 // fp32 -> fp8, round to nearest even. v is already divided by the block scale,
 // so |v| <= fp8_max for every finite element; `limit` (code_limit) caps the
 // magnitude code. NaN -> NaN; Inf -> NaN (E4M3, which has no Inf) or Inf (E5M2).
+// NaN is always written as the one positive NaN code: which NaN a sum of NaNs
+// yields (its sign) differs between compilers and devices, the bytes must not.
 template <Fp8Format F>
 FP8C_HD uint8_t encode_fp8(float v, uint32_t limit) {
   using T = Fp8Traits<F>;
@@ -139,14 +141,15 @@ FP8C_HD uint8_t encode_fp8(float v, uint32_t limit) {
   const uint32_t sub = float_bits(t) - 0x4B000000u;
   uint32_t code = a < T::kMinNormalBits ? sub : normal;
   code = code > limit ? limit : code;
+  code |= sign;
   uint32_t special;
   if constexpr (F == Fp8Format::E4M3) {
     special = 0x7Fu;
   } else {
-    special = a == 0x7F800000u ? 0x7Cu : 0x7Eu;
+    special = a == 0x7F800000u ? (0x7Cu | sign) : 0x7Eu;
   }
   code = a >= 0x7F800000u ? special : code;
-  return static_cast<uint8_t>(code | sign);
+  return static_cast<uint8_t>(code);
 }
 
 // fp8 -> fp32, exact.

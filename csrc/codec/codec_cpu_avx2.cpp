@@ -1,0 +1,390 @@
+// The CPU codec's full blocks in hand-written AVX2: the same element math as
+// fp8_block_math.h, eight lanes at a time, so the bytes are identical to the
+// scalar loops' (tests/test_codec_simd.py compares them on every bit pattern
+// class). Torch-free, and every function here carries its own target
+// attribute instead of a file-wide pragma, so nothing compiled for AVX2 can
+// leak into code that runs on a CPU without it.
+#include "codec_cpu_avx2.h"
+
+#if FP8C_HAVE_AVX2_KERNELS
+#include <immintrin.h>
+#include <string.h>
+
+namespace fp8comm {
+namespace avx2 {
+namespace {
+
+#define FP8C_AVX2 __attribute__((target("avx2,f16c")))
+#define FP8C_AVX2_INLINE inline __attribute__((target("avx2,f16c"), always_inline))
+
+template <ElemType E>
+using Storage = typename Elem<E>::storage;
+
+// The block size: the default 32 as a compile-time constant (loops unroll,
+// constants stay in registers), any other multiple of 16 at run time.
+using Block32 = std::integral_constant<int64_t, 32>;
+
+template <typename Fn>
+void with_block(int block_size, Fn&& fn) {
+  if (block_size == 32) {
+    fn(Block32{});
+  } else {
+    fn(static_cast<int64_t>(block_size));
+  }
+}
+
+FP8C_AVX2_INLINE __m256i splat(uint32_t v) { return _mm256_set1_epi32(static_cast<int>(v)); }
+
+// ---------------------------------------------------------------- element I/O
+template <ElemType E>
+FP8C_AVX2_INLINE __m256 load8(const Storage<E>* p) {
+  if constexpr (E == ElemType::F32) {
+    return _mm256_loadu_ps(p);
+  } else if constexpr (E == ElemType::BF16) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  } else {  // exact for every finite half; non-finite stays non-finite (all the encoder looks at)
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+}
+
+// Eight uint32 lanes holding values < 2^16 -> eight uint16.
+FP8C_AVX2_INLINE __m128i narrow16(__m256i v) {
+  const __m256i packed = _mm256_packus_epi32(v, v);  // [0-3 0-3 | 4-7 4-7]
+  return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
+}
+
+template <ElemType E>
+FP8C_AVX2_INLINE void store8(Storage<E>* p, __m256 v) {
+  if constexpr (E == ElemType::F32) {
+    _mm256_storeu_ps(p, v);
+  } else if constexpr (E == ElemType::BF16) {  // float_to_bf16
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), splat(1));
+    const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, splat(0x7FFF)), lsb), 16);
+    const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), splat(0x40));
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, splat(0x7FFFFFFF)), splat(0x7F800000));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), narrow16(_mm256_blendv_epi8(rounded, quiet, nan)));
+  } else {  // float_to_f16: F16C rounds to nearest even like it; NaN written as float_to_f16 writes it
+    const __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, splat(0x7FFFFFFF)), splat(0x7F800000));
+    const __m256i quiet = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u, 16), splat(0x8000)), splat(0x7E00));
+    const __m128i nan16 = narrow16(_mm256_and_si256(nan, splat(0xFFFF)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm_blendv_epi8(h, narrow16(quiet), nan16));
+  }
+}
+
+// ---------------------------------------------------------------- fp8 codes
+// finite_abs_bits of eight lanes.
+FP8C_AVX2_INLINE __m256i finite_abs(__m256 v) {
+  const __m256i a = _mm256_and_si256(_mm256_castps_si256(v), splat(0x7FFFFFFF));
+  return _mm256_and_si256(a, _mm256_cmpgt_epi32(splat(0x7F800000), a));
+}
+
+FP8C_AVX2_INLINE uint32_t max_lane(__m256i v) {
+  __m128i m = _mm_max_epu32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  m = _mm_max_epu32(m, _mm_shuffle_epi32(m, 0x4E));
+  m = _mm_max_epu32(m, _mm_shuffle_epi32(m, 0xB1));
+  return static_cast<uint32_t>(_mm_cvtsi128_si32(m));
+}
+
+// encode_fp8 of eight lanes, as uint32 codes. kPlain: every lane is finite and
+// the block's code limit is the format's largest code (all but blocks with
+// Inf/NaN or an amax near FLT_MAX), so neither the cap nor the specials apply.
+template <Fp8Format F, bool kPlain>
+FP8C_AVX2_INLINE __m256i encode8(__m256 v, __m256i limit) {
+  using T = Fp8Traits<F>;
+  constexpr int kDrop = 23 - T::kMantBits;
+  const __m256i b = _mm256_castps_si256(v);
+  const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(b, 24), splat(0x80));
+  const __m256i a = _mm256_and_si256(b, splat(0x7FFFFFFF));
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(a, kDrop), splat(1));
+  const __m256i r = _mm256_add_epi32(_mm256_add_epi32(a, splat((1u << (kDrop - 1)) - 1u)), lsb);
+  const __m256i normal = _mm256_sub_epi32(_mm256_srli_epi32(r, kDrop), splat(T::kRebias << T::kMantBits));
+  const __m256 t = _mm256_add_ps(_mm256_mul_ps(_mm256_castsi256_ps(a), _mm256_set1_ps(T::kSubnormalInv)),
+                                 _mm256_set1_ps(8388608.0f));
+  const __m256i sub = _mm256_sub_epi32(_mm256_castps_si256(t), splat(0x4B000000u));
+  __m256i code = _mm256_blendv_epi8(normal, sub, _mm256_cmpgt_epi32(splat(T::kMinNormalBits), a));
+  if constexpr (kPlain) return _mm256_or_si256(code, sign);
+  code = _mm256_or_si256(_mm256_min_epu32(code, limit), sign);
+  __m256i special;
+  if constexpr (F == Fp8Format::E4M3) {
+    special = splat(0x7F);
+  } else {
+    special = _mm256_blendv_epi8(splat(0x7E), _mm256_or_si256(splat(0x7C), sign),
+                                 _mm256_cmpeq_epi32(a, splat(0x7F800000)));
+  }
+  return _mm256_blendv_epi8(code, special, _mm256_cmpgt_epi32(a, splat(0x7F7FFFFF)));
+}
+
+// Two vectors of eight uint32 codes (< 256) -> sixteen bytes in order.
+FP8C_AVX2_INLINE void store_codes16(uint8_t* p, __m256i lo, __m256i hi) {
+  const __m256i w = _mm256_packus_epi32(lo, hi);  // [lo0-3 hi0-3 | lo4-7 hi4-7] as uint16
+  const __m256i b = _mm256_packus_epi16(w, w);    // dwords: lo0-3 hi0-3 lo0-3 hi0-3 | lo4-7 hi4-7 ..
+  const __m256i ordered = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 0, 4, 1, 5));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(ordered));
+}
+
+// decode_fp8 of eight codes, any codes.
+template <Fp8Format F>
+FP8C_AVX2_INLINE __m256 decode8(const uint8_t* p) {
+  using T = Fp8Traits<F>;
+  const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m256i em = _mm256_and_si256(c, splat(0x7F));
+  const __m256i normal = _mm256_add_epi32(_mm256_slli_epi32(em, 23 - T::kMantBits), splat(T::kRebias << 23));
+  const __m256i mant = _mm256_and_si256(em, splat((1u << T::kMantBits) - 1u));
+  const __m256i sub =
+      _mm256_castps_si256(_mm256_mul_ps(_mm256_cvtepi32_ps(mant), _mm256_set1_ps(1.0f / T::kSubnormalInv)));
+  __m256i bits = _mm256_blendv_epi8(normal, sub, _mm256_cmpgt_epi32(splat(1u << T::kMantBits), em));
+  if constexpr (F == Fp8Format::E4M3) {
+    bits = _mm256_blendv_epi8(bits, splat(0x7FC00000u), _mm256_cmpeq_epi32(em, splat(0x7F)));
+  } else {
+    bits = _mm256_blendv_epi8(bits, splat(0x7F800000u), _mm256_cmpeq_epi32(em, splat(0x7C)));
+    bits = _mm256_blendv_epi8(bits, splat(0x7FC00000u), _mm256_cmpgt_epi32(em, splat(0x7C)));
+  }
+  return _mm256_castsi256_ps(_mm256_or_si256(bits, _mm256_slli_epi32(_mm256_and_si256(c, splat(0x80)), 24)));
+}
+
+// The fast decode: eight codes placed as the top bits of fp32 lanes, so that
+// lane = decode_fp8(code) * 2^-kRebias exactly (FP8 subnormals land on fp32
+// subnormals). One multiply by 2^(kRebias + e) then gives decode * 2^e with
+// the same single rounding as the scalar `decode * scale`. Valid when no code
+// is Inf/NaN, 2^(kRebias + e) is a float, and denormals are not treated as zero.
+template <Fp8Format F>
+FP8C_AVX2_INLINE __m256 decode8_raw(const uint8_t* p) {
+  using T = Fp8Traits<F>;
+  int64_t eight;
+  memcpy(&eight, p, 8);
+  // code i to the top byte of lane i: each 128-bit half of the shuffle sees all eight codes
+  const __m256i top = _mm256_shuffle_epi8(
+      _mm256_set1_epi64x(eight), _mm256_setr_epi8(-1, -1, -1, 0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3,  //
+                                                  -1, -1, -1, 4, -1, -1, -1, 5, -1, -1, -1, 6, -1, -1, -1, 7));
+  // sign stays at bit 31; exponent and mantissa move down to fp32's top exponent/mantissa bits
+  constexpr int kShift = T::kMantBits + 1;  // E4M3: bits 30..24 -> 26..20; E5M2: 30..24 -> 27..21
+  const uint32_t keep = 0x80000000u | (0x7Fu << (23 - T::kMantBits));
+  return _mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(top, kShift), splat(keep)));
+}
+
+// Whether a block's codes hold no Inf/NaN code (so decode8_raw applies).
+template <Fp8Format F, typename Count>
+FP8C_AVX2_INLINE bool plain_codes(const uint8_t* codes, Count B) {
+  __m128i special = _mm_setzero_si128();
+  for (int64_t i = 0; i < B; i += 16) {
+    const __m128i em = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i)), _mm_set1_epi8(0x7F));
+    if constexpr (F == Fp8Format::E4M3) {
+      special = _mm_or_si128(special, _mm_cmpeq_epi8(em, _mm_set1_epi8(0x7F)));
+    } else {  // 0x7C..0x7F
+      special = _mm_or_si128(special, _mm_cmpeq_epi8(_mm_max_epu8(em, _mm_set1_epi8(0x7C)), em));
+    }
+  }
+  return _mm_testz_si128(special, special);
+}
+
+// The multiplier of decode8_raw for a block scale byte, or 0 when the block
+// must take the exact decode (scale too large, or DAZ set in this thread).
+template <Fp8Format F>
+FP8C_AVX2_INLINE float raw_decode_factor(uint8_t scale_byte, bool daz) {
+  const int exp = static_cast<int>(Fp8Traits<F>::kRebias) + static_cast<int>(scale_byte) - kScaleBias;
+  return daz || exp > 127 ? 0.0f : pow2f(exp);
+}
+
+FP8C_AVX2_INLINE bool denormals_are_zero() { return (_mm_getcsr() & 0x0040u) != 0; }
+
+// ---------------------------------------------------------------- blocks
+// The lanes a block is quantized from, as functors (a lambda would not carry
+// the target attribute, so the intrinsics could not be inlined into it).
+template <ElemType E, bool kPremul>
+struct ScaledInput {
+  const Storage<E>* src;
+  __m256 premul;
+  FP8C_AVX2_INLINE __m256 operator()(int64_t i) const {
+    const __m256 x = load8<E>(src + 8 * i);
+    return kPremul ? _mm256_mul_ps(x, premul) : x;  // x * 1 is x: the scalar loop's bytes either way
+  }
+};
+
+struct Accumulated {
+  const float* acc;
+  FP8C_AVX2_INLINE __m256 operator()(int64_t i) const { return _mm256_load_ps(acc + 8 * i); }
+};
+
+// One block of B (a multiple of 16) float lanes `x(i)` (i counts vectors of
+// eight) quantized into codes; returns the scale byte.
+template <Fp8Format F, bool kPlain, typename Lanes>
+FP8C_AVX2_INLINE void encode_block(Lanes x, int64_t vectors, uint8_t sb, uint8_t* codes) {
+  const __m256 inv = _mm256_set1_ps(inv_scale_from_byte(sb));
+  const __m256i limit = splat(code_limit<F>(sb));
+  for (int64_t i = 0; i < vectors; i += 2) {
+    store_codes16(codes + 8 * i, encode8<F, kPlain>(_mm256_mul_ps(x(i), inv), limit),
+                  encode8<F, kPlain>(_mm256_mul_ps(x(i + 1), inv), limit));
+  }
+}
+
+template <Fp8Format F, typename Lanes>
+FP8C_AVX2_INLINE uint8_t quantize_block(Lanes x, int64_t vectors, uint8_t* codes) {
+  // First the max of |x| over all lanes, non-finite ones included: when it is
+  // finite, it is the block amax and the plain encode applies.
+  __m256i raw = _mm256_setzero_si256();
+  for (int64_t i = 0; i < vectors; ++i) {
+    raw = _mm256_max_epu32(raw, _mm256_and_si256(_mm256_castps_si256(x(i)), splat(0x7FFFFFFF)));
+  }
+  const uint32_t raw_max = max_lane(raw);
+  if (raw_max < 0x7F800000u) {
+    const uint8_t sb = scale_byte<F>(raw_max);
+    if (code_limit<F>(sb) == Fp8Traits<F>::kMaxCode) {
+      encode_block<F, true>(x, vectors, sb, codes);
+      return sb;
+    }
+  }
+  __m256i amax = _mm256_setzero_si256();
+  for (int64_t i = 0; i < vectors; ++i) amax = _mm256_max_epu32(amax, finite_abs(x(i)));
+  const uint8_t sb = scale_byte<F>(max_lane(amax));
+  encode_block<F, false>(x, vectors, sb, codes);
+  return sb;
+}
+
+// acc[0, B) <- the sum over pieces of block j (pieces added in rank order), / post_div.
+template <Fp8Format F, typename Count>
+FP8C_AVX2_INLINE void sum_block(const BlockCodes& pieces, Count B, int post_div, int64_t j, bool daz, float* acc) {
+  const __m256 div = _mm256_set1_ps(static_cast<float>(post_div));
+  // Fast when every piece's block decodes through decode8_raw (at most 64 pieces: larger groups
+  // take the exact decode).
+  constexpr int kMaxFastPieces = 64;
+  float factor[kMaxFastPieces];
+  bool fast = pieces.num_segments <= kMaxFastPieces;
+  for (int64_t r = 0; fast && r < pieces.num_segments; ++r) {
+    const int64_t at = r * pieces.stride;
+    factor[r] = raw_decode_factor<F>(pieces.scales[at + j], daz);
+    fast = factor[r] != 0.0f && plain_codes<F>(pieces.codes + at + j * B, B);
+  }
+  if (fast) {
+    for (int64_t i = 0; i < B; i += 8) {
+      __m256 s = _mm256_mul_ps(decode8_raw<F>(pieces.codes + j * B + i), _mm256_set1_ps(factor[0]));
+      for (int64_t r = 1; r < pieces.num_segments; ++r) {
+        const __m256 d = decode8_raw<F>(pieces.codes + r * pieces.stride + j * B + i);
+        s = _mm256_add_ps(s, _mm256_mul_ps(d, _mm256_set1_ps(factor[r])));
+      }
+      if (post_div != 1) s = _mm256_div_ps(s, div);
+      _mm256_storeu_ps(acc + i, s);
+    }
+    return;
+  }
+  for (int64_t i = 0; i < B; i += 8) {
+    __m256 s = _mm256_mul_ps(decode8<F>(pieces.codes + j * B + i), _mm256_set1_ps(scale_from_byte(pieces.scales[j])));
+    for (int64_t r = 1; r < pieces.num_segments; ++r) {
+      const int64_t at = r * pieces.stride;
+      const __m256 scale = _mm256_set1_ps(scale_from_byte(pieces.scales[at + j]));
+      s = _mm256_add_ps(s, _mm256_mul_ps(decode8<F>(pieces.codes + at + j * B + i), scale));
+    }
+    if (post_div != 1) s = _mm256_div_ps(s, div);
+    _mm256_storeu_ps(acc + i, s);
+  }
+}
+
+template <ElemType E, Fp8Format F, bool kPremul, typename Count>
+FP8C_AVX2 void quantize_run(const Storage<E>* src, int64_t blocks, Count B, float premul, uint8_t* codes,
+                            uint8_t* scales) {
+  const __m256 pm = _mm256_set1_ps(premul);
+  for (int64_t j = 0; j < blocks; ++j) {
+    scales[j] = quantize_block<F>(ScaledInput<E, kPremul>{src + j * B, pm}, B / 8, codes + j * B);
+  }
+}
+
+template <ElemType E, Fp8Format F, typename Count>
+FP8C_AVX2 void dequantize_run(const uint8_t* codes, const uint8_t* scales, int64_t blocks, Count B, Storage<E>* dst) {
+  const bool daz = denormals_are_zero();
+  for (int64_t j = 0; j < blocks; ++j) {
+    const uint8_t* c = codes + j * B;
+    Storage<E>* d = dst + j * B;
+    const float factor = raw_decode_factor<F>(scales[j], daz);
+    if (factor != 0.0f && plain_codes<F>(c, B)) {
+      const __m256 f = _mm256_set1_ps(factor);
+      for (int64_t i = 0; i < B; i += 8) store8<E>(d + i, _mm256_mul_ps(decode8_raw<F>(c + i), f));
+    } else {
+      const __m256 scale = _mm256_set1_ps(scale_from_byte(scales[j]));
+      for (int64_t i = 0; i < B; i += 8) store8<E>(d + i, _mm256_mul_ps(decode8<F>(c + i), scale));
+    }
+  }
+}
+
+template <ElemType E, Fp8Format F, typename Count>
+FP8C_AVX2 void dequant_sum_run(const BlockCodes& pieces, Count B, int post_div, int64_t j0, int64_t blocks,
+                               Storage<E>* dst) {
+  alignas(32) float acc[kMaxCpuBlock];
+  const bool daz = denormals_are_zero();
+  for (int64_t j = j0; j < j0 + blocks; ++j) {
+    sum_block<F>(pieces, B, post_div, j, daz, acc);
+    for (int64_t i = 0; i < B; i += 8) store8<E>(dst + (j - j0) * B + i, _mm256_load_ps(acc + i));
+  }
+}
+
+template <Fp8Format F, typename Count>
+FP8C_AVX2 void dequant_sum_requantize_run(const BlockCodes& pieces, Count B, int post_div, int64_t j0,
+                                          int64_t blocks, uint8_t* codes, uint8_t* scales) {
+  alignas(32) float acc[kMaxCpuBlock];
+  const bool daz = denormals_are_zero();
+  for (int64_t j = j0; j < j0 + blocks; ++j) {
+    sum_block<F>(pieces, B, post_div, j, daz, acc);
+    scales[j - j0] = quantize_block<F>(Accumulated{acc}, B / 8, codes + (j - j0) * B);
+  }
+}
+
+}  // namespace
+
+bool supported() {
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  return ok;
+}
+
+void quantize_full_blocks(const void* src, ElemType type, Fp8Format format, int64_t blocks, int block_size,
+                          float premul, uint8_t* codes, uint8_t* scales) {
+  with_codec_types(type, format, [&](auto e, auto f) {
+    constexpr ElemType E = decltype(e)::value;
+    constexpr Fp8Format F = decltype(f)::value;
+    auto* s = static_cast<const Storage<E>*>(src);
+    with_block(block_size, [&](auto B) {
+      if (premul == 1.0f) {
+        quantize_run<E, F, false>(s, blocks, B, premul, codes, scales);
+      } else {
+        quantize_run<E, F, true>(s, blocks, B, premul, codes, scales);
+      }
+    });
+  });
+}
+
+void dequantize_full_blocks(const uint8_t* codes, const uint8_t* scales, Fp8Format format, int64_t blocks,
+                            int block_size, void* dst, ElemType type) {
+  with_codec_types(type, format, [&](auto e, auto f) {
+    constexpr ElemType E = decltype(e)::value;
+    with_block(block_size, [&](auto B) {
+      dequantize_run<E, decltype(f)::value>(codes, scales, blocks, B, static_cast<Storage<E>*>(dst));
+    });
+  });
+}
+
+void dequant_sum_full_blocks(const BlockCodes& pieces, int post_div, int64_t first_block, int64_t blocks, void* dst,
+                             ElemType type) {
+  with_codec_types(type, pieces.format, [&](auto e, auto f) {
+    constexpr ElemType E = decltype(e)::value;
+    with_block(pieces.block_size, [&](auto B) {
+      dequant_sum_run<E, decltype(f)::value>(pieces, B, post_div, first_block, blocks, static_cast<Storage<E>*>(dst));
+    });
+  });
+}
+
+void dequant_sum_requantize_full_blocks(const BlockCodes& pieces, int post_div, int64_t first_block, int64_t blocks,
+                                        uint8_t* codes, uint8_t* scales) {
+  with_block(pieces.block_size, [&](auto B) {
+    if (pieces.format == Fp8Format::E4M3) {
+      dequant_sum_requantize_run<Fp8Format::E4M3>(pieces, B, post_div, first_block, blocks, codes, scales);
+    } else {
+      dequant_sum_requantize_run<Fp8Format::E5M2>(pieces, B, post_div, first_block, blocks, codes, scales);
+    }
+  });
+}
+
+}  // namespace avx2
+}  // namespace fp8comm
+
+#endif  // FP8C_HAVE_AVX2_KERNELS

@@ -1,0 +1,41 @@
+"""CPU all_reduces larger than one chunk run pipelined, chunk by chunk
+(csrc/backend/compressed_algorithms.cpp). Chunks are whole multiples of P
+blocks, so the result must be bitwise what the algorithm gives in one piece."""
+import pytest
+import torch
+
+import chunk_scenarios
+from chunk_scenarios import CHUNK
+from dist_harness import DistPool
+
+
+@pytest.fixture(scope="module", params=[2, 3])
+def pool(request):
+    p = DistPool(request.param, backend="fp8gloo")
+    yield p
+    p.close()
+
+
+def same_bits(a, b):
+    nan = torch.isnan(a)
+    return torch.equal(nan, torch.isnan(b)) and torch.equal(a[~nan], b[~nan]) and torch.equal(
+        torch.signbit(a[~nan]), torch.signbit(b[~nan]))
+
+
+# one chunk exactly, several chunks with an uneven tail (not a multiple of P or of the block)
+@pytest.mark.parametrize("n", [CHUNK, 3 * CHUNK + 12_345])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunked_all_reduce_equals_the_one_piece_algorithm(pool, n, dtype):
+    results = pool.run(chunk_scenarios.chunked_all_reduce, n, dtype, seed=n % 7)
+    for got, expect, compressed in results:
+        assert compressed == 1
+        assert same_bits(got, expect)
+        assert torch.isnan(got).any() or torch.isinf(got).any()  # the non-finite inputs came through
+    for got, _, _ in results[1:]:
+        assert same_bits(got, results[0][0])
+
+
+def test_chunked_all_reduce_avg(pool):
+    results = pool.run(chunk_scenarios.chunked_all_reduce, 2 * CHUNK + 99, torch.float32, seed=1, avg=True)
+    for got, expect, _ in results:
+        assert same_bits(got, expect)

@@ -1,0 +1,158 @@
+"""The CPU codec's AVX2 kernels against its scalar loops: the same bytes, bit
+for bit, for every op, dtype, format and block size, on inputs built to hit
+every branch of the kernels (plain blocks, Inf/NaN, blocks near FLT_MAX,
+subnormals, FP8 special codes, scales too large for the fast decode, and
+denormals-are-zero mode)."""
+import pytest
+import torch
+
+import fp8comm
+from fp8comm import _C
+
+pytestmark = pytest.mark.skipif(not _C.cpu_simd_enabled(), reason="this CPU has no AVX2 / F16C")
+
+FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+
+
+def both_paths(fn):
+    """fn() run with the scalar loops and with the AVX2 kernels."""
+    results = []
+    for simd in (False, True):
+        old = _C.set_cpu_simd(simd)
+        try:
+            results.append(fn())
+        finally:
+            _C.set_cpu_simd(old)
+    return results
+
+
+def same(a, b):
+    """Bitwise equal, except that a NaN may be any NaN: which one a sum of NaNs
+    yields is up to the compiler. (Wire bytes hold one NaN code, so they are
+    compared bit for bit.)"""
+    if a.dtype not in INT_VIEW:
+        return torch.equal(a, b)
+    nan = torch.isnan(a)
+    return torch.equal(nan, torch.isnan(b)) and torch.equal(a.view(INT_VIEW[a.dtype])[~nan], b.view(INT_VIEW[b.dtype])[~nan])
+
+
+def inputs(n, dtype, seed):
+    """Blocks of every kind, concatenated: Gaussian, random bit patterns
+    (NaN, Inf, subnormals, huge), zeros, values near the dtype's max, tiny
+    magnitudes, and Gaussian blocks with a single Inf or NaN."""
+    g = torch.Generator().manual_seed(seed)
+    parts = [torch.randn(n, generator=g)]
+    raw = torch.randint(-(2**31), 2**31 - 1, (n,), generator=g, dtype=torch.int64).to(torch.int32).view(torch.float32)
+    parts.append(raw)
+    parts.append(torch.zeros(n))
+    top = torch.finfo(dtype).max
+    parts.append(top * (1 - torch.rand(n, generator=g) * 0.01) * torch.sign(torch.randn(n, generator=g)))
+    parts.append(torch.randn(n, generator=g) * torch.finfo(dtype).tiny)
+    spiked = torch.randn(n, generator=g)
+    spiked[::37] = float("inf")
+    spiked[5::41] = float("nan")
+    parts.append(spiked)
+    return torch.cat(parts).to(dtype)
+
+
+@pytest.mark.parametrize("fp8_dtype", FP8)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block_size", [16, 32, 48])
+@pytest.mark.parametrize("premul", [1.0, 0.37, 3e30])
+def test_quantize_same_bytes(fp8_dtype, dtype, block_size, premul):
+    x = inputs(4096 + 13, dtype, seed=block_size)
+    P, m = 3, 8704  # uneven segments: the last one partly empty
+    out = torch.empty(P * fp8comm.codec.segment_bytes(m, block_size), dtype=torch.uint8)
+
+    def run():
+        out.fill_(0xAB)
+        fp8comm.quantize_segments(x, out, P, m, block_size=block_size, fp8_dtype=fp8_dtype, premul=premul)
+        return out.clone()
+
+    scalar, simd = both_paths(run)
+    assert torch.equal(scalar, simd)
+
+
+def random_segments(P, m, block_size, seed):
+    """Wire segments with arbitrary code bytes (every FP8 code, NaN and Inf
+    codes included) and scale bytes over the whole E8M0 range used."""
+    g = torch.Generator().manual_seed(seed)
+    S = fp8comm.codec.segment_bytes(m, block_size)
+    seg = torch.randint(0, 256, (P * S,), generator=g, dtype=torch.uint8)
+    blocks = -(-m // block_size)
+    scale_bytes = ((m + block_size - 1) // block_size + 15) // 16 * 16
+    for r in range(P):
+        # mostly ordinary scales, some over the whole range (too large for the fast decode, subnormal results)
+        s = torch.randint(100, 140, (blocks,), generator=g, dtype=torch.uint8)
+        wide = torch.rand(blocks, generator=g) < 0.3
+        s[wide] = torch.randint(1, 255, (int(wide.sum()),), generator=g, dtype=torch.uint8)
+        seg[r * S:r * S + blocks] = s
+        seg[r * S + blocks:r * S + scale_bytes] = 0
+        if r == 0:  # and some blocks of plain codes only, so the fast paths run
+            codes = seg[r * S + scale_bytes:(r + 1) * S].view(-1)
+            codes[: blocks * block_size // 2] &= 0x77
+    return seg
+
+
+@pytest.mark.parametrize("flush_denormal", [False, True])
+@pytest.mark.parametrize("fp8_dtype", FP8)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block_size", [16, 32, 48])
+def test_decodes_same_bits(flush_denormal, fp8_dtype, dtype, block_size):
+    P, m = 3, 2048 + block_size * 5
+    seg = random_segments(P, m, block_size, seed=block_size + 7)
+    kw = dict(block_size=block_size, fp8_dtype=fp8_dtype)
+    assert torch.set_flush_denormal(flush_denormal) or not flush_denormal
+    try:
+        deq = both_paths(lambda: _run(lambda o: fp8comm.dequantize_segments(seg, o, P, m, **kw), P * m - 7, dtype))
+        dsum = both_paths(lambda: _run(lambda o: fp8comm.dequant_sum(seg, o, P, m, **kw), m - 3, dtype))
+        avg = both_paths(lambda: _run(lambda o: fp8comm.dequant_sum(seg, o, P, m, post_div=P, **kw), m, dtype))
+        S = fp8comm.codec.segment_bytes(m, block_size)
+        requant = both_paths(lambda: _requant(seg, P, m, S, kw))
+    finally:
+        torch.set_flush_denormal(False)
+    for scalar, simd in (deq, dsum, avg, requant):
+        assert same(scalar, simd)
+
+
+def _run(op, n, dtype):
+    out = torch.full((n,), 7.0, dtype=dtype)
+    op(out)
+    return out
+
+
+def _requant(seg, P, m, S, kw):
+    out = torch.full((S,), 0xAB, dtype=torch.uint8)
+    fp8comm.dequant_sum_requantize(seg, out, P, m, **kw)
+    return out
+
+
+@pytest.mark.parametrize("fp8_dtype", FP8)
+def test_round_trip_through_both_paths(fp8_dtype):
+    """The full pipeline of a compressed all_reduce (quantize, sum and
+    re-quantize, decode) gives the same bits on both paths."""
+    P, m = 4, 1 << 14
+    x = inputs(P * m // 6 + 1, torch.float32, seed=3)[: P * m]
+    S = fp8comm.codec.segment_bytes(m, 32)
+
+    def run():
+        send = torch.empty(P * S, dtype=torch.uint8)
+        fp8comm.quantize_segments(x, send, P, m, fp8_dtype=fp8_dtype)
+        mine = torch.empty(P * S, dtype=torch.uint8)
+        for r in range(P):  # every rank's reduced segment, as if gathered
+            fp8comm.dequant_sum_requantize(send, mine[r * S:(r + 1) * S], P, m, fp8_dtype=fp8_dtype)
+        out = torch.empty(x.numel())
+        fp8comm.dequantize_segments(mine, out, P, m, fp8_dtype=fp8_dtype)
+        return out
+
+    scalar, simd = both_paths(run)
+    assert same(scalar, simd)
+
+
+def test_switch_reports_and_restores():
+    assert _C.set_cpu_simd(False) is True
+    assert _C.cpu_simd_enabled() is False
+    assert _C.set_cpu_simd(True) is False
+    assert _C.cpu_simd_enabled() is True
