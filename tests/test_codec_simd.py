@@ -41,7 +41,8 @@ def same(a, b):
 def inputs(n, dtype, seed):
     """Blocks of every kind, concatenated: Gaussian, random bit patterns
     (NaN, Inf, subnormals, huge), zeros, values near the dtype's max, tiny
-    magnitudes, and Gaussian blocks with a single Inf or NaN."""
+    magnitudes, Gaussian blocks with a single Inf or NaN, and Gaussian blocks
+    with zeros of both signs and values that scale into FP8 subnormals."""
     g = torch.Generator().manual_seed(seed)
     parts = [torch.randn(n, generator=g)]
     raw = torch.randint(-(2**31), 2**31 - 1, (n,), generator=g, dtype=torch.int64).to(torch.int32).view(torch.float32)
@@ -54,6 +55,11 @@ def inputs(n, dtype, seed):
     spiked[::37] = float("inf")
     spiked[5::41] = float("nan")
     parts.append(spiked)
+    holes = torch.randn(n, generator=g)  # zeros of both signs among normal values, and a few tiny ones
+    holes[::5] = 0.0
+    holes[2::7] = -0.0
+    holes[3::97] *= 1e-6
+    parts.append(holes)
     return torch.cat(parts).to(dtype)
 
 
@@ -63,7 +69,8 @@ def inputs(n, dtype, seed):
 @pytest.mark.parametrize("premul", [1.0, 0.37, 3e30])
 def test_quantize_same_bytes(fp8_dtype, dtype, block_size, premul):
     x = inputs(4096 + 13, dtype, seed=block_size)
-    P, m = 3, 8704  # uneven segments: the last one partly empty
+    P = 3
+    m = -(-x.numel() // P) + 37  # uneven segments: the last one partly empty
     out = torch.empty(P * fp8comm.codec.segment_bytes(m, block_size), dtype=torch.uint8)
 
     def run():

@@ -89,10 +89,21 @@ FP8C_AVX2_INLINE uint32_t max_lane(__m256i v) {
   return static_cast<uint32_t>(_mm_cvtsi128_si32(m));
 }
 
-// encode_fp8 of eight lanes, as uint32 codes. kPlain: every lane is finite and
-// the block's code limit is the format's largest code (all but blocks with
-// Inf/NaN or an amax near FLT_MAX), so neither the cap nor the specials apply.
-template <Fp8Format F, bool kPlain>
+FP8C_AVX2_INLINE uint32_t min_lane(__m256i v) {
+  __m128i m = _mm_min_epu32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  m = _mm_min_epu32(m, _mm_shuffle_epi32(m, 0x4E));
+  m = _mm_min_epu32(m, _mm_shuffle_epi32(m, 0xB1));
+  return static_cast<uint32_t>(_mm_cvtsi128_si32(m));
+}
+
+// What a block's lanes are known to be, from most to least special-cased:
+// kNormal: finite, each zero or in the FP8 normal range after scaling, and the
+// code limit is the format's largest code; kFinite: finite with that limit
+// (subnormals possible); kAny: anything (Inf/NaN, or an amax near FLT_MAX).
+enum class Lanes { kNormal, kFinite, kAny };
+
+// encode_fp8 of eight lanes, as uint32 codes; the cases `L` excludes skipped.
+template <Fp8Format F, Lanes L>
 FP8C_AVX2_INLINE __m256i encode8(__m256 v, __m256i limit) {
   using T = Fp8Traits<F>;
   constexpr int kDrop = 23 - T::kMantBits;
@@ -102,11 +113,13 @@ FP8C_AVX2_INLINE __m256i encode8(__m256 v, __m256i limit) {
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(a, kDrop), splat(1));
   const __m256i r = _mm256_add_epi32(_mm256_add_epi32(a, splat((1u << (kDrop - 1)) - 1u)), lsb);
   const __m256i normal = _mm256_sub_epi32(_mm256_srli_epi32(r, kDrop), splat(T::kRebias << T::kMantBits));
+  // a zero lane's `normal` is negative: clamped to code 0
+  if constexpr (L == Lanes::kNormal) return _mm256_or_si256(_mm256_max_epi32(normal, _mm256_setzero_si256()), sign);
   const __m256 t = _mm256_add_ps(_mm256_mul_ps(_mm256_castsi256_ps(a), _mm256_set1_ps(T::kSubnormalInv)),
                                  _mm256_set1_ps(8388608.0f));
   const __m256i sub = _mm256_sub_epi32(_mm256_castps_si256(t), splat(0x4B000000u));
   __m256i code = _mm256_blendv_epi8(normal, sub, _mm256_cmpgt_epi32(splat(T::kMinNormalBits), a));
-  if constexpr (kPlain) return _mm256_or_si256(code, sign);
+  if constexpr (L == Lanes::kFinite) return _mm256_or_si256(code, sign);
   code = _mm256_or_si256(_mm256_min_epu32(code, limit), sign);
   __m256i special;
   if constexpr (F == Fp8Format::E4M3) {
@@ -211,36 +224,46 @@ struct Accumulated {
 
 // One block of B (a multiple of 16) float lanes `x(i)` (i counts vectors of
 // eight) quantized into codes; returns the scale byte.
-template <Fp8Format F, bool kPlain, typename Lanes>
-FP8C_AVX2_INLINE void encode_block(Lanes x, int64_t vectors, uint8_t sb, uint8_t* codes) {
+template <Fp8Format F, Lanes L, typename Source>
+FP8C_AVX2_INLINE void encode_block(Source x, int64_t vectors, uint8_t sb, uint8_t* codes) {
   const __m256 inv = _mm256_set1_ps(inv_scale_from_byte(sb));
   const __m256i limit = splat(code_limit<F>(sb));
   for (int64_t i = 0; i < vectors; i += 2) {
-    store_codes16(codes + 8 * i, encode8<F, kPlain>(_mm256_mul_ps(x(i), inv), limit),
-                  encode8<F, kPlain>(_mm256_mul_ps(x(i + 1), inv), limit));
+    store_codes16(codes + 8 * i, encode8<F, L>(_mm256_mul_ps(x(i), inv), limit),
+                  encode8<F, L>(_mm256_mul_ps(x(i + 1), inv), limit));
   }
 }
 
-template <Fp8Format F, typename Lanes>
-FP8C_AVX2_INLINE uint8_t quantize_block(Lanes x, int64_t vectors, uint8_t* codes) {
-  // First the max of |x| over all lanes, non-finite ones included: when it is
-  // finite, it is the block amax and the plain encode applies.
+template <Fp8Format F, typename Source>
+FP8C_AVX2_INLINE uint8_t quantize_block(Source x, int64_t vectors, uint8_t* codes) {
+  // First the max of |x| over all lanes, non-finite ones included (when it is
+  // finite it is the block amax), and the smallest non-zero |x| (a - 1 wraps
+  // zeros to the top): they tell which encode applies.
   __m256i raw = _mm256_setzero_si256();
+  __m256i low = _mm256_set1_epi32(-1);
   for (int64_t i = 0; i < vectors; ++i) {
-    raw = _mm256_max_epu32(raw, _mm256_and_si256(_mm256_castps_si256(x(i)), splat(0x7FFFFFFF)));
+    const __m256i a = _mm256_and_si256(_mm256_castps_si256(x(i)), splat(0x7FFFFFFF));
+    raw = _mm256_max_epu32(raw, a);
+    low = _mm256_min_epu32(low, _mm256_sub_epi32(a, splat(1)));
   }
   const uint32_t raw_max = max_lane(raw);
   if (raw_max < 0x7F800000u) {
     const uint8_t sb = scale_byte<F>(raw_max);
     if (code_limit<F>(sb) == Fp8Traits<F>::kMaxCode) {
-      encode_block<F, true>(x, vectors, sb, codes);
+      // the smallest non-zero lane, scaled as encode_block scales it (monotonic)
+      const uint32_t lowest = min_lane(low) + 1u;
+      if (lowest == 0 || float_bits(bits_float(lowest) * inv_scale_from_byte(sb)) >= Fp8Traits<F>::kMinNormalBits) {
+        encode_block<F, Lanes::kNormal>(x, vectors, sb, codes);
+      } else {
+        encode_block<F, Lanes::kFinite>(x, vectors, sb, codes);
+      }
       return sb;
     }
   }
   __m256i amax = _mm256_setzero_si256();
   for (int64_t i = 0; i < vectors; ++i) amax = _mm256_max_epu32(amax, finite_abs(x(i)));
   const uint8_t sb = scale_byte<F>(max_lane(amax));
-  encode_block<F, false>(x, vectors, sb, codes);
+  encode_block<F, Lanes::kAny>(x, vectors, sb, codes);
   return sb;
 }
 
