@@ -18,11 +18,13 @@
 //   every finite value in range, -0 stays -0, NaN passes through.
 // - NaN: amax propagates it (torch.amax does), so a NaN anywhere gives a NaN
 //   scale and every code of that tensor (row) is NaN; Inf with no NaN gives
-//   scale 0, and Inf * 0 is NaN at the Inf's index. An FP8 NaN code is 0x7F | sign.
-//   The sign is what x86 hardware gives the eager chain on the CPU: the scale's
-//   NaN when the scale is NaN, else x's NaN, else (Inf * 0) the negative default
-//   NaN. CUDA hardware returns one canonical +NaN instead, so torch's eager cast
-//   on CUDA writes 0x7F where this writes 0xFF; our CPU and CUDA paths agree.
+//   scale 0, and Inf * 0 is NaN at the Inf's index. NaN lands exactly where
+//   the eager chain puts it. Its *sign* in the eager chain is an accident of
+//   torch's kernel paths (on x86: a contiguous amax gives +NaN, a strided one
+//   -NaN; a scalar multiply keeps the scale's NaN, a broadcast one x's; Inf * 0
+//   is -NaN), and on CUDA every NaN is the canonical +NaN. So here every NaN
+//   code is 0x7F and a NaN scale is 0x7FFFFFFF, what torch's eager cast writes
+//   on CUDA, on both of our paths.
 //
 // Nothing here may be contracted into an FMA (the codec's flags forbid it:
 // -ffp-contract=off, --fmad=false); every operation is one correctly rounded
@@ -59,13 +61,18 @@ struct Scale {
 
 // scale = reciprocal(clamp(amax, min=eps)) * fp8_max; inv = reciprocal(scale).
 // A NaN amax stays that NaN (quieted) through clamp, reciprocal and product.
+constexpr uint32_t kCanonicalNan = 0x7FFFFFFFu;  // CUDA's NaN
+constexpr uint8_t kNanCode = 0x7F;                 // +NaN in E4M3 and E5M2
+
+// scale = reciprocal(clamp(amax, min=eps)) * fp8_max; inv = reciprocal(scale).
+// A NaN amax gives NaN for both.
 template <Fp8Format F>
 FP8C_HD Scale scale_of(float amax) {
   const float a = amax < kAmaxEps ? kAmaxEps : amax;  // NaN compares false: stays NaN
   const float r = 1.0f / a;
   const float s = r * CastTraits<F>::kMax;
   const float inv = 1.0f / s;
-  const float q = bits_float(float_bits(amax) | 0x00400000u);
+  const float q = bits_float(kCanonicalNan);
   const bool nan = is_nan(amax);
   return Scale{nan ? q : s, nan ? q : inv};
 }
@@ -104,8 +111,7 @@ FP8C_HD uint32_t torch_fp8_bits<Fp8Format::E5M2>(float f) {
   return r | (sign >> 24);
 }
 
-// One element: saturate(x * scale) as fp8, NaN signed as the eager CPU chain
-// signs it (header comment).
+// One element: saturate(x * scale) as fp8; NaN as kNanCode.
 template <Fp8Format F>
 FP8C_HD uint8_t cast_elem(float x, float scale) {
   constexpr float m = CastTraits<F>::kMax;
@@ -113,10 +119,7 @@ FP8C_HD uint8_t cast_elem(float x, float scale) {
   y = y < -m ? -m : y;  // clamp(-m, m): NaN and -0 pass unchanged
   y = y > m ? m : y;
   const uint32_t code = torch_fp8_bits<F>(y);
-  const uint32_t nan_sign = is_nan(scale) ? (float_bits(scale) >> 24) & 0x80u
-                            : is_nan(x)   ? (float_bits(x) >> 24) & 0x80u
-                                          : 0x80u;
-  return static_cast<uint8_t>(is_nan(y) ? (0x7Fu | nan_sign) : code);
+  return static_cast<uint8_t>(is_nan(y) ? kNanCode : code);
 }
 
 }  // namespace cast
