@@ -450,3 +450,25 @@ def test_fsdp_helper_uses_the_operator_bytes():
     d2, i2 = cast_to_fp8(w, E4M3, rowwise=False)
     assert torch.equal(bits(data), bits(d2)) and torch.equal(inv, i2)
     assert fp8comm.nn.scaling.fused_cast_enabled(w.device)
+
+
+def test_cast_bench_quick(tmp_path):
+    """bench/linear.py --casts-only runs and reports both timings per cast."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = tmp_path / "casts.json"
+    out = subprocess.run([sys.executable, "bench/linear.py", "--casts-only", "--quick", "--json", str(path)],
+                         capture_output=True, text=True, timeout=300, cwd=root,
+                         env={**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")})
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(path.read_text())
+    assert result["rows"] == [] and result["fused_cast"] is True
+    modes = {(r["recipe"], r["outputs"]) for r in result["casts"]}
+    assert modes == {("tensorwise", "data"), ("tensorwise", "data+transpose"), ("rowwise", "data"),
+                     ("rowwise", "data+transpose"), ("rowwise", "transpose")}
+    for r in result["casts"]:
+        assert r["eager_s"] > 0 and r["fused_s"] > 0 and r["fused_gb_per_s"] > 0
