@@ -25,7 +25,12 @@ namespace {
 template <ElemType E>
 using Storage = typename Elem<E>::storage;
 
-constexpr int64_t kTile = 64;          // transposes go through kTile x kTile tiles
+// Transposes go through tiles of kTileRows x kTileCols: each output row gets a
+// run of kTileRows bytes (a cache line), and few output rows are open at a time
+// (power-of-two strides alias in the cache).
+constexpr int64_t kTileRows = 64;
+constexpr int64_t kTileCols = 32;
+constexpr int64_t kColBlock = 64;  // columns per task of the column amax
 constexpr int64_t kGrainElems = 1 << 15;  // elements per task, about
 
 template <ElemType E>
@@ -62,7 +67,7 @@ template <ElemType E, Fp8Format F>
 void cast_tile_transposed(const CastArgs& a, int64_t r0, int64_t h, int64_t c0, int64_t w, float scale,
                           const float* col_scales) {
   const auto* src = static_cast<const Storage<E>*>(a.src);
-  uint8_t buf[kTile][kTile];
+  uint8_t buf[kTileRows][kTileCols];
   for (int64_t i = 0; i < h; ++i) {
     const Storage<E>* row = src + (r0 + i) * a.cols + c0;
     if (col_scales != nullptr) {
@@ -77,15 +82,37 @@ void cast_tile_transposed(const CastArgs& a, int64_t r0, int64_t h, int64_t c0, 
   }
 }
 
+// data_t <- data^T (tensorwise: the transpose of the cast is the same bytes),
+// through the same tiles as the transposed cast.
+void transpose_bytes(const CastArgs& a) {
+  const int64_t tr = (a.rows + kTileRows - 1) / kTileRows;
+  const int64_t tc = (a.cols + kTileCols - 1) / kTileCols;
+  at::parallel_for(0, tr * tc, std::max<int64_t>(1, 4 * kGrainElems / (kTileRows * kTileCols)),
+                   [&](int64_t b, int64_t e) {
+                     for (int64_t t = b; t < e; ++t) {
+                       const int64_t r0 = (t / tc) * kTileRows, c0 = (t % tc) * kTileCols;
+                       const int64_t h = std::min(kTileRows, a.rows - r0), w = std::min(kTileCols, a.cols - c0);
+                       uint8_t buf[kTileRows][kTileCols];  // rows read whole: no strided reads
+                       for (int64_t i = 0; i < h; ++i) {
+                         std::copy_n(a.data + (r0 + i) * a.cols + c0, w, buf[i]);
+                       }
+                       for (int64_t j = 0; j < w; ++j) {
+                         uint8_t* out = a.data_t + (c0 + j) * a.rows + r0;
+                         for (int64_t i = 0; i < h; ++i) out[i] = buf[i][j];
+                       }
+                     }
+                   });
+}
+
 template <ElemType E, Fp8Format F>
 void transposed_pass(const CastArgs& a, float scale, const float* col_scales) {
-  const int64_t tr = (a.rows + kTile - 1) / kTile;
-  const int64_t tc = (a.cols + kTile - 1) / kTile;
-  at::parallel_for(0, tr * tc, std::max<int64_t>(1, kGrainElems / (kTile * kTile)), [&](int64_t b, int64_t e) {
+  const int64_t tr = (a.rows + kTileRows - 1) / kTileRows;
+  const int64_t tc = (a.cols + kTileCols - 1) / kTileCols;
+  at::parallel_for(0, tr * tc, std::max<int64_t>(1, kGrainElems / (kTileRows * kTileCols)), [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
-      const int64_t r0 = (t / tc) * kTile;
-      const int64_t c0 = (t % tc) * kTile;
-      cast_tile_transposed<E, F>(a, r0, std::min(kTile, a.rows - r0), c0, std::min(kTile, a.cols - c0), scale,
+      const int64_t r0 = (t / tc) * kTileRows;
+      const int64_t c0 = (t % tc) * kTileCols;
+      cast_tile_transposed<E, F>(a, r0, std::min(kTileRows, a.rows - r0), c0, std::min(kTileCols, a.cols - c0), scale,
                                  col_scales);
     }
   });
@@ -113,7 +140,11 @@ void cast_tensorwise(const CastArgs& a) {
     a.inv_scale[0] = s.inv;
   }
   if (a.data_t != nullptr) {
-    transposed_pass<E, F>(a, s.scale, nullptr);
+    if (a.data != nullptr) {
+      transpose_bytes(a);
+    } else {
+      transposed_pass<E, F>(a, s.scale, nullptr);
+    }
     a.inv_scale_t[0] = s.inv;
   }
 }
@@ -134,12 +165,12 @@ void cast_rowwise(const CastArgs& a) {
   }
   if (a.data_t != nullptr) {
     std::vector<float> col_scales(cols);
-    at::parallel_for(0, (cols + kTile - 1) / kTile, std::max<int64_t>(1, kGrainElems / (kTile * rows)),
+    at::parallel_for(0, (cols + kColBlock - 1) / kColBlock, std::max<int64_t>(1, kGrainElems / (kColBlock * rows)),
                      [&](int64_t b, int64_t e) {
-                       uint32_t acc[kTile];
+                       uint32_t acc[kColBlock];
                        for (int64_t t = b; t < e; ++t) {
-                         const int64_t c0 = t * kTile, w = std::min(kTile, cols - c0);
-                         std::fill(acc, acc + kTile, 0u);
+                         const int64_t c0 = t * kColBlock, w = std::min(kColBlock, cols - c0);
+                         std::fill(acc, acc + kColBlock, 0u);
                          col_amax_run<E>(src, rows, cols, c0, w, acc);
                          for (int64_t j = 0; j < w; ++j) {
                            const Scale s = scale_of<F>(bits_float(acc[j]));
