@@ -32,6 +32,9 @@ timeout 120 torchrun --nproc_per_node=1 bench/comm.py --max-bytes 1G --reps 20 \
 log "linear bench"
 timeout 120 python3 bench/linear.py --json "$OUT/$DAY-linear-$GPU.json" | tail -14
 
+log "linear bench with the fused casts (FP8COMM_FUSED_CAST=1), and the casts alone: fused vs eager"
+FP8COMM_FUSED_CAST=1 timeout 150 python3 bench/linear.py --casts --json "$OUT/$DAY-linear-fused-cast-$GPU.json" | tail -30
+
 log "model with the measured codec"
 python3 bench/model.py --codec-json "$OUT/$DAY-codec-$GPU.json" --json "$OUT/$DAY-model-$GPU.json" | head -12
 log "done"

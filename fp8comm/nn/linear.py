@@ -7,10 +7,14 @@ all through torch._scaled_mm with current scaling (config.py); outputs in the
 input's dtype, weight gradients in the weight's dtype. The bias is added in
 high precision, so its gradient is exactly nn.Linear's.
 
-What backward keeps: tensorwise saves the FP8 casts of x and W (one byte per
-element instead of two or four) and reuses them transposed — a transpose of a
-tensorwise cast is exact. Rowwise needs new scales along the other dims, so it
-saves x in high precision (W is a parameter, held anyway) and casts again.
+Casts run in the fused operator of scaling.py (amax, scale, cast and the
+transpose a backward GEMM needs, in one pass). What backward keeps, all FP8
+but W: tensorwise saves the casts of x^T and W^T (one byte per element instead
+of two or four), written transposed by the forward casts; a transpose of a
+tensorwise cast is the same bytes. Rowwise needs scales along the other dims:
+it saves x^T cast along M (what backward would cast from x, computed in the
+same forward pass) and W (a parameter, held anyway), which backward casts
+along its columns.
 
 Under FSDP2 with the FP8 all-gather (fsdp.py) the weight arrives already cast
 (an Fp8WeightCast): its bytes and inverse scale go to the GEMMs as they are.
@@ -26,7 +30,7 @@ import torch.nn.functional as F
 
 from .config import Recipe, recipe_of
 from .fsdp import Fp8WeightCast, unwrap_weight
-from .scaling import cast_to_fp8
+from .scaling import cast_fp8
 
 _GEMM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _counts: Counter = Counter()
@@ -83,47 +87,78 @@ def _mm(a, b, scale_a, scale_b, out_dtype, rowwise: bool):
 
 
 class _Fp8Matmul(torch.autograd.Function):
-    """x2d [M, K] @ weight[N, K]^T in FP8, with FP8 backward GEMMs."""
+    """x2d [M, K] @ weight[N, K]^T in FP8, with FP8 backward GEMMs.
+
+    _scaled_mm wants its first operand row-major and its second column-major,
+    so every backward GEMM needs a transpose of a forward operand: the casts
+    write them (``with_transpose``: the cast of x.t(), contiguous) in the same
+    pass as the forward cast, and only what backward uses is saved, in FP8
+    where that costs no accuracy:
+
+    tensorwise  saves x^T and W^T cast (1 byte per element; the transpose of a
+                tensorwise cast is the same bytes), nothing high-precision.
+    rowwise     saves the column-wise cast of x (x^T cast along M, exactly what
+                backward would cast from x, so it costs nothing in accuracy and
+                holds 1 byte per element instead of x's 2 or 4) and W itself
+                (a parameter, held anyway; a cast copy would add memory), which
+                backward casts along its columns.
+    """
 
     @staticmethod
-    def forward(ctx, x2d: torch.Tensor, weight: torch.Tensor, recipe: Recipe):
-        xq, xs = cast_to_fp8(x2d, recipe.input_dtype, recipe.rowwise)
-        if isinstance(weight, Fp8WeightCast):  # gathered as FP8 (tensorwise only): not cast again
-            wq, ws = weight._data, weight._inv_scale
-        else:
-            wq, ws = cast_to_fp8(weight, recipe.weight_dtype, recipe.rowwise)
-        # _scaled_mm wants its second operand column-major: wq.t() is [K, N] column-major.
-        out = _mm(xq, wq.t(), xs, ws.t() if recipe.rowwise else ws, x2d.dtype, recipe.rowwise)
-        if recipe.rowwise:
-            ctx.save_for_backward(x2d, weight)
-        else:
-            ctx.save_for_backward(xq, xs, wq, ws)
+    def forward(ctx, x2d: torch.Tensor, weight: torch.Tensor, recipe: Recipe, grad_enabled: bool):
+        # needs_input_grad follows requires_grad even under no_grad, where no
+        # backward will run: then no transpose is written and nothing is saved.
+        need_dx = ctx.needs_input_grad[0] and grad_enabled
+        need_dw = ctx.needs_input_grad[1] and grad_enabled
         ctx.recipe = recipe
         ctx.dtypes = (x2d.dtype, weight.dtype)
+        if recipe.rowwise:
+            xq, xs, xtq, xts = cast_fp8(x2d, recipe.input_dtype, True, with_transpose=need_dw)
+            wq, ws, _, _ = cast_fp8(weight, recipe.weight_dtype, True)
+            out = _mm(xq, wq.t(), xs, ws.t(), x2d.dtype, True)
+            ctx.save_for_backward(xtq, xts, weight if need_dx else None)
+            return out
+        xq, xs, xqt, _ = cast_fp8(x2d, recipe.input_dtype, False, with_transpose=need_dw)
+        ctx.w_is_transposed = not isinstance(weight, Fp8WeightCast)
+        if isinstance(weight, Fp8WeightCast):  # gathered as FP8 (tensorwise only): not cast again
+            wq, ws, wqt = weight._data, weight._inv_scale, weight._data
+        else:
+            wq, ws, wqt, _ = cast_fp8(weight, recipe.weight_dtype, False, with_transpose=need_dx)
+        # wq.t() is [K, N] column-major, as _scaled_mm wants its second operand.
+        out = _mm(xq, wq.t(), xs, ws, x2d.dtype, False)
+        ctx.save_for_backward(xqt if need_dw else None, xs, wqt if need_dx else None, ws)
         return out
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         recipe: Recipe = ctx.recipe
         x_dtype, w_dtype = ctx.dtypes
+        need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         go = grad_out.contiguous()
+        grad_x = grad_w = None
+        gq, gs, gqt, gst = cast_fp8(go, recipe.grad_output_dtype, recipe.rowwise, with_data=need_dx,
+                                    with_transpose=need_dw)
         if not recipe.rowwise:
-            xq, xs, wq, ws = ctx.saved_tensors
-            gq, gs = cast_to_fp8(go, recipe.grad_output_dtype, rowwise=False)
-            # dx [M, K] = dy [M, N] @ W [N, K]   (W column-major: the transpose made contiguous)
-            grad_x = _mm(gq, wq.t().contiguous().t(), gs, ws, x_dtype, False)
-            # dW [N, K] = dy^T [N, M] @ x [M, K]
-            grad_w = _mm(gq.t().contiguous(), xq.t().contiguous().t(), gs, xs, w_dtype, False)
+            xqt, xs, wqt, ws = ctx.saved_tensors
+            gs = gs if gs is not None else gst  # one scale for dy and dy^T
+            if need_dx:
+                if not ctx.w_is_transposed:  # the gathered FP8 weight: its transpose, made here
+                    wqt = wqt.t().contiguous()
+                # dx [M, K] = dy [M, N] @ W [N, K]   (W column-major: W^T row-major, transposed)
+                grad_x = _mm(gq, wqt.t(), gs, ws, x_dtype, False)
+            if need_dw:
+                # dW [N, K] = dy^T [N, M] @ x [M, K]
+                grad_w = _mm(gqt, xqt.t(), gs, xs, w_dtype, False)
         else:
-            x2d, weight = ctx.saved_tensors
+            xtq, xts, weight = ctx.saved_tensors
             # Scales along each GEMM's contracted dim: N for dx, M for dW.
-            gq, gs = cast_to_fp8(go, recipe.grad_output_dtype, rowwise=True)  # [M, N], per row over N
-            wtq, wts = cast_to_fp8(weight.t(), recipe.weight_dtype, rowwise=True)  # [K, N], per row over N
-            grad_x = _mm(gq, wtq.t(), gs, wts.t(), x_dtype, True)
-            gtq, gts = cast_to_fp8(go.t(), recipe.grad_output_dtype, rowwise=True)  # [N, M], over M
-            xtq, xts = cast_to_fp8(x2d.t(), recipe.input_dtype, rowwise=True)  # [K, M], over M
-            grad_w = _mm(gtq, xtq.t(), gts, xts.t(), w_dtype, True)
-        return grad_x, grad_w, None
+            if need_dx:
+                _, _, wtq, wts = cast_fp8(weight, recipe.weight_dtype, True, with_data=False,
+                                          with_transpose=True)  # W^T [K, N], per row over N
+                grad_x = _mm(gq, wtq.t(), gs, wts.t(), x_dtype, True)  # gq [M, N], per row over N
+            if need_dw:
+                grad_w = _mm(gqt, xtq.t(), gst, xts.t(), w_dtype, True)  # dy^T, x^T [., M], over M
+        return grad_x, grad_w, None, None
 
 
 class Fp8Linear(nn.Linear):
@@ -171,7 +206,7 @@ class Fp8Linear(nn.Linear):
             _counts["precast"] += 1
         elif weight.dtype != x2d.dtype:
             weight = weight.to(x2d.dtype)
-        out = _Fp8Matmul.apply(x2d, weight, self.recipe).reshape(*x.shape[:-1], self.out_features)
+        out = _Fp8Matmul.apply(x2d, weight, self.recipe, torch.is_grad_enabled()).reshape(*x.shape[:-1], self.out_features)
         return out + bias.to(out.dtype) if bias is not None else out
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):

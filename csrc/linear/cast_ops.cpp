@@ -1,0 +1,140 @@
+// The fused casts as a torch.library operator, fp8comm::cast_fp8, registered
+// for CPU (the twin, cast_cpu.cpp) and CUDA (cast_cuda.cu); its fake kernel
+// lives in fp8comm/nn/scaling.py. The library itself is defined by
+// csrc/codec/codec_ops.cpp (TORCH_LIBRARY); this file adds a FRAGMENT.
+//
+//   cast_fp8(x, fp8_dtype, rowwise, with_data=True, with_transpose=False, amax=None)
+//     -> (data, inv_scale, data_t, inv_scale_t)
+//
+// (data, inv_scale) is the current-scaling cast of x ([M, K]); (data_t,
+// inv_scale_t) the cast of x.t() ([K, M], contiguous), which for tensorwise is
+// the transpose of data with the same scale. inv_scale is [] tensorwise, [M, 1]
+// rowwise; inv_scale_t [] or [K, 1]. An output not asked for is an empty [0]
+// tensor. `amax` (tensorwise only, one float32 element on x's device) replaces
+// x's own amax.
+#include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+#include <torch/library.h>
+
+#include "cast.h"
+
+namespace fp8comm {
+namespace cast {
+namespace {
+
+constexpr const char* kOp = "fp8comm.cast_fp8";
+
+ElemType elem_type(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat: return ElemType::F32;
+    case at::kBFloat16: return ElemType::BF16;
+    case at::kHalf: return ElemType::F16;
+    default:
+      TORCH_CHECK(false, kOp, ": x must be float32, bfloat16 or float16, got ", dtype);
+  }
+}
+
+Fp8Format fp8_format(at::ScalarType dtype) {
+  if (dtype == at::kFloat8_e4m3fn) return Fp8Format::E4M3;
+  if (dtype == at::kFloat8_e5m2) return Fp8Format::E5M2;
+  TORCH_CHECK(false, kOp, ": fp8_dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got ", dtype);
+}
+
+float fp8_max(Fp8Format f) {
+  return f == Fp8Format::E4M3 ? CastTraits<Fp8Format::E4M3>::kMax : CastTraits<Fp8Format::E5M2>::kMax;
+}
+
+// The eager chain on an amax tensor: what an empty x gets (amax 0, or the
+// given one). Any device.
+at::Tensor inv_of_amax(const at::Tensor& amax, Fp8Format f) {
+  return (amax.clamp_min(1e-12).reciprocal() * fp8_max(f)).reciprocal();
+}
+
+#ifdef FP8COMM_WITH_CUDA
+void launch_cuda(const CastArgs& args, const at::Device& device, const at::Tensor& like) {
+  c10::DeviceGuard guard(device);
+  c10::impl::VirtualGuardImpl impl(device.type());
+  void* stream = impl.getStream(device).native_handle();
+  at::Tensor workspace =
+      at::empty({cast_workspace_words(args.rows, args.cols, args.rowwise)}, like.options().dtype(at::kInt));
+  CastArgs a = args;
+  a.workspace = reinterpret_cast<uint32_t*>(workspace.data_ptr<int32_t>());
+  const int err = cast_fp8_cuda(a, stream);
+  TORCH_CHECK(err == 0, kOp, ": CUDA kernel failed to launch: ", cast_cuda_error_string(err));
+}
+#else
+void launch_cuda(const CastArgs&, const at::Device&, const at::Tensor&) {
+  TORCH_CHECK(false, kOp, " got a CUDA tensor, but this build of fp8comm has no CUDA kernels; reinstall it "
+              "on a machine with nvcc and a CUDA build of torch");
+}
+#endif
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cast_fp8(const at::Tensor& x, at::ScalarType fp8_dtype,
+                                                                    bool rowwise, bool with_data, bool with_transpose,
+                                                                    const std::optional<at::Tensor>& amax) {
+  TORCH_CHECK(x.dim() == 2, kOp, ": x must be 2-D ([rows, cols]), got ", x.dim(), "-D of shape ", x.sizes());
+  const ElemType type = elem_type(x.scalar_type());
+  const Fp8Format format = fp8_format(fp8_dtype);
+  TORCH_CHECK(with_data || with_transpose, kOp, ": nothing to do (with_data and with_transpose are both False)");
+  const at::Device device = x.device();
+  TORCH_CHECK(device.is_cpu() || device.is_cuda(), kOp, ": supports CPU and CUDA tensors, got ", device);
+  at::Tensor amax_t;
+  if (amax.has_value()) {
+    TORCH_CHECK(!rowwise, kOp, ": amax can only be given to the tensorwise cast (rowwise=False)");
+    TORCH_CHECK(amax->numel() == 1 && amax->scalar_type() == at::kFloat && amax->device() == device, kOp,
+                ": amax must be one float32 element on ", device, ", got ", amax->scalar_type(), " with ",
+                amax->numel(), " elements on ", amax->device());
+    amax_t = amax->reshape({}).contiguous();
+  }
+  const at::Tensor src = x.contiguous();
+  const int64_t M = src.size(0), K = src.size(1);
+  const auto f32 = src.options().dtype(at::kFloat);
+  const auto f8 = src.options().dtype(fp8_dtype);
+  at::Tensor empty8 = at::empty({0}, f8), empty32 = at::empty({0}, f32);
+  at::Tensor data = with_data ? at::empty({M, K}, f8) : empty8;
+  at::Tensor data_t = with_transpose ? at::empty({K, M}, f8) : at::empty({0}, f8);
+  at::Tensor inv = with_data ? (rowwise ? at::empty({M, 1}, f32) : at::empty({}, f32)) : empty32;
+  at::Tensor inv_t = with_transpose ? (rowwise ? at::empty({K, 1}, f32) : at::empty({}, f32)) : at::empty({0}, f32);
+
+  if (M == 0 || K == 0) {  // nothing to cast; the scales of empty rows / columns see amax 0
+    const at::Tensor a = amax_t.defined() ? amax_t : at::zeros({}, f32);
+    const at::Tensor v = inv_of_amax(a, format);
+    if (with_data) inv.copy_(v.expand_as(inv));
+    if (with_transpose) inv_t.copy_(v.expand_as(inv_t));
+    return {data, inv, data_t, inv_t};
+  }
+
+  CastArgs args;
+  args.src = src.data_ptr();
+  args.type = type;
+  args.rows = M;
+  args.cols = K;
+  args.format = format;
+  args.rowwise = rowwise;
+  args.data = with_data ? static_cast<uint8_t*>(data.data_ptr()) : nullptr;
+  args.inv_scale = with_data ? inv.data_ptr<float>() : nullptr;
+  args.data_t = with_transpose ? static_cast<uint8_t*>(data_t.data_ptr()) : nullptr;
+  args.inv_scale_t = with_transpose ? inv_t.data_ptr<float>() : nullptr;
+  args.amax = amax_t.defined() ? amax_t.data_ptr<float>() : nullptr;
+  if (device.is_cpu()) {
+    cast_fp8_cpu(args);
+  } else {
+    launch_cuda(args, device, src);
+  }
+  return {data, inv, data_t, inv_t};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(fp8comm, m) {
+  m.def(
+      "cast_fp8(Tensor x, ScalarType fp8_dtype, bool rowwise, bool with_data=True, bool with_transpose=False, "
+      "Tensor? amax=None) -> (Tensor data, Tensor inv_scale, Tensor data_t, Tensor inv_scale_t)");
+}
+
+TORCH_LIBRARY_IMPL(fp8comm, CPU, m) { m.impl("cast_fp8", &cast_fp8); }
+TORCH_LIBRARY_IMPL(fp8comm, CUDA, m) { m.impl("cast_fp8", &cast_fp8); }
+
+}  // namespace cast
+}  // namespace fp8comm
