@@ -7,8 +7,8 @@ For each op (all_reduce, reduce_scatter, all_gather; tensor and list forms),
 dtype and message size (4 KiB ... --max-bytes, x4), times the collective on an
 fp8 group (fp8gloo / fp8nccl, every size compressed: min_numel=0,
 compress="all") and on a plain group (gloo / nccl) over the same ranks:
-warm-up, then --reps timed calls each after a barrier (CUDA events on GPU),
-median and p10/p90 of rank 0's times. Reports algorithm and bus bandwidth
+warm-up, then --reps timed calls of each, interleaved and each after a
+barrier (CUDA events on GPU), median and p10/p90 of rank 0's times. Reports algorithm and bus bandwidth
 (nccl-tests definitions), the bytes this rank sent (fp8comm.get_stats), the
 SQNR against an exact FP64 result (FP64 passes through the fp8 group
 uncompressed), and the speedup. Sizes are of the full tensor: the all_reduce
@@ -98,25 +98,33 @@ class Case:
         return out
 
 
-def time_case(case: Case, group, plain, reps: int, device) -> list[float]:
-    for _ in range(2):
+def time_once(case: Case, group, plain, device) -> float:
+    dist.barrier(group=plain)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
         case.run(group)
-    times = []
-    for _ in range(reps):
-        dist.barrier(group=plain)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            case.run(group)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            case.run(group)
-            times.append(time.perf_counter() - t0)
-    return times
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+    t0 = time.perf_counter()
+    case.run(group)
+    return time.perf_counter() - t0
+
+
+def time_pair(case: Case, fp8_group, plain, reps: int, device) -> tuple[list[float], list[float]]:
+    """fp8 and plain calls interleaved, alternating which goes first, so that
+    both see the same machine (shared machines drift by 2x within a minute)."""
+    for _ in range(2):
+        case.run(fp8_group)
+        case.run(plain)
+    fp8_t, plain_t = [], []
+    for i in range(reps):
+        order = [(fp8_group, fp8_t), (plain, plain_t)]
+        for group, times in (order if i % 2 == 0 else order[::-1]):
+            times.append(time_once(case, group, plain, device))
+    return fp8_t, plain_t
 
 
 def sqnr_db(ref: torch.Tensor, got: torch.Tensor) -> float:
@@ -125,8 +133,7 @@ def sqnr_db(ref: torch.Tensor, got: torch.Tensor) -> float:
 
 
 def measure(case: Case, fp8_group, plain, reps: int, device) -> dict:
-    plain_t = time_case(case, plain, plain, reps, device)
-    fp8_t = time_case(case, fp8_group, plain, reps, device)
+    fp8_t, plain_t = time_pair(case, fp8_group, plain, reps, device)
     fp8comm.reset_stats(fp8_group)
     got = case.run(fp8_group).clone()
     stats = fp8comm.get_stats(fp8_group)
