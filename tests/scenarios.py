@@ -391,35 +391,108 @@ def subgroup_of_first_two(repeats: int = 1):
     return out
 
 
+def _bad_calls(c):
+    """name -> (the tensors the call could write, the call). Every call is
+    wrong on this rank in a way this rank can see."""
+    w, g = c.world, c.group
+    be = g._get_backend(torch.device("cpu"))
+
+    def S(n, dtype=torch.float32):  # a sentinel-filled tensor the call must leave alone
+        return torch.full((n,), 7.0).to(dtype)
+
+    def f8(n):
+        return torch.full((n,), 3.0).to(torch.float8_e4m3fn)
+
+    def coalesced(pairs, kind, op=dist.ReduceOp.SUM):
+        with dist._coalescing_manager(group=g):
+            for out, inp in pairs:
+                if kind == "rs":
+                    dist.reduce_scatter_tensor(out, inp, op=op, group=g)
+                else:
+                    dist.all_gather_into_tensor(out, inp, group=g)
+
+    premul = dist._make_nccl_premul_sum(0.5)
+    calls = {}
+    o = S(100)
+    calls["rs_size"] = ([o], lambda: dist.reduce_scatter_tensor(o, torch.randn(100 * w + 1), group=g))
+    o1 = S(10_000, torch.bfloat16)
+    calls["rs_dtype"] = ([o1], lambda: dist.reduce_scatter_tensor(o1, torch.randn(10_000 * w), group=g))
+    o2 = S(100 * w + 3)
+    calls["ag_size"] = ([o2], lambda: dist.all_gather_into_tensor(o2, torch.randn(100), group=g))
+    o3 = S(100 * w, torch.float16)
+    calls["ag_dtype"] = ([o3], lambda: dist.all_gather_into_tensor(o3, torch.randn(100), group=g))
+    l1 = [S(100) for _ in range(w + 1)]
+    calls["ag_list_len"] = (l1, lambda: dist.all_gather(l1, torch.randn(100), group=g))
+    l2 = [S(101) for _ in range(w)]
+    calls["ag_list_size"] = (l2, lambda: dist.all_gather(l2, torch.randn(100), group=g))
+    # (dist.all_gather / dist.reduce_scatter refuse mixed dtypes in Python
+    # already; the backend's own check is reached by calling it directly)
+    l3 = [S(100, torch.bfloat16) for _ in range(w)]
+    calls["ag_list_dtype"] = (l3, lambda: be.allgather([l3], [torch.randn(100)]))
+    o4 = S(5000)
+    calls["rs_list_size"] = ([o4], lambda: dist.reduce_scatter(o4, [torch.randn(5001)] * w, group=g))
+    o5 = S(5000)
+    calls["rs_list_dtype"] = ([o5], lambda: be.reduce_scatter([o5], [[torch.randn(5000).bfloat16()] * w]))
+    # float8 reductions, in every form that reduces
+    t1 = f8(10)
+    calls["fp8_reduce"] = ([t1], lambda: dist.all_reduce(t1, group=g))
+    t2 = f8(10)
+    calls["fp8_reduce_premul"] = ([t2], lambda: dist.all_reduce(t2, op=premul, group=g))
+    t3 = [f8(10), f8(30)]
+    calls["fp8_all_reduce_coalesced"] = (t3, lambda: dist.all_reduce_coalesced(t3, op=premul, group=g))
+    o6 = f8(100)
+    calls["fp8_rs_list"] = ([o6], lambda: dist.reduce_scatter(o6, [f8(100)] * w, group=g))
+    o7 = f8(100)
+    calls["fp8_rs_coalesced"] = ([o7], lambda: coalesced([(o7, f8(100 * w))], "rs", dist.ReduceOp.AVG))
+    t4 = f8(100)
+    calls["fp8_reduce_op"] = ([t4], lambda: dist.reduce(t4, dst=0, group=g))
+    # a coalesced call whose second pair is bad: the first (compressible) one is not issued either
+    o8, o9 = S(20_000), S(100)
+    calls["rs_coalesced_second_bad"] = (
+        [o8, o9], lambda: coalesced([(o8, torch.randn(20_000 * w)), (o9, torch.randn(100 * w + 1))], "rs"))
+    o10, o11 = S(20_000 * w), S(100 * w, torch.bfloat16)
+    calls["ag_coalesced_second_bad"] = (
+        [o10, o11], lambda: coalesced([(o10, torch.randn(20_000)), (o11, torch.randn(100))], "ag"))
+    # tensors whose elements share memory (plain gloo crashes the process on them)
+    base1, base2, base3 = S(1), S(1), S(1)
+    calls["ar_expanded"] = ([base1], lambda: dist.all_reduce(base1.expand(20_000), group=g))
+    calls["ar_expanded_small"] = ([base2], lambda: dist.all_reduce(base2.expand(100), group=g))
+    calls["ag_expanded_output"] = (
+        [base3], lambda: dist.all_gather_into_tensor(base3.expand(100 * w), torch.randn(100), group=g))
+    # wrong devices. torch's dispatcher sends meta tensors given to dist.* to its own
+    # meta kernels, so the backend is called directly here.
+    o12 = S(100)
+    calls["device_ag"] = ([], lambda: be._allgather_base(torch.empty(100 * w, device="meta"), torch.randn(100)))
+    calls["device_rs"] = ([o12], lambda: be._reduce_scatter_base(o12, torch.empty(100 * w, device="meta")))
+    calls["device_ar"] = ([], lambda: be.allreduce([torch.empty(100, device="meta")]))
+    # refused by the inner gloo backend itself
+    t5 = torch.full((100,), 7, dtype=torch.int64)
+    calls["avg_int_gloo"] = ([t5], lambda: dist.all_reduce(t5, op=dist.ReduceOp.AVG, group=g))
+    return calls
+
+
 def bad_inputs():
-    """Each bad call must raise on this rank before anything is sent: afterwards
-    a correct collective still works."""
+    """Each bad call must raise on this rank before anything is sent, without
+    writing any tensor (never a partial write) and without being counted in
+    the stats; afterwards a correct collective still works. Returns
+    ({name: (error text or None, every watched tensor untouched)}, stats after
+    the bad calls, SQNR of the next collective)."""
     c = ctx()
-    w = c.world
-    cases = {
-        "rs_size": lambda: dist.reduce_scatter_tensor(torch.empty(100), torch.randn(100 * w + 1), group=c.group),
-        "rs_dtype": lambda: dist.reduce_scatter_tensor(
-            torch.empty(10_000, dtype=torch.bfloat16), torch.randn(10_000 * w), group=c.group
-        ),
-        "ag_size": lambda: dist.all_gather_into_tensor(torch.empty(100 * w + 3), torch.randn(100), group=c.group),
-        "ag_dtype": lambda: dist.all_gather_into_tensor(
-            torch.empty(100 * w, dtype=torch.float16), torch.randn(100), group=c.group
-        ),
-        "ag_list_len": lambda: dist.all_gather([torch.empty(100)] * (w + 1), torch.randn(100), group=c.group),
-        "ag_list_size": lambda: dist.all_gather([torch.empty(101)] * w, torch.randn(100), group=c.group),
-        "rs_list_size": lambda: dist.reduce_scatter(torch.empty(5000), [torch.randn(5001)] * w, group=c.group),
-        "fp8_reduce": lambda: dist.all_reduce(torch.zeros(10).to(torch.float8_e4m3fn), group=c.group),
-    }
-    messages = {}
-    for name, call in cases.items():
+    fp8comm.reset_stats(c.group)
+    results = {}
+    for name, (watched, call) in _bad_calls(c).items():
+        before = [t.clone() for t in watched]
         try:
             call()
-            messages[name] = None
+            error = None
         except (RuntimeError, ValueError) as e:
-            messages[name] = str(e)
+            error = str(e)
+        untouched = all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(watched, before))
+        results[name] = (error, untouched)
+    stats = fp8comm.get_stats(c.group)
     x = rank_input(c.rank, 20_000, torch.float32)
     dist.all_reduce(x, group=c.group)
-    return messages, sqnr_db(reference_sum(20_000, torch.float32, "sum", "", c.world), x)
+    return results, stats, sqnr_db(reference_sum(20_000, torch.float32, "sum", "", c.world), x)
 
 
 def reinit_in_same_process(init_file: str):
@@ -434,3 +507,68 @@ def reinit_in_same_process(init_file: str):
     x = rank_input(c.rank, 50_000, torch.float32)
     dist.all_reduce(x)
     return sqnr_db(reference_sum(50_000, torch.float32, "sum", "", c.world), x), fp8comm.get_stats()
+
+
+# ------------------------------------------------- AVG / PREMUL_SUM passthrough
+def avg_premul_passthrough(form: str, dtype_name: str, op: str, factor_kind: str = ""):
+    """AVG / PREMUL_SUM on tensors that pass through (float64 always; float32
+    here under min_numel) over gloo, which has neither: returns (fp8gloo
+    result, reference, stats). The reference is plain gloo's SUM of each
+    rank's input multiplied by its factor in the input's own dtype (then
+    divided by the group size for AVG) — bit for bit what the design promises."""
+    c = ctx()
+    w = c.world
+    dtype = getattr(torch, dtype_name)
+    factor = 0.1 * (c.rank + 1)  # one factor per rank, as NCCL allows; 0.1 is not a float32 number
+    if op == "avg":
+        rop = dist.ReduceOp.AVG
+    else:
+        rop = dist._make_nccl_premul_sum(torch.tensor(factor, dtype=dtype) if factor_kind == "tensor" else factor)
+    n = 999
+    x = rank_input(c.rank, n * w, dtype, seed=5)
+    pre = x * factor if op == "premul_sum" else x.clone()
+    fp8comm.reset_stats(c.group)
+    if form == "all_reduce":
+        got = x.clone()
+        dist.all_reduce(got, op=rop, group=c.group)
+        ref = pre
+        dist.all_reduce(ref, group=c.gloo)
+    elif form == "all_reduce_coalesced":
+        got = [x[:n].clone(), x[n:].clone()]
+        dist.all_reduce_coalesced(got, op=rop, group=c.group)
+        got = torch.cat(got)
+        ref = [pre[:n].clone(), pre[n:].clone()]
+        dist.all_reduce_coalesced(ref, group=c.gloo)
+        ref = torch.cat(ref)
+    else:
+        got = torch.empty(n, dtype=dtype)
+        if form == "reduce_scatter_tensor":
+            dist.reduce_scatter_tensor(got, x, op=rop, group=c.group)
+        elif form == "reduce_scatter_list":
+            dist.reduce_scatter(got, list(x.chunk(w)), op=rop, group=c.group)
+        else:  # reduce_scatter_tensor_coalesced
+            with dist._coalescing_manager(group=c.group):
+                dist.reduce_scatter_tensor(got, x, op=rop, group=c.group)
+        ref = torch.empty(n, dtype=dtype)
+        dist.reduce_scatter_tensor(ref, pre, group=c.gloo)
+    if op == "avg":
+        ref = ref / w
+    return got, ref, fp8comm.get_stats(c.group)
+
+
+def stats_of_coalesced(kind: str):
+    """Stats of one coalesced call (two tensors: one compressible, one under
+    min_numel) on a group that compresses everything from 1024 elements."""
+    c = ctx()
+    pg = make_group("compress=all;min_numel=1024")
+    w = c.world
+    fp8comm.reset_stats(pg)
+    with dist._coalescing_manager(group=pg):
+        for k in (5000, 100):
+            if kind == "reduce_scatter":
+                dist.reduce_scatter_tensor(torch.empty(k), torch.randn(k * w), group=pg)
+            elif kind == "all_gather":
+                dist.all_gather_into_tensor(torch.empty(k * w), torch.randn(k), group=pg)
+            else:
+                dist.all_reduce(torch.randn(k), group=pg)
+    return fp8comm.get_stats(pg)

@@ -51,6 +51,27 @@ def test_passthrough_is_counted(pool, case):
         assert stats["bytes_sent"] == stats["bytes_sent_uncompressed"]
 
 
+AVG_PREMUL_CASES = [
+    (form, dtype, op, factor_kind)
+    for form in ["all_reduce", "all_reduce_coalesced", "reduce_scatter_tensor", "reduce_scatter_list",
+                 "reduce_scatter_tensor_coalesced"]
+    for dtype in ["float64", "float32"]
+    for op, factor_kind in [("avg", ""), ("premul_sum", "double"), ("premul_sum", "tensor")]
+]
+
+
+@pytest.mark.parametrize("form,dtype,op,factor_kind", AVG_PREMUL_CASES)
+def test_avg_and_premul_passthrough_are_exact(pool, form, dtype, op, factor_kind):
+    """gloo has no AVG / PREMUL_SUM; fp8gloo's emulation on the exact path
+    keeps the double factor and multiplies in the tensor's own dtype, so
+    float64 results are bit for bit plain gloo's SUM of the pre-multiplied
+    inputs (a float32 factor would be off by ~1e-8 relative)."""
+    for got, ref, stats in pool.run(scenarios.avg_premul_passthrough, form, dtype, op, factor_kind):
+        assert got.dtype == ref.dtype
+        assert torch.equal(got, ref)
+        assert stats["calls_compressed"] == 0 and stats["calls_passthrough"] >= 1
+
+
 @pytest.mark.parametrize("kind", ["all_reduce", "reduce_scatter", "all_gather"])
 def test_non_finite_positions_survive(pool, kind):
     masks = pool.run(scenarios.non_finite, kind)
