@@ -43,34 +43,63 @@ def reference_sum(n: int, dtype, op: str, factor_kind: str, world: int, seed: in
     return total / world if op == "avg" else total
 
 
+# Compressed-case scenarios also return the group's stats for the call
+# (reset before it), so the tests can tell a compressed call from one that
+# passed through.
+
+def strided_view(values: torch.Tensor, fill: float = 9.0):
+    """(a stride-2 view holding `values`, its base): the other half of the base
+    is `fill`, to show a call wrote nowhere but into the view."""
+    base = torch.full((values.numel(), 2), fill, dtype=values.dtype)
+    base[:, 0] = values
+    view = base[:, 0]
+    assert not view.is_contiguous()
+    return view, base
+
+
+def neighbours_intact(base: torch.Tensor, fill: float = 9.0) -> bool:
+    return bool((base[:, 1] == fill).all())
+
+
 # ------------------------------------------------------------------ all_reduce
 def all_reduce(n, dtype, op="sum", factor_kind="", seed=0, non_contiguous=False):
     c = ctx()
     x = rank_input(c.rank, n, dtype, seed)
+    base = None
     if non_contiguous:
-        base = torch.zeros(n, 2, dtype=dtype)
-        base[:, 0] = x
-        x = base[:, 0]  # stride 2
-        assert not x.is_contiguous()
+        x, base = strided_view(x)
+    fp8comm.reset_stats(c.group)
     dist.all_reduce(x, op=make_op(op, factor_kind, c.rank, c.world), group=c.group)
+    stats = fp8comm.get_stats(c.group)
     ref = reference_sum(n, dtype, op, factor_kind, c.world, seed)
-    return x.contiguous(), sqnr_db(ref, x)
+    assert base is None or neighbours_intact(base)
+    return x.contiguous(), sqnr_db(ref, x), stats
 
 
 def all_reduce_coalesced(sizes, dtype, op="sum"):
     c = ctx()
     xs = [rank_input(c.rank, n, dtype, seed=i) for i, n in enumerate(sizes)]
+    fp8comm.reset_stats(c.group)
     dist.all_reduce_coalesced(xs, op=make_op(op, "", c.rank, c.world), group=c.group)
+    stats = fp8comm.get_stats(c.group)
     refs = [reference_sum(n, dtype, op, "", c.world, seed=i) for i, n in enumerate(sizes)]
-    return [x for x in xs], [sqnr_db(r, x) for r, x in zip(refs, xs)]
+    return [x for x in xs], [sqnr_db(r, x) for r, x in zip(refs, xs)], stats
 
 
 # -------------------------------------------------------------- reduce_scatter
-def reduce_scatter(k, dtype, op="sum", factor_kind="", form="tensor", seed=0):
+def reduce_scatter(k, dtype, op="sum", factor_kind="", form="tensor", seed=0, non_contiguous=False):
+    """non_contiguous: the input and the output are stride-2 views; the call
+    must write the output view and nothing next to it."""
     c = ctx()
     x = rank_input(c.rank, k * c.world, dtype, seed)
     out = torch.empty(k, dtype=dtype)
+    bases = []
+    if non_contiguous:
+        x, in_base = strided_view(x)
+        out, out_base = strided_view(out)
+        bases = [in_base, out_base]
     rop = make_op(op, factor_kind, c.rank, c.world)
+    fp8comm.reset_stats(c.group)
     if form == "tensor":
         dist.reduce_scatter_tensor(out, x, op=rop, group=c.group)
     elif form == "list":
@@ -82,31 +111,50 @@ def reduce_scatter(k, dtype, op="sum", factor_kind="", form="tensor", seed=0):
             dist.reduce_scatter_tensor(out2, x * 2, op=rop, group=c.group)
         ref2 = 2 * reference_sum(k * c.world, dtype, op, factor_kind, c.world, seed)[c.rank * k : (c.rank + 1) * k]
         assert sqnr_db(ref2, out2) >= 30
+    stats = fp8comm.get_stats(c.group)
+    assert all(neighbours_intact(b) for b in bases)
+    assert not non_contiguous or torch.equal(x, rank_input(c.rank, k * c.world, dtype, seed))  # input unchanged
     ref = reference_sum(k * c.world, dtype, op, factor_kind, c.world, seed)[c.rank * k : (c.rank + 1) * k]
-    return out, sqnr_db(ref, out)
+    return out.contiguous(), sqnr_db(ref, out), stats
 
 
 # ------------------------------------------------------------------ all_gather
-def all_gather(k, dtype, form="tensor", group="group", seed=0):
+def all_gather(k, dtype, form="tensor", group="group", seed=0, non_contiguous=False):
+    """non_contiguous: the input and the output(s) are stride-2 views."""
     c = ctx()
     pg = c.group if group == "group" else make_group(group)
     x = rank_input(c.rank, k, dtype, seed)
+    bases = []
+
+    def output(numel):
+        out = torch.empty(numel, dtype=dtype)
+        if non_contiguous:
+            out, base = strided_view(out)
+            bases.append(base)
+        return out
+
+    if non_contiguous:
+        x, in_base = strided_view(x)
+        bases.append(in_base)
+    fp8comm.reset_stats(pg)
     if form == "tensor":
-        out = torch.empty(k * c.world, dtype=dtype)
+        out = output(k * c.world)
         dist.all_gather_into_tensor(out, x, group=pg)
     elif form == "list":
-        outs = [torch.empty(k, dtype=dtype) for _ in range(c.world)]
+        outs = [output(k) for _ in range(c.world)]
         dist.all_gather(outs, x, group=pg)
         out = torch.cat(outs)
     else:  # coalesced
-        out = torch.empty(k * c.world, dtype=dtype)
-        out2 = torch.empty(k * c.world, dtype=dtype)
+        out = output(k * c.world)
+        out2 = output(k * c.world)
         with dist._coalescing_manager(group=pg):
             dist.all_gather_into_tensor(out, x, group=pg)
             dist.all_gather_into_tensor(out2, x * 4, group=pg)
         assert torch.equal(out2, out * 4)  # power-of-two scaling commutes exactly with the codec
+    stats = fp8comm.get_stats(pg)
+    assert all(neighbours_intact(b) for b in bases)
     ref = torch.cat([rank_input(r, k, dtype, seed).double() for r in range(c.world)])
-    return out, sqnr_db(ref, out)
+    return out.contiguous(), sqnr_db(ref, out), stats
 
 
 _GROUPS: dict = {}
@@ -128,12 +176,14 @@ def make_group(spec: str):
 # ------------------------------------------------------------ exact passthrough
 def passthrough_vs_gloo(case: str):
     """Runs one collective on the fp8 group and on plain gloo with the same
-    inputs; returns both results (they must be bitwise equal)."""
+    inputs; returns both results (they must be bitwise equal) and the fp8
+    group's stats for the call."""
     c = ctx()
+    fp8comm.reset_stats(c.group)
     results = []
     for pg in (c.group, c.gloo):
         results.append(_run_passthrough_case(case, pg, c.rank, c.world))
-    return results
+    return results[0], results[1], fp8comm.get_stats(c.group)
 
 
 def _run_passthrough_case(case, pg, rank, world):
@@ -227,16 +277,17 @@ def non_finite(kind: str, n: int = 8192):
         x[[5, n + 9, 2 * n - 1]] = torch.tensor([bad[0], bad[1], bad[0]])
     if c.rank == c.world - 1:
         x[[17]] = bad[2]
+    fp8comm.reset_stats(pg)
     if kind == "all_reduce":
         dist.all_reduce(x, group=pg)
-        return ~torch.isfinite(x)
+        return ~torch.isfinite(x), fp8comm.get_stats(pg)
     if kind == "reduce_scatter":
         out = torch.empty(n)
         dist.reduce_scatter_tensor(out, x, group=pg)
-        return ~torch.isfinite(out)
+        return ~torch.isfinite(out), fp8comm.get_stats(pg)
     out = torch.empty(n * c.world * c.world)
     dist.all_gather_into_tensor(out, x, group=pg)
-    return ~torch.isfinite(out)
+    return ~torch.isfinite(out), fp8comm.get_stats(pg)
 
 
 # -------------------------------------------------------------- async and futures
@@ -244,6 +295,7 @@ def async_in_flight(n: int = 20_000):
     c = ctx()
     xs = [rank_input(c.rank, n, torch.float32, seed=s) for s in range(4)]
     outs = [torch.empty(n // c.world * c.world // c.world) for _ in range(2)]
+    fp8comm.reset_stats(c.group)
     works = [dist.all_reduce(x, group=c.group, async_op=True) for x in xs[:2]]
     rs_in = [rank_input(c.rank, len(outs[0]) * c.world, torch.float32, seed=10 + i) for i in range(2)]
     works += [dist.reduce_scatter_tensor(o, i, group=c.group, async_op=True) for o, i in zip(outs, rs_in)]
@@ -259,7 +311,7 @@ def async_in_flight(n: int = 20_000):
     doubled = chained.wait()
     sq = [sqnr_db(reference_sum(n, torch.float32, "sum", "", c.world, seed=s), xs[s]) for s in range(3)]
     sq.append(sqnr_db(2 * reference_sum(n, torch.float32, "sum", "", c.world, seed=2), doubled))
-    return sq
+    return sq, fp8comm.get_stats(c.group)
 
 
 # ------------------------------------------------------------------ training

@@ -39,9 +39,12 @@ def pool(request):
 
 @pytest.mark.parametrize("case", PASSTHROUGH_CASES)
 def test_passthrough_is_bitwise_plain_gloo(pool, case):
-    for fp8_result, gloo_result in pool.run(scenarios.passthrough_vs_gloo, case):
+    for fp8_result, gloo_result, stats in pool.run(scenarios.passthrough_vs_gloo, case):
         assert fp8_result.dtype == gloo_result.dtype
         assert torch.equal(fp8_result.view(torch.uint8), gloo_result.view(torch.uint8))
+        assert stats["calls_compressed"] == 0, stats
+        assert stats["calls_passthrough"] >= (0 if case == "send_recv" else 1), stats  # a third rank sits out
+        assert stats["bytes_sent"] == stats["bytes_sent_uncompressed"]
 
 
 @pytest.mark.parametrize("case", ["small_all_reduce", "all_reduce_float64_sum", "all_reduce_float32_max"])
@@ -74,7 +77,10 @@ def test_avg_and_premul_passthrough_are_exact(pool, form, dtype, op, factor_kind
 
 @pytest.mark.parametrize("kind", ["all_reduce", "reduce_scatter", "all_gather"])
 def test_non_finite_positions_survive(pool, kind):
-    masks = pool.run(scenarios.non_finite, kind)
+    results = pool.run(scenarios.non_finite, kind)
+    for _, stats in results:  # the compressed path, not an exact passthrough
+        assert stats["calls_compressed"] == 1 and stats["calls_passthrough"] == 0
+    masks = [m for m, _ in results]
     n, world = 8192, pool.world
     expected = torch.zeros_like(masks[0])
     if kind == "all_reduce":
@@ -97,8 +103,9 @@ def test_non_finite_positions_survive(pool, kind):
 
 
 def test_async_ops_in_flight_and_futures(pool):
-    for sq in pool.run(scenarios.async_in_flight):
-        assert min(sq) >= 27.0
+    for sq, stats in pool.run(scenarios.async_in_flight):
+        assert min(sq) >= 27.0 and max(sq) < 45.0
+        assert stats["calls_compressed"] == 5 and stats["calls_passthrough"] == 0
 
 
 @pytest.mark.parametrize("hook", ["none", "future"])
