@@ -19,32 +19,66 @@ FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 
 
 # ------------------------------------------------------------------ faults
-def peer_dies(when: str, victim: int = 1, n: int = 1 << 22):
-    """`victim` exits before (or while) the others run a compressed all_reduce;
-    survivors return (error text or None, seconds until the call returned)."""
+def peer_dies(when: str, kind: str = "compressed", victim: int = 1):
+    """`victim` exits before (or while) the others run an all_reduce: a
+    compressed one, or a small PREMUL_SUM one that passes through (gloo has no
+    PREMUL_SUM: fp8gloo sums a scaled copy). Survivors return (error text or
+    None, seconds until the call returned, whether the failed call left the
+    tensor as it was)."""
     c = ctx()
+    n = 1 << 22 if kind == "compressed" else 1000
+    op = dist.ReduceOp.SUM if kind == "compressed" else dist._make_nccl_premul_sum(0.5)
     x = rank_input(c.rank, n, torch.float32)
     if c.rank == victim:
         if when == "before":
             os._exit(17)
         threading.Timer(0.05, lambda: os._exit(17)).start()
     t0 = time.monotonic()
-    try:
-        dist.all_reduce(x, group=c.group)
-        dist.all_reduce(x, group=c.group)  # a second call, in case the first completed before the death
-        return None, time.monotonic() - t0
-    except RuntimeError as e:
-        return str(e), time.monotonic() - t0
+    for _ in range(2):  # a second call, in case the first completed before the death
+        before = x.clone()
+        try:
+            dist.all_reduce(x, op=op, group=c.group)
+        except RuntimeError as e:
+            return str(e), time.monotonic() - t0, torch.equal(x, before)
+    return None, time.monotonic() - t0, True
 
 
-def mismatched_numel():
-    """Rank 0 reduces 40 000 elements, the others 80 000: the wire segments
-    differ in size. Returns (error text or None, seconds)."""
+def peer_stuck(kind: str, stuck: int = 1, sleep_s: float = 7.0):
+    """`stuck` sleeps instead of calling, then makes the call itself (its peers
+    have given up by then, so it must fail within the timeout too). The others
+    call with async_op=True: a compressed all_reduce (`kind` "compressed") or a
+    small int64 one that passes through to gloo ("passthrough"). Returns
+    (error text or None, where it was raised: "call" or "wait", seconds)."""
     c = ctx()
-    x = torch.ones(40_000 if c.rank == 0 else 80_000)
+    n = 1 << 20 if kind == "compressed" else 100
+    x = torch.ones(n) if kind == "compressed" else torch.ones(n, dtype=torch.int64)
+    if c.rank == stuck:
+        time.sleep(sleep_s)
+    t0 = time.monotonic()
+    where = "call"
+    try:
+        work = dist.all_reduce(x, group=c.group, async_op=True)
+        where = "wait"
+        work.wait()
+        return None, where, time.monotonic() - t0
+    except RuntimeError as e:
+        return str(e), where, time.monotonic() - t0
+
+
+def mismatched_numel(which: str = "fp8", op: str = "all_reduce"):
+    """Rank 0 passes 40 000 elements, the others 80 000 (for fp8gloo: the wire
+    segments differ in size), on the fp8 group or on plain gloo (`which`).
+    Returns (error text or None, seconds)."""
+    c = ctx()
+    pg = c.group if which == "fp8" else c.gloo
+    n = 40_000 if c.rank == 0 else 80_000
+    x = torch.ones(n)
     t0 = time.monotonic()
     try:
-        dist.all_reduce(x, group=c.group)
+        if op == "all_reduce":
+            dist.all_reduce(x, group=pg)
+        else:
+            dist.reduce_scatter_tensor(torch.empty(n), torch.ones(n * c.world), group=pg)
         return None, time.monotonic() - t0
     except RuntimeError as e:
         return str(e), time.monotonic() - t0

@@ -14,38 +14,86 @@ GROUP_TIMEOUT_S = 10.0
 SLACK_S = 15.0  # process scheduling on a loaded 2-core CI machine
 
 
-@pytest.mark.parametrize("when", ["before", "during"])
-def test_dead_peer_raises_on_every_survivor_within_the_timeout(when):
+@pytest.mark.parametrize("when,kind", [("before", "compressed"), ("during", "compressed"),
+                                       ("before", "premul_passthrough")])
+def test_dead_peer_raises_on_every_survivor_within_the_timeout(when, kind):
+    """Every survivor raises an error naming the op within the timeout, and the
+    failed call leaves its tensor as it was: the compressed algorithm writes the
+    tensor only after its last phase, and the PREMUL_SUM emulation over gloo
+    sums a scaled copy."""
     pool = DistPool(3, backend="fp8gloo", timeout_s=GROUP_TIMEOUT_S)
-    answers = pool.run_with_deaths(rs.peer_dies, when, timeout=GROUP_TIMEOUT_S + SLACK_S + 60)
+    answers = pool.run_with_deaths(rs.peer_dies, when, kind, timeout=GROUP_TIMEOUT_S + SLACK_S + 60)
     assert 1 not in answers  # the victim is gone
     assert set(answers) == {0, 2}
-    for rank, (error, seconds) in answers.items():
+    for rank, (error, seconds, untouched) in answers.items():
         assert error is not None, f"rank {rank} finished without noticing the dead peer"
-        assert "fp8comm all_reduce" in error and "compressed algorithm failed in the inner gloo backend" in error
+        if kind == "compressed":
+            assert "fp8comm all_reduce" in error and "compressed algorithm failed in the inner gloo backend" in error
+        else:  # gloo's own error, from the exact SUM
+            assert "Connection" in error or "closed" in error.lower() or "Timed out" in error, error
         assert seconds <= GROUP_TIMEOUT_S + SLACK_S
+        assert untouched, f"rank {rank}: the failed call wrote into the tensor"
+
+
+STUCK_TIMEOUT_S = 5.0
+
+
+@pytest.mark.parametrize("kind", ["compressed", "passthrough"])
+def test_stuck_peer_times_out_on_every_rank(kind):
+    """A peer sleeps instead of calling. The others, with a 5 s group timeout,
+    raise within the timeout (+ slack); then the sleeper calls and raises too:
+    every process answers, nobody is left hanging.
+
+    With async_op=True on the CPU a compressed collective runs in the calling
+    thread, so the timeout is raised by the call itself, naming the op; a
+    passthrough op is gloo's own async Work, whose timeout is raised by wait()."""
+    pool = DistPool(3, backend="fp8gloo", timeout_s=STUCK_TIMEOUT_S)
+    answers = pool.run_with_deaths(rs.peer_stuck, kind, timeout=60)
+    assert set(answers) == {0, 1, 2}, answers  # nobody hung (run_with_deaths raises on a hang)
+    for rank in (0, 2):
+        error, where, seconds = answers[rank]
+        assert error is not None, f"rank {rank} did not notice the stuck peer"
+        assert STUCK_TIMEOUT_S - 0.5 <= seconds <= STUCK_TIMEOUT_S + SLACK_S, seconds
+        if kind == "compressed":
+            assert where == "call"
+            assert "fp8comm all_reduce: the all_to_all phase of the compressed algorithm failed" in error
+        else:
+            assert where == "wait"
+        assert "Timed out" in error or "timed out" in error, error
+    assert answers[1][0] is not None  # the late caller fails too, instead of hanging
 
 
 def test_mismatched_sizes_across_ranks_end_instead_of_hanging():
-    """Sizes cannot be checked locally. gloo itself detects the wrong byte count
-    and aborts that process (as it does for plain gloo); the peer then gets an
-    error naming the op. Nobody hangs."""
-    pool = DistPool(2, backend="fp8gloo", timeout_s=GROUP_TIMEOUT_S)
-    answers = pool.run_with_deaths(rs.mismatched_numel, timeout=GROUP_TIMEOUT_S + SLACK_S + 60)
-    for error, seconds in answers.values():
-        assert error is not None and "fp8comm all_reduce" in error
-        assert seconds <= GROUP_TIMEOUT_S + SLACK_S
+    """Sizes cannot be checked locally. Rank 0 (40 000 elements) receives more
+    bytes than it expects: gloo's transport aborts that process
+    ("Received data size doesn't match expected size"); rank 1 (80 000) then
+    gets an error naming the op. Plain gloo does exactly the same to the same
+    mismatch: fp8gloo behaves as its inner backend does."""
+    answers = {}
+    for which in ("fp8", "gloo"):
+        pool = DistPool(2, backend="fp8gloo", timeout_s=GROUP_TIMEOUT_S)
+        answers[which] = pool.run_with_deaths(rs.mismatched_numel, which, timeout=GROUP_TIMEOUT_S + SLACK_S + 60)
+    for which, ans in answers.items():
+        assert set(ans) == {1}, (which, ans)  # rank 0 was aborted by gloo, rank 1 answered
+        error, seconds = ans[1]
+        assert error is not None and seconds <= GROUP_TIMEOUT_S + SLACK_S
+    assert "fp8comm all_reduce" in answers["fp8"][1][0]
 
 
-def test_mismatched_sizes_with_torch_distributed_debug_detail():
+@pytest.mark.parametrize("op", ["all_reduce", "reduce_scatter"])
+def test_mismatched_sizes_with_torch_distributed_debug_detail(op):
     """torch's own collective checker (TORCH_DISTRIBUTED_DEBUG=DETAIL wraps
     plugin backends in ProcessGroupWrapper) reports the mismatch on every rank
-    before anything is sent."""
+    before anything is sent, with the shapes of both ranks."""
     pool = DistPool(2, backend="fp8gloo", timeout_s=GROUP_TIMEOUT_S, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
-    answers = pool.run_with_deaths(rs.mismatched_numel, timeout=GROUP_TIMEOUT_S + SLACK_S + 60)
+    answers = pool.run_with_deaths(rs.mismatched_numel, "fp8", op, timeout=GROUP_TIMEOUT_S + SLACK_S + 60)
     assert set(answers) == {0, 1}
-    for error, seconds in answers.values():
-        assert error is not None and "mismatch" in error.lower(), error
+    for rank, (error, seconds) in answers.items():
+        assert error is not None and "Detected mismatch between collectives on ranks" in error, error
+        own_shape = {"all_reduce": [40_000, 80_000], "reduce_scatter": [80_000, 160_000]}[op][rank]  # its input
+        assert f"Rank {rank} is running collective: CollectiveFingerPrint" in error
+        assert f"TensorShape=[{own_shape}]" in error, error
+        assert seconds <= SLACK_S
 
 
 def test_mismatched_dtypes_with_equal_numel_still_sum_correctly():
