@@ -210,22 +210,43 @@ def _soak_op(kind, n, dtype, async_op, seed, c):
 
 
 # ------------------------------------------------------------------ fuzz
+# Per dtype: a subnormal magnitude and a huge one (fp16's range is not fp32's:
+# 1e-39 is 0 in fp16, 1e37 is Inf), and the decades "wide" spans.
+SUBNORMAL = {torch.float32: 1e-39, torch.bfloat16: 1e-39, torch.float16: 1e-6}
+HUGE = {torch.float32: 1e37, torch.bfloat16: 1e37, torch.float16: 1e4}
+DECADES = {torch.float32: (-30, 30), torch.bfloat16: (-30, 30), torch.float16: (-7, 4)}
+# Half the smallest subnormal step of the output dtype: the absolute rounding floor.
+SUBNORMAL_STEP = {torch.float32: 2.0**-149, torch.bfloat16: 2.0**-133, torch.float16: 2.0**-24}
+OUT_EPS = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
+PATTERNS = ["randn", "wide", "subnormal", "huge", "zeros", "nonfinite", "mixed"]
+
+
 def adversarial_input(rank: int, n: int, kind: str, dtype, seed: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed * 131 + rank)
     x = torch.randn(n, generator=gen)
-    if kind == "wide":  # magnitudes across 60 decades
-        x = x * torch.pow(10.0, torch.randint(-30, 30, (n,), generator=gen).float())
+    lo, hi = DECADES[dtype]
+    if kind == "wide":  # magnitudes across the dtype's decades
+        x = x * torch.pow(10.0, torch.randint(lo, hi, (n,), generator=gen).float())
     elif kind == "subnormal":
-        x = x * 1e-39
+        x = x * SUBNORMAL[dtype]
     elif kind == "huge":
-        x = x * 1e37
+        x = x * HUGE[dtype]
     elif kind == "zeros":
         x = torch.where(torch.rand(n, generator=gen) < 0.5, torch.zeros(n), -torch.zeros(n))
     elif kind == "nonfinite":
         pick = torch.rand(n, generator=gen)
         x = torch.where(pick < 0.02, torch.full((n,), float("nan")), x)
         x = torch.where((pick >= 0.02) & (pick < 0.03), torch.full((n,), float("inf")), x)
-    return x.to(dtype)
+        x = torch.where((pick >= 0.03) & (pick < 0.035), torch.full((n,), float("-inf")), x)
+    elif kind == "mixed":  # every special value in one tensor, so blocks mix them
+        pick = torch.randint(0, 6, (n,), generator=gen)
+        x = torch.where(pick == 1, x * SUBNORMAL[dtype], x)
+        x = torch.where(pick == 2, x * HUGE[dtype], x)
+        x = torch.where(pick == 3, torch.zeros(n) * torch.sign(x), x)
+        x = torch.where(pick == 4, x * 10.0 ** lo, x)
+    out = x.to(dtype)
+    assert kind != "subnormal" or dtype == torch.float32 or bool((out != 0).any()) or n < 8
+    return out
 
 
 def segment_half_ulps(x: torch.Tensor, seg: int, block: int, fp8_dtype) -> torch.Tensor:
@@ -235,65 +256,154 @@ def segment_half_ulps(x: torch.Tensor, seg: int, block: int, fp8_dtype) -> torch
     return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
 
 
-def fuzz_case(op: str, n: int, kind: str, dtype_name: str, spec: str, seed: int):
-    """One fuzzed collective on an extra fp8gloo group with Options `spec`;
-    returns (output, error-bound violations, non-finite mismatch count)."""
+FACTORS = [0.5, 0.75, 1.25, 1.0]  # one PREMUL_SUM factor per rank (float32 numbers)
+
+
+def _reduce_op(reduce: str, factor_kind: str, rank: int, dtype):
+    if reduce == "sum":
+        return dist.ReduceOp.SUM
+    if reduce == "avg":
+        return dist.ReduceOp.AVG
+    f = FACTORS[rank]
+    return dist._make_nccl_premul_sum(torch.tensor(f) if factor_kind == "tensor" else f)
+
+
+def fuzz_case(op: str, form: str, reduce: str, fmt: str, n: int, pattern: str, dtype_name: str, block: int,
+              factor_kind: str, seed: int):
+    """One fuzzed collective (op in form `form`, reduce kind `reduce`) on an
+    extra fp8gloo group that compresses everything (min_numel 1) in `fmt` with
+    `block`-element blocks. Each output is checked element by element against
+    the exact FP64 result with the documented bound (docs/reliability.md).
+    Returns (outputs, bound violations, non-finite position mismatches,
+    calls counted as compressed)."""
     from scenarios import make_group
 
     c = ctx()
-    pg = make_group(spec)
-    opts = dict(item.split("=") for item in spec.split(";"))
-    block = int(opts.get("block_size", 32))
-    fp8_dtype = FP8[opts.get("fp8_dtype", "e4m3")]
-    dtype = getattr(torch, dtype_name)
     P = c.world
-    inputs = [adversarial_input(r, n if op != "reduce_scatter" else n * P, kind, dtype, seed) for r in range(P)]
-    x = inputs[c.rank].clone()
-    exact = sum(t.double() for t in inputs)
+    pg = make_group(f"compress=all;min_numel=1;block_size={block};fp8_dtype={fmt}")
+    fp8_dtype = FP8[fmt]
+    dtype = getattr(torch, dtype_name)
+    rop = _reduce_op(reduce, factor_kind, c.rank, dtype)
+    factors = FACTORS[:P] if reduce == "premul_sum" else [1.0] * P
+    div = P if reduce == "avg" else 1
+    # Coalesced forms move two tensors (of n and n // 3 + 1 elements) in one call.
+    sizes = [n, n // 3 + 1] if form != "tensor" else [n]
+    if op == "all_reduce" and form == "list":
+        raise ValueError("all_reduce has no list form")
+    per_rank = [[adversarial_input(r, m * (P if op == "reduce_scatter" else 1), pattern, dtype, seed + i)
+                 for r in range(P)] for i, m in enumerate(sizes)]
+    mine = [inputs[c.rank].clone() for inputs in per_rank]
+    fp8comm.reset_stats(pg)
     if op == "all_reduce":
-        dist.all_reduce(x, group=pg)
-        out, ref = x, exact
-        m = math.ceil(math.ceil(n / P) / block) * block  # the algorithm's segment length
-        bound = sum(segment_half_ulps(t, m, block, fp8_dtype) for t in inputs)
-        bound = bound + 2 * segment_half_ulps(exact.float(), m, block, fp8_dtype)
+        if form == "tensor":
+            dist.all_reduce(mine[0], op=rop, group=pg)
+        else:
+            dist.all_reduce_coalesced(mine, op=rop, group=pg)
+        outs = mine
     elif op == "reduce_scatter":
-        out = torch.empty(n, dtype=dtype)
-        dist.reduce_scatter_tensor(out, x, group=pg)
-        sl = slice(c.rank * n, (c.rank + 1) * n)
-        ref = exact[sl]
-        bound = sum(segment_half_ulps(t, n, block, fp8_dtype)[sl] for t in inputs)
+        outs = [torch.empty(m, dtype=dtype) for m in sizes]
+        if form == "tensor":
+            dist.reduce_scatter_tensor(outs[0], mine[0], op=rop, group=pg)
+        elif form == "list":
+            for out, x in zip(outs, mine):
+                dist.reduce_scatter(out, list(x.chunk(P)), op=rop, group=pg)
+        else:
+            with dist._coalescing_manager(group=pg):
+                for out, x in zip(outs, mine):
+                    dist.reduce_scatter_tensor(out, x, op=rop, group=pg)
     else:
-        out = torch.empty(n * P, dtype=dtype)
-        dist.all_gather_into_tensor(out, x, group=pg)
-        ref = torch.cat([t.double() for t in inputs])
-        bound = torch.cat([segment_half_ulps(t, n, block, fp8_dtype) for t in inputs])
-    finite_ref = torch.isfinite(ref)
-    # FP32 summation of P decoded pieces, then the cast to the output dtype.
-    out_eps = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}[dtype]
-    slack = 4 * P * 2.0**-24 * sum(t.double().abs() for t in inputs).reshape(-1)
-    if op == "reduce_scatter":
-        slack = slack[c.rank * n : (c.rank + 1) * n]
-    elif op == "all_gather":
-        slack = torch.zeros_like(ref)
-    out64 = out.double()
-    tol = bound + slack + out_eps * ref.abs() + (6.0e-8 if dtype == torch.float16 else 0.0)
-    in_range = finite_ref & (ref.abs() < (6.0e4 if dtype == torch.float16 else 3.0e38))
-    violations = int(((out64 - ref).abs() > tol)[in_range & torch.isfinite(out64)].sum())
-    nonfinite_mismatch = int((torch.isfinite(out64) != finite_ref)[in_range | ~finite_ref].sum())
-    return out, violations, nonfinite_mismatch
+        outs = [torch.empty(m * P, dtype=dtype) for m in sizes]
+        if form == "tensor":
+            dist.all_gather_into_tensor(outs[0], mine[0], group=pg)
+        elif form == "list":
+            for out, x in zip(outs, mine):
+                dist.all_gather(list(out.chunk(P)), x, group=pg)
+        else:
+            with dist._coalescing_manager(group=pg):
+                for out, x in zip(outs, mine):
+                    dist.all_gather_into_tensor(out, x, group=pg)
+    stats = fp8comm.get_stats(pg)
+
+    # What each rank put on the wire: its input times its factor, in FP32.
+    scaled = [[(t.float() * factors[r]) for r, t in enumerate(inputs)] for inputs in per_rank]
+    if op == "all_reduce":  # a coalesced all_reduce is one all_reduce of the concatenation
+        scaled = [[torch.cat([s[r] for s in scaled]) for r in range(P)]]
+        outs_checked = [torch.cat([o.reshape(-1) for o in outs])]
+    else:
+        outs_checked = outs
+    violations = 0
+    nonfinite_mismatch = 0
+    for k, (ys, out) in enumerate(zip(scaled, outs_checked)):
+        m = ys[0].numel() if op != "reduce_scatter" else ys[0].numel() // P
+        exact = sum(y.double() for y in ys) / div
+        slack = 4 * P * 2.0**-24 * sum(y.double().abs() for y in ys) / div
+        if op == "all_reduce":
+            seg = math.ceil(math.ceil(m / P) / block) * block  # the algorithm's segment length
+            bound = sum(segment_half_ulps(y, seg, block, fp8_dtype) for y in ys) / div
+            bound = bound + 2 * segment_half_ulps(exact.float(), seg, block, fp8_dtype)
+            ref = exact
+        elif op == "reduce_scatter":
+            sl = slice(c.rank * m, (c.rank + 1) * m)
+            bound = sum(segment_half_ulps(y, m, block, fp8_dtype)[sl] for y in ys) / div
+            ref, slack = exact[sl], slack[sl]
+        else:
+            ref = torch.cat([y.double() for y in ys])
+            bound = torch.cat([segment_half_ulps(y, m, block, fp8_dtype) for y in ys])
+            slack = torch.zeros_like(ref)
+        out64 = out.double().reshape(-1)
+        tol = bound + slack + OUT_EPS[dtype] * ref.abs() + SUBNORMAL_STEP[dtype]
+        finite_ref = torch.isfinite(ref)
+        in_range = finite_ref & (ref.abs() < torch.finfo(dtype).max / 2)
+        violations += int(((out64 - ref).abs() > tol)[in_range & torch.isfinite(out64)].sum())
+        violations += int((~torch.isfinite(out64) & in_range).sum())  # a finite result must stay finite
+        nonfinite_mismatch += int((torch.isfinite(out64) & ~finite_ref).sum())
+    return outs, violations, nonfinite_mismatch, stats["calls_compressed"]
 
 
 def fuzz_passthrough(n: int, kind: str, dtype_name: str, seed: int):
+    """all_reduce and all_gather of adversarial values on a group with
+    compression off, and on plain gloo: (fp8 result, gloo result, stats)."""
     from scenarios import make_group
 
     c = ctx()
     pg = make_group("compress=none")
     dtype = getattr(torch, dtype_name)
     results = []
+    fp8comm.reset_stats(pg)
     for group in (pg, c.gloo):
         x = adversarial_input(c.rank, n, kind, dtype, seed)
         dist.all_reduce(x, group=group)
         out = torch.empty(n * c.world, dtype=dtype)
         dist.all_gather_into_tensor(out, adversarial_input(c.rank, n, kind, dtype, seed), group=group)
         results.append(torch.cat([x, out]))
-    return results[0], results[1]
+    return results[0], results[1], fp8comm.get_stats(pg)
+
+
+def min_numel_boundary(op: str, min_numel: int, numel: int):
+    """One collective of `numel` elements per rank on a group that compresses
+    everything from `min_numel`, and the same on plain gloo: (fp8 result, gloo
+    result, stats)."""
+    from scenarios import make_group
+
+    c = ctx()
+    P = c.world
+    pg = make_group(f"compress=all;min_numel={min_numel}")
+    x = rank_input(c.rank, numel * (P if op == "reduce_scatter" else 1), torch.float32, seed=11)
+    fp8comm.reset_stats(pg)
+    results = []
+    for group in (pg, c.gloo):
+        if op == "all_reduce":
+            out = x.clone()
+            dist.all_reduce(out, group=group)
+        elif op == "all_reduce_coalesced":  # per-rank numel is the total of the tensors
+            parts = [x[: numel // 2].clone(), x[numel // 2 :].clone()]
+            dist.all_reduce_coalesced(parts, group=group)
+            out = torch.cat(parts)
+        elif op == "reduce_scatter":
+            out = torch.empty(numel)
+            dist.reduce_scatter_tensor(out, x, group=group)
+        else:
+            out = torch.empty(numel * P)
+            dist.all_gather_into_tensor(out, x, group=group)
+        results.append(out)
+    return results[0], results[1], fp8comm.get_stats(pg)

@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import reliability_scenarios as rs
+from codec_reference import sqnr_db
 from dist_harness import DistPool
 
 GROUP_TIMEOUT_S = 10.0
@@ -140,41 +141,103 @@ def test_soak_mixed_collectives():
         assert marks[-1]["fds"] <= marks[0]["fds"] + 2 and marks[-1]["threads"] <= marks[0]["threads"] + 2
 
 
-@pytest.fixture(scope="module", params=[2, 3, 4])
-def fuzz_pool(request):
-    pool = DistPool(request.param, backend="fp8gloo")
-    yield pool
-    pool.close()
+# ------------------------------------------------------------------ fuzz
+# Op form x reduce kind x FP8 format are enumerated; hypothesis draws the
+# rest. Each case runs on 2, 3 or 4 ranks (in turn, so every world size sees
+# every op); a case's examples share one pool.
+FUZZ_OPS = [("all_reduce", ["tensor", "coalesced"], ["sum", "avg", "premul_sum"]),
+            ("reduce_scatter", ["tensor", "list", "coalesced"], ["sum", "avg", "premul_sum"]),
+            ("all_gather", ["tensor", "list", "coalesced"], ["none"])]
+FUZZ_CASES = [(op, form, reduce, fmt) for op, forms, reduces in FUZZ_OPS for form in forms for reduce in reduces
+              for fmt in ["e4m3", "e5m2"]]
+FUZZ_GRID = sorted(((2 + i % 3,) + case for i, case in enumerate(FUZZ_CASES)), key=lambda case: case[0])
+FUZZ_EXAMPLES = int(os.environ.get("FP8COMM_FUZZ_EXAMPLES", "8"))
 
 
-SPECS = ["compress=all;min_numel=1", "compress=all;min_numel=1;block_size=16",
-         "compress=all;min_numel=1;block_size=80;fp8_dtype=e5m2", "compress=all;min_numel=1;block_size=256"]
+class _Pools:
+    """One DistPool per world size, one at a time (the grid is sorted by world)."""
+
+    def __init__(self):
+        self.pools = {}
+
+    def get(self, world):
+        if world not in self.pools:
+            self.close()
+            self.pools[world] = DistPool(world, backend="fp8gloo")
+        return self.pools[world]
+
+    def close(self):
+        for pool in self.pools.values():
+            pool.close()
+        self.pools.clear()
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(
-    op=st.sampled_from(["all_reduce", "reduce_scatter", "all_gather"]),
-    n=st.integers(1, 3000),
-    kind=st.sampled_from(["randn", "wide", "subnormal", "huge", "zeros", "nonfinite"]),
-    dtype=st.sampled_from(["float32", "bfloat16", "float16"]),
-    spec=st.sampled_from(SPECS),
-    seed=st.integers(0, 10_000),
-)
-def test_fuzz_promises(fuzz_pool, op, n, kind, dtype, spec, seed):
-    results = fuzz_pool.run(rs.fuzz_case, op, n, kind, dtype, spec, seed)
-    for out, violations, nonfinite_mismatch in results:
-        assert violations == 0, (op, n, kind, dtype, spec, seed)
-        assert nonfinite_mismatch == 0, (op, n, kind, dtype, spec, seed)
-    if op in ("all_reduce", "all_gather"):  # every rank holds the same bytes
-        for out, _, _ in results[1:]:
-            assert torch.equal(out.view(torch.uint8), results[0][0].view(torch.uint8))
+@pytest.fixture(scope="module")
+def fuzz_pools():
+    pools = _Pools()
+    yield pools
+    pools.close()
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(n=st.integers(1, 3000), kind=st.sampled_from(["wide", "subnormal", "huge", "zeros", "nonfinite"]),
+@pytest.mark.parametrize("world,op,form,reduce,fmt", FUZZ_GRID)
+def test_fuzz_promises(fuzz_pools, world, op, form, reduce, fmt):
+    """Every compressed op, form, reduce kind and format, with drawn sizes (up
+    to 1e5 per rank), dtypes, block sizes, special values and seeds: every
+    output element within the documented bound of the exact result, non-finite
+    inputs non-finite at the same positions, all_reduce and all_gather outputs
+    bitwise identical on every rank, and the calls really compressed."""
+    pool = fuzz_pools.get(world)
+
+    @settings(max_examples=FUZZ_EXAMPLES, deadline=None, database=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    @given(
+        n=st.one_of(st.integers(1, 300), st.integers(301, 100_000)),
+        pattern=st.sampled_from(rs.PATTERNS),
+        dtype=st.sampled_from(["float32", "bfloat16", "float16"]),
+        block=st.sampled_from([16, 32, 80, 256]),
+        factor_kind=st.sampled_from(["double", "tensor"]),
+        seed=st.integers(0, 10_000),
+    )
+    def check(n, pattern, dtype, block, factor_kind, seed):
+        n = n if op != "reduce_scatter" else min(n, 100_000 // world)
+        results = pool.run(rs.fuzz_case, op, form, reduce, fmt, n, pattern, dtype, block, factor_kind, seed)
+        case = (op, form, reduce, fmt, n, pattern, dtype, block, factor_kind, seed)
+        expected_calls = 1 if op == "all_reduce" or form == "tensor" else 2
+        for outs, violations, nonfinite_mismatch, compressed in results:
+            assert violations == 0, case
+            assert nonfinite_mismatch == 0, case
+            assert compressed == expected_calls, case
+        if op in ("all_reduce", "all_gather"):  # every rank holds the same bytes
+            for outs, *_ in results[1:]:
+                for a, b in zip(outs, results[0][0]):
+                    assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), case
+
+    check()
+
+
+@settings(max_examples=10, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.integers(1, 3000), kind=st.sampled_from(rs.PATTERNS),
        dtype=st.sampled_from(["float32", "bfloat16", "float16"]), seed=st.integers(0, 10_000))
-def test_fuzz_passthrough_is_exact(fuzz_pool, n, kind, dtype, seed):
+def test_fuzz_passthrough_is_exact(fuzz_pools, n, kind, dtype, seed):
     """With compression off, adversarial values come back exactly as plain gloo gives them."""
-    results = fuzz_pool.run(rs.fuzz_passthrough, n, kind, dtype, seed)
-    for fp8_out, gloo_out in results:
+    results = fuzz_pools.get(4).run(rs.fuzz_passthrough, n, kind, dtype, seed)
+    for fp8_out, gloo_out, stats in results:
         assert torch.equal(fp8_out.view(torch.uint8), gloo_out.view(torch.uint8))
+        assert stats["calls_compressed"] == 0 and stats["calls_passthrough"] == 2
+
+
+MIN_NUMEL = 1000
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "all_reduce_coalesced", "reduce_scatter", "all_gather"])
+def test_min_numel_boundary(fuzz_pools, op):
+    """min_numel - 1 elements per rank pass through, bitwise plain gloo;
+    min_numel elements are compressed."""
+    pool = fuzz_pools.get(4)
+    for fp8_out, gloo_out, stats in pool.run(rs.min_numel_boundary, op, MIN_NUMEL, MIN_NUMEL - 1):
+        assert torch.equal(fp8_out, gloo_out)
+        assert stats["calls_compressed"] == 0 and stats["calls_passthrough"] == 1
+    for fp8_out, gloo_out, stats in pool.run(rs.min_numel_boundary, op, MIN_NUMEL, MIN_NUMEL):
+        assert stats["calls_compressed"] == 1 and stats["calls_passthrough"] == 0
+        assert 27.0 <= sqnr_db(gloo_out, fp8_out) < 45.0
