@@ -121,24 +121,31 @@ def test_subgroup_churn_does_not_leak():
 
 @pytest.mark.soak
 def test_soak_mixed_collectives():
-    """FP8COMM_SOAK_OPS (default 400 here; 10 000 for the full run in docs/reliability.md)."""
+    """FP8COMM_SOAK_OPS (default 400 here; 10 000 for the full run in
+    docs/reliability.md) mixed collectives on 3 ranks, every result checked
+    (reliability_scenarios.soak), every all_reduce and all_gather result
+    bitwise the same on every rank, resources flat after warm-up."""
     ops = int(os.environ.get("FP8COMM_SOAK_OPS", "400"))
     pool = DistPool(3, backend="fp8gloo")
     try:
         results = pool.run(rs.soak, ops, timeout=60 + ops * 0.5)
     finally:
         pool.close()
-    marks = results[0][1]
+    checked, marks, failures, counts, digests = results[0]
     print(f"\nsoak: {ops} ops on 3 ranks; rank 0 RSS (MiB) at each fifth: {[m['rss_kib'] // 1024 for m in marks]}, "
-          f"threads {marks[-1]['threads']}, fds {marks[-1]['fds']}; worst per kind {results[0][2]}")
-    for checked, marks, worst in results:
+          f"threads {marks[-1]['threads']}, fds {marks[-1]['fds']}; checks per kind {counts}")
+    for checked, marks, failures, counts, digests in results:
         assert checked == ops
-        assert worst.get("all_reduce_sqnr", 99) >= 27.0 and worst.get("reduce_scatter_sqnr", 99) >= 30.0
-        for kind in ("all_gather_exact", "small_exact", "int_exact", "max_exact", "broadcast_exact"):
-            assert worst.get(kind, 1.0) == 1.0, kind
+        assert not failures, failures
+        # both sides of min_numel were exercised, for every kind of compressed collective
+        for kind in ("all_reduce_fp8", "all_reduce_exact", "reduce_scatter_tensor_fp8", "all_gather_tensor_fp8",
+                     "all_gather_tensor_exact", "small_exact"):
+            assert counts.get(kind, 0) > 0 or ops < 400, (kind, counts)
         # After the first fifth (warm-up: allocator pools, workspace), no growth beyond 32 MiB.
         assert marks[-1]["rss_kib"] <= marks[0]["rss_kib"] + 32 * 1024
         assert marks[-1]["fds"] <= marks[0]["fds"] + 2 and marks[-1]["threads"] <= marks[0]["threads"] + 2
+    for _, _, _, _, digests in results[1:]:  # cross-rank agreement of every all_reduce / all_gather result
+        assert digests == results[0][4]
 
 
 # ------------------------------------------------------------------ fuzz
