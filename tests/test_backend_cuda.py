@@ -285,7 +285,7 @@ def test_ddp_step_with_a_future_comm_hook_on_fp8nccl():
         torch.cuda.synchronize()
         sq = sqnr(torch.cat([p.grad.flatten() for p in plain.parameters()]),
                   torch.cat([q.grad.flatten() for q in model.module.parameters()]))
-        assert 27.0 <= sq < 60.0, sq  # compressed, and neither stale nor garbage
+        assert 25.0 <= sq < 60.0, sq  # compressed (~31 dB at world size 1), and neither stale nor garbage
     assert compressed_calls() >= before + 3
 
 
