@@ -196,6 +196,10 @@ def _run_passthrough_case(case, pg, rank, world):
         x = inp(5000).mul(100).to(dtype) if not dtype.is_floating_point else inp(5000, dtype)
         dist.all_reduce(x, op=make_op(op, "", rank, world), group=pg)
         return x
+    if case == "sparse_all_reduce":  # e.g. sparse embedding gradients under DDP: gloo sums them
+        x = torch.sparse_coo_tensor(torch.tensor([[1, 5 + rank, 9]]), inp(3), (40,))
+        dist.all_reduce(x, group=pg)
+        return x.coalesce().to_dense()
     if case == "small_all_reduce":  # below min_numel: a loss, a grad norm
         x = inp(1000)
         dist.all_reduce(x, group=pg)

@@ -14,6 +14,7 @@ PASSTHROUGH_CASES = [
     "all_reduce_float32_min",
     "all_reduce_float32_product",
     "all_reduce_bfloat16_max",
+    "sparse_all_reduce",
     "small_all_reduce",
     "small_reduce_scatter",
     "all_gather_default",

@@ -62,10 +62,12 @@ void check_not_fp8_reduction(const char* op, const std::vector<at::Tensor>& ts) 
   for (const auto& t : ts) check_not_fp8_reduction(op, t);
 }
 
-// A tensor the call writes into must not have elements that share memory (an
-// expand()ed tensor): plain gloo crashes the process on those; refuse them here.
+// A dense tensor the call writes into must not have elements that share memory
+// (an expand()ed tensor): plain gloo crashes the process on those; refuse them
+// here. (Sparse tensors, which gloo all-reduces, are not strided: not checked.)
 void check_writable(const char* op, const at::Tensor& t, const char* name) {
-  TORCH_CHECK(!t.defined() || at::has_internal_overlap(t) != at::MemOverlap::Yes, "fp8comm ", op, ": ", name,
+  TORCH_CHECK(!t.defined() || t.layout() != at::kStrided || at::has_internal_overlap(t) != at::MemOverlap::Yes,
+              "fp8comm ", op, ": ", name,
               " has elements that share memory (e.g. made by expand()), so the call cannot write into it; "
               "pass a tensor with its own storage (clone() it)");
 }
