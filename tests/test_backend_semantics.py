@@ -14,6 +14,7 @@ PASSTHROUGH_CASES = [
     "all_reduce_float32_min",
     "all_reduce_float32_product",
     "all_reduce_bfloat16_max",
+    "sparse_all_reduce",
     "small_all_reduce",
     "small_reduce_scatter",
     "all_gather_default",
@@ -39,9 +40,12 @@ def pool(request):
 
 @pytest.mark.parametrize("case", PASSTHROUGH_CASES)
 def test_passthrough_is_bitwise_plain_gloo(pool, case):
-    for fp8_result, gloo_result in pool.run(scenarios.passthrough_vs_gloo, case):
+    for fp8_result, gloo_result, stats in pool.run(scenarios.passthrough_vs_gloo, case):
         assert fp8_result.dtype == gloo_result.dtype
         assert torch.equal(fp8_result.view(torch.uint8), gloo_result.view(torch.uint8))
+        assert stats["calls_compressed"] == 0, stats
+        assert stats["calls_passthrough"] >= (0 if case == "send_recv" else 1), stats  # a third rank sits out
+        assert stats["bytes_sent"] == stats["bytes_sent_uncompressed"]
 
 
 @pytest.mark.parametrize("case", ["small_all_reduce", "all_reduce_float64_sum", "all_reduce_float32_max"])
@@ -51,9 +55,33 @@ def test_passthrough_is_counted(pool, case):
         assert stats["bytes_sent"] == stats["bytes_sent_uncompressed"]
 
 
+AVG_PREMUL_CASES = [
+    (form, dtype, op, factor_kind)
+    for form in ["all_reduce", "all_reduce_coalesced", "reduce_scatter_tensor", "reduce_scatter_list",
+                 "reduce_scatter_tensor_coalesced"]
+    for dtype in ["float64", "float32"]
+    for op, factor_kind in [("avg", ""), ("premul_sum", "double"), ("premul_sum", "tensor")]
+]
+
+
+@pytest.mark.parametrize("form,dtype,op,factor_kind", AVG_PREMUL_CASES)
+def test_avg_and_premul_passthrough_are_exact(pool, form, dtype, op, factor_kind):
+    """gloo has no AVG / PREMUL_SUM; fp8gloo's emulation on the exact path
+    keeps the double factor and multiplies in the tensor's own dtype, so
+    float64 results are bit for bit plain gloo's SUM of the pre-multiplied
+    inputs (a float32 factor would be off by ~1e-8 relative)."""
+    for got, ref, stats in pool.run(scenarios.avg_premul_passthrough, form, dtype, op, factor_kind):
+        assert got.dtype == ref.dtype
+        assert torch.equal(got, ref)
+        assert stats["calls_compressed"] == 0 and stats["calls_passthrough"] >= 1
+
+
 @pytest.mark.parametrize("kind", ["all_reduce", "reduce_scatter", "all_gather"])
 def test_non_finite_positions_survive(pool, kind):
-    masks = pool.run(scenarios.non_finite, kind)
+    results = pool.run(scenarios.non_finite, kind)
+    for _, stats in results:  # the compressed path, not an exact passthrough
+        assert stats["calls_compressed"] == 1 and stats["calls_passthrough"] == 0
+    masks = [m for m, _ in results]
     n, world = 8192, pool.world
     expected = torch.zeros_like(masks[0])
     if kind == "all_reduce":
@@ -76,8 +104,9 @@ def test_non_finite_positions_survive(pool, kind):
 
 
 def test_async_ops_in_flight_and_futures(pool):
-    for sq in pool.run(scenarios.async_in_flight):
-        assert min(sq) >= 27.0
+    for sq, stats in pool.run(scenarios.async_in_flight):
+        assert min(sq) >= 27.0 and max(sq) < 45.0
+        assert stats["calls_compressed"] == 5 and stats["calls_passthrough"] == 0
 
 
 @pytest.mark.parametrize("hook", ["none", "future"])

@@ -42,6 +42,26 @@ def test_bytes_ratio_at_1m_elements(pool, dtype, bound):
         assert stats["bytes_sent_uncompressed"] == 2 * 2 * (1 << 20) * torch.tensor([], dtype=dtype).element_size() // 3
 
 
+@pytest.mark.parametrize("kind", ["reduce_scatter", "all_gather", "all_reduce"])
+def test_coalesced_calls_are_counted_under_their_own_name(pool, kind):
+    """_coalescing_manager issues one *_coalesced call: per_op names that entry
+    point. The tensor forms count one collective per tensor (each compressed or
+    passed through as it would be alone); all_reduce_coalesced is one
+    compressed all_reduce of the concatenation."""
+    P = pool.world
+    seg = fp8comm._C.segment_bytes
+    for stats in pool.run(scenarios.stats_of_coalesced, kind):
+        if kind == "all_reduce":
+            assert stats["per_op"] == {"all_reduce_coalesced": {"compressed": 1, "passthrough": 0}}
+            assert stats["bytes_sent_uncompressed"] == 2 * (P - 1) * 5100 * 4 // P
+            continue
+        name = {"reduce_scatter": "reduce_scatter_tensor_coalesced", "all_gather": "all_gather_into_tensor_coalesced"}
+        assert stats["per_op"] == {name[kind]: {"compressed": 1, "passthrough": 1}}
+        assert stats["calls_compressed"] == 1 and stats["calls_passthrough"] == 1
+        assert stats["bytes_sent"] == (P - 1) * (seg(5000, 32) + 100 * 4)
+        assert stats["bytes_sent_uncompressed"] == (P - 1) * 5100 * 4
+
+
 def test_default_options(pool):
     props = pool.run(scenarios.backend_properties)[0]
     assert props == {
@@ -131,22 +151,47 @@ def test_subgroups(pool):
     assert results[2] == []
 
 
+BAD_INPUT_MESSAGES = {
+    "rs_size": r"reduce_scatter_tensor: input has 301 elements but must have group size \(3\) x output numel \(100\) = 300",
+    "rs_dtype": r"reduce_scatter_tensor: output has dtype BFloat16 but the input has dtype Float",
+    "ag_size": r"all_gather_into_tensor: output has 303 elements but must have group size \(3\)",
+    "ag_dtype": r"all_gather_into_tensor: output has dtype Half but the input has dtype Float",
+    "ag_list_len": r"all_gather: the output list has 4 tensors but the group has 3 ranks",
+    "ag_list_size": r"all_gather: every output must have the input's 100 elements, got 101",
+    "ag_list_dtype": r"all_gather: an output has dtype BFloat16 but the input has dtype Float",
+    "rs_list_size": r"reduce_scatter: every input must have the output's 5000 elements, got 5001",
+    "rs_list_dtype": r"reduce_scatter: an input has dtype BFloat16 but the output has dtype Float",
+    "fp8_reduce": r"all_reduce: cannot reduce Float8_e4m3fn tensors",
+    "fp8_reduce_premul": r"all_reduce: cannot reduce Float8_e4m3fn tensors",
+    "fp8_all_reduce_coalesced": r"all_reduce_coalesced: cannot reduce Float8_e4m3fn tensors",
+    "fp8_rs_list": r"fp8comm reduce_scatter: cannot reduce Float8_e4m3fn tensors",
+    "fp8_rs_coalesced": r"reduce_scatter_tensor_coalesced: cannot reduce Float8_e4m3fn tensors",
+    "fp8_reduce_op": r"fp8comm reduce: cannot reduce Float8_e4m3fn tensors",
+    "rs_coalesced_second_bad": r"reduce_scatter_tensor_coalesced: input has 301 elements but must have",
+    "ag_coalesced_second_bad": r"all_gather_into_tensor_coalesced: output has dtype BFloat16 but the input",
+    "ar_expanded": r"all_reduce: the tensor has elements that share memory",
+    "ar_expanded_small": r"all_reduce: the tensor has elements that share memory",
+    "ag_expanded_output": r"all_gather_into_tensor: the output has elements that share memory",
+    "device_ag": r"all_gather_into_tensor: output is on meta but the input is on cpu",
+    "device_rs": r"reduce_scatter_tensor: output is on cpu but the input is on meta",
+    "device_ar": r"all_reduce: got meta tensors, but this process group has no transport for meta",
+    "avg_int_gloo": r"all_reduce: AVG of Long tensors: the gloo transport has neither AVG nor PREMUL_SUM",
+}
+
+
 def test_bad_input_raises_on_the_calling_rank_before_sending(pool):
-    expected = {
-        "rs_size": r"reduce_scatter_tensor: input has 301 elements but must have group size \(3\) x output numel \(100\) = 300",
-        "rs_dtype": r"reduce_scatter_tensor: output has dtype BFloat16 but the input has dtype Float",
-        "ag_size": r"all_gather_into_tensor: output has 303 elements but must have group size \(3\)",
-        "ag_dtype": r"all_gather_into_tensor: output has dtype Half but the input has dtype Float",
-        "ag_list_len": r"all_gather: the output list has 4 tensors but the group has 3 ranks",
-        "ag_list_size": r"all_gather: every output must have the input's 100 elements, got 101",
-        "rs_list_size": r"reduce_scatter: every input must have the output's 5000 elements, got 5001",
-        "fp8_reduce": r"all_reduce: cannot reduce Float8_e4m3fn tensors",
-    }
-    for messages, sqnr in pool.run(scenarios.bad_inputs):
-        for name, pattern in expected.items():
-            assert messages[name] is not None, f"{name} did not raise"
-            assert re.search(pattern, messages[name]), (name, messages[name])
-        assert sqnr >= 27.0  # nothing stray was sent: the next collective is right
+    """A clear error on the calling rank, no tensor written (not even the
+    first pair of a coalesced call whose second pair is bad), nothing counted,
+    and the next collective is right (nothing stray was sent)."""
+    for results, stats, sqnr in pool.run(scenarios.bad_inputs):
+        assert set(results) == set(BAD_INPUT_MESSAGES)
+        for name, pattern in BAD_INPUT_MESSAGES.items():
+            error, untouched = results[name]
+            assert error is not None, f"{name} did not raise"
+            assert re.search(pattern, error), (name, error)
+            assert untouched, f"{name} wrote into a tensor before raising"
+        assert stats["calls_compressed"] == 0 and stats["calls_passthrough"] == 0, stats
+        assert sqnr >= 27.0
 
 
 def test_destroy_and_init_again_in_the_same_process():

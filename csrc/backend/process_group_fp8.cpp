@@ -3,6 +3,7 @@
 // rank, before anything is sent.
 #include "process_group_fp8.h"
 
+#include <ATen/MemoryOverlap.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include "../codec/codec_tensor.h"
@@ -42,11 +43,12 @@ std::vector<std::vector<at::Tensor>> as_bytes_if_fp8(const std::vector<std::vect
   return out;
 }
 
-void check_same_device_and_dtype(const char* op, const at::Tensor& ref, const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.device() == ref.device(), "fp8comm ", op, ": ", name, " is on ", t.device(), " but the input is on ",
-              ref.device(), "; put all tensors of one call on one device");
+void check_same_device_and_dtype(const char* op, const at::Tensor& ref, const at::Tensor& t, const char* name,
+                                 const char* ref_name = "the input") {
+  TORCH_CHECK(t.device() == ref.device(), "fp8comm ", op, ": ", name, " is on ", t.device(), " but ", ref_name,
+              " is on ", ref.device(), "; put all tensors of one call on one device");
   TORCH_CHECK(t.scalar_type() == ref.scalar_type(), "fp8comm ", op, ": ", name, " has dtype ", t.scalar_type(),
-              " but the input has dtype ", ref.scalar_type(), "; use one dtype for input and output");
+              " but ", ref_name, " has dtype ", ref.scalar_type(), "; use one dtype for input and output");
 }
 
 // Float8 values cannot be summed on the wire (NCCL and gloo have no float8
@@ -54,6 +56,53 @@ void check_same_device_and_dtype(const char* op, const at::Tensor& ref, const at
 void check_not_fp8_reduction(const char* op, const at::Tensor& t) {
   TORCH_CHECK(!is_fp8(t), "fp8comm ", op, ": cannot reduce ", t.scalar_type(),
               " tensors; reduce in float32 / bfloat16 (fp8comm compresses those to FP8 on the wire itself)");
+}
+
+void check_not_fp8_reduction(const char* op, const std::vector<at::Tensor>& ts) {
+  for (const auto& t : ts) check_not_fp8_reduction(op, t);
+}
+
+// A dense tensor the call writes into must not have elements that share memory
+// (an expand()ed tensor): plain gloo crashes the process on those; refuse them
+// here. (Sparse tensors, which gloo all-reduces, are not strided: not checked.)
+void check_writable(const char* op, const at::Tensor& t, const char* name) {
+  TORCH_CHECK(!t.defined() || t.layout() != at::kStrided || at::has_internal_overlap(t) != at::MemOverlap::Yes,
+              "fp8comm ", op, ": ", name,
+              " has elements that share memory (e.g. made by expand()), so the call cannot write into it; "
+              "pass a tensor with its own storage (clone() it)");
+}
+
+void check_writable(const char* op, const std::vector<at::Tensor>& ts, const char* name) {
+  for (const auto& t : ts) check_writable(op, t, name);
+}
+
+void check_writable(const char* op, const std::vector<std::vector<at::Tensor>>& tss, const char* name) {
+  for (const auto& ts : tss) check_writable(op, ts, name);
+}
+
+bool avg_or_premul(const c10d::ReduceOp& op) {
+  return op.op_ == c10d::ReduceOp::AVG || op.op_ == c10d::ReduceOp::PREMUL_SUM;
+}
+
+// AVG / PREMUL_SUM are emulated around an exact SUM for floating-point and
+// complex tensors when the transport (gloo) lacks them.
+bool emulable(const at::Tensor& t) { return t.is_floating_point() || t.is_complex(); }
+
+const c10d::NCCLPreMulSumSupplement* premul_supplement(const c10d::ReduceOp& op) {
+  if (op.op_ != c10d::ReduceOp::PREMUL_SUM) return nullptr;
+  return dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
+}
+
+// t times the PREMUL_SUM factor, as a new tensor, computed in t's own dtype
+// (the double factor is kept as a double; a tensor factor is cast to t's
+// dtype), as NCCL applies it. Used on the exact passthrough path.
+at::Tensor premultiplied(const char* op_name, const at::Tensor& t, const c10d::ReduceOp& op) {
+  const auto* supplement = premul_supplement(op);
+  TORCH_CHECK(supplement != nullptr, "fp8comm ", op_name, ": PREMUL_SUM without a factor");
+  if (supplement->tensor_factor.defined()) {
+    return t * supplement->tensor_factor.to(t.device(), t.scalar_type()).reshape({});
+  }
+  return t.mul(at::Scalar(supplement->double_factor));
 }
 
 void check_dense(const char* op, const at::Tensor& t) {
@@ -136,19 +185,33 @@ std::optional<ProcessGroupFP8::Reduction> ProcessGroupFP8::reductionFor(const c1
       red.post_div = size_;
       return red;
     case c10d::ReduceOp::PREMUL_SUM: {
-      auto* supplement = dynamic_cast<c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
+      const auto* supplement = premul_supplement(op);
       if (supplement == nullptr) return std::nullopt;
       if (supplement->tensor_factor.defined()) {
         TORCH_CHECK(supplement->tensor_factor.numel() == 1, "fp8comm: PREMUL_SUM factor must have one element");
+        // Read by the algorithm on its stream, after this call returns on
+        // CUDA: withFactor() hands it to the Work, which keeps it alive and
+        // marks it in use by that stream.
         red.premul_tensor = supplement->tensor_factor.to(t.device(), at::kFloat).reshape({1}).contiguous();
       } else {
-        red.premul = static_cast<float>(supplement->double_factor);
+        red.premul = static_cast<float>(supplement->double_factor);  // the compressed path scales in FP32
       }
       return red;
     }
     default:  // MIN, MAX, PRODUCT, bitwise: exact passthrough
       return std::nullopt;
   }
+}
+
+std::vector<at::Tensor> ProcessGroupFP8::withFactor(std::vector<at::Tensor> tensors, const c10d::ReduceOp& op,
+                                                    const std::optional<Reduction>& red) {
+  if (red && red->premul_tensor) tensors.push_back(*red->premul_tensor);
+  const auto* supplement = premul_supplement(op);
+  if (supplement != nullptr && supplement->tensor_factor.defined() && !tensors.empty() &&
+      supplement->tensor_factor.device() == tensors[0].device()) {
+    tensors.push_back(supplement->tensor_factor);  // the user's factor, read on the stream in coalesced calls
+  }
+  return tensors;
 }
 
 void ProcessGroupFP8::record(const char* op, bool compressed, int64_t bytes_sent, int64_t bytes_uncompressed) {
@@ -160,6 +223,18 @@ bool ProcessGroupFP8::transportLacksAvgAndPremul(const at::Device& device) const
   return inner && inner->getBackendName() == "gloo";
 }
 
+void ProcessGroupFP8::checkReduceOpSupported(const char* op, const c10d::ReduceOp& reduce_op,
+                                             const at::Tensor& t) const {
+  if (!avg_or_premul(reduce_op) || emulable(t) || !transportLacksAvgAndPremul(t.device())) return;
+  TORCH_CHECK(false, "fp8comm ", op, ": ", reduce_op.op_ == c10d::ReduceOp::AVG ? "AVG" : "PREMUL_SUM", " of ",
+              t.scalar_type(), " tensors: the gloo transport has neither AVG nor PREMUL_SUM, and fp8comm "
+              "emulates them only for floating-point and complex tensors (sum, then divide yourself)");
+}
+
+// Stats are recorded after a call has been issued (enqueued on CUDA, done on
+// the CPU): calls refused by a check, here or in the inner backend, and CPU
+// calls that fail in the transport are not counted.
+
 // ------------------------------------------------------------------ all_reduce
 c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allreduce(std::vector<at::Tensor>& tensors,
                                                           const c10d::AllreduceOptions& opts) {
@@ -167,44 +242,48 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allreduce(std::vector<at::Tensor
   TORCH_CHECK(tensors.size() == 1, "fp8comm ", op, ": expected one tensor per call, got ", tensors.size());
   at::Tensor tensor = tensors[0];
   check_not_fp8_reduction(op, tensor);
+  check_writable(op, tensor, "the tensor");
   auto inner = innerFor(tensor.device(), op);
+  checkReduceOpSupported(op, opts.reduceOp, tensor);
   const int64_t P = size_;
   const int64_t plain = 2 * (P - 1) * bytes_of(tensor) / P;
   auto red = reductionFor(opts.reduceOp, tensor);
   if (!red || !compressible(tensor, tensor.numel(), options_.compress_allreduce)) {
+    auto work = allreducePassthrough(tensors, opts);
     record(op, false, plain, plain);
-    return allreducePassthrough(tensors, opts);
+    return work;
   }
   const int64_t m = ceil_div(ceil_div(tensor.numel(), P), options_.block_size) * options_.block_size;
+  auto work = run(c10d::OpType::ALLREDUCE, tensor.device(), opts.asyncOp, withFactor({tensor}, opts.reduceOp, red),
+                  {tensor}, [&] {
+                    Transport transport(inner, opts.timeout, op);
+                    at::Tensor buffer = contiguous_or_self(tensor);
+                    allreduceCompressed(transport, buffer, *red);
+                    write_back(tensor, buffer);
+                  });
   record(op, true, 2 * (P - 1) * segment_bytes(m, options_.block_size), plain);
-  return run(c10d::OpType::ALLREDUCE, tensor.device(), opts.asyncOp, {tensor}, {tensor}, [&] {
-    Transport transport(inner, opts.timeout, op);
-    at::Tensor work = contiguous_or_self(tensor);
-    allreduceCompressed(transport, work, *red);
-    write_back(tensor, work);
-  });
+  return work;
 }
 
+// gloo has no AVG / PREMUL_SUM: fp8gloo runs an exact SUM of a copy (multiplied
+// by the factor in the tensor's own dtype for PREMUL_SUM), divides it for AVG
+// and only then writes the user's tensor, so a failing SUM leaves it as it was.
 c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allreducePassthrough(std::vector<at::Tensor>& tensors,
                                                                      const c10d::AllreduceOptions& opts) {
-  auto inner = innerFor(tensors[0].device(), "all_reduce");
-  const auto kind = opts.reduceOp.op_;
-  const bool emulate = (kind == c10d::ReduceOp::AVG || kind == c10d::ReduceOp::PREMUL_SUM) &&
-                       tensors[0].is_floating_point() && transportLacksAvgAndPremul(tensors[0].device());
+  const char* op = "all_reduce";
+  auto inner = innerFor(tensors[0].device(), op);
+  const bool emulate =
+      avg_or_premul(opts.reduceOp) && emulable(tensors[0]) && transportLacksAvgAndPremul(tensors[0].device());
   if (!emulate) return inner->allreduce(tensors, opts);
-  // gloo has no AVG / PREMUL_SUM: scale locally around an exact SUM.
-  auto red = reductionFor(opts.reduceOp, tensors[0]);
-  TORCH_CHECK(red, "fp8comm all_reduce: PREMUL_SUM without a factor");
   at::Tensor& t = tensors[0];
-  if (red->premul_tensor) {
-    t.mul_(red->premul_tensor->to(t.scalar_type()));
-  } else if (kind == c10d::ReduceOp::PREMUL_SUM) {
-    t.mul_(red->premul);
-  }
+  std::vector<at::Tensor> copy{opts.reduceOp.op_ == c10d::ReduceOp::PREMUL_SUM
+                                   ? premultiplied(op, t, opts.reduceOp).contiguous()
+                                   : t.clone(at::MemoryFormat::Contiguous)};
   c10d::AllreduceOptions sum = opts;
   sum.reduceOp = c10d::ReduceOp::SUM;
-  inner->allreduce(tensors, sum)->wait();
-  if (kind == c10d::ReduceOp::AVG) t.div_(size_);
+  inner->allreduce(copy, sum)->wait();
+  if (opts.reduceOp.op_ == c10d::ReduceOp::AVG) copy[0].div_(size_);
+  t.copy_(copy[0]);
   return c10::make_intrusive<FP8Work>(rank_, c10d::OpType::ALLREDUCE, tensors);
 }
 
@@ -212,97 +291,128 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allreduce_coalesced(std::vector<
                                                                     const c10d::AllreduceCoalescedOptions& opts) {
   const char* op = "all_reduce_coalesced";
   TORCH_CHECK(!tensors.empty(), "fp8comm ", op, ": got no tensors");
-  auto inner = innerFor(tensors[0].device(), op);
-  const int64_t P = size_;
-  const int64_t plain = 2 * (P - 1) * bytes_of(tensors) / P;
   int64_t total = 0;
   bool same_dtype = true;
   for (const auto& t : tensors) {
     check_dense(op, t);
+    check_not_fp8_reduction(op, t);
+    check_writable(op, t, "a tensor");
     TORCH_CHECK(t.device() == tensors[0].device(), "fp8comm ", op, ": tensors on ", tensors[0].device(), " and ",
                 t.device(), "; put all tensors of one call on one device");
     same_dtype = same_dtype && t.scalar_type() == tensors[0].scalar_type();
     total += t.numel();
   }
+  auto inner = innerFor(tensors[0].device(), op);
+  for (const auto& t : tensors) checkReduceOpSupported(op, opts.reduceOp, t);
+  const int64_t P = size_;
+  const int64_t plain = 2 * (P - 1) * bytes_of(tensors) / P;
   auto red = reductionFor(opts.reduceOp, tensors[0]);
   const bool compress = red && same_dtype && compressible(tensors[0], total, options_.compress_allreduce);
   if (!compress) {
-    record(op, false, plain, plain);
-    const auto kind = opts.reduceOp.op_;
-    if ((kind == c10d::ReduceOp::AVG || kind == c10d::ReduceOp::PREMUL_SUM) &&
+    c10::intrusive_ptr<c10d::Work> work;
+    if (avg_or_premul(opts.reduceOp) && same_dtype && emulable(tensors[0]) &&
         transportLacksAvgAndPremul(tensors[0].device())) {
-      for (auto& t : tensors) {
-        std::vector<at::Tensor> one{t};
-        allreducePassthrough(one, opts)->wait();
+      // As allreducePassthrough, for all tensors in one exact SUM: none is
+      // written before all have been reduced.
+      std::vector<at::Tensor> copies;
+      for (const auto& t : tensors) {
+        copies.push_back(opts.reduceOp.op_ == c10d::ReduceOp::PREMUL_SUM
+                             ? premultiplied(op, t, opts.reduceOp).contiguous()
+                             : t.clone(at::MemoryFormat::Contiguous));
       }
-      return c10::make_intrusive<FP8Work>(rank_, c10d::OpType::ALLREDUCE_COALESCED, tensors);
+      c10d::AllreduceCoalescedOptions sum = opts;
+      sum.reduceOp = c10d::ReduceOp::SUM;
+      inner->allreduce_coalesced(copies, sum)->wait();
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        if (opts.reduceOp.op_ == c10d::ReduceOp::AVG) copies[i].div_(size_);
+        tensors[i].copy_(copies[i]);
+      }
+      work = c10::make_intrusive<FP8Work>(rank_, c10d::OpType::ALLREDUCE_COALESCED, tensors);
+    } else {
+      work = inner->allreduce_coalesced(tensors, opts);
     }
-    return inner->allreduce_coalesced(tensors, opts);
+    record(op, false, plain, plain);
+    return work;
   }
   const int64_t m = ceil_div(ceil_div(total, P), options_.block_size) * options_.block_size;
-  record(op, true, 2 * (P - 1) * segment_bytes(m, options_.block_size), plain);
   // One compressed all_reduce of the concatenation, like a DDP bucket.
-  return run(c10d::OpType::ALLREDUCE_COALESCED, tensors[0].device(), opts.asyncOp, tensors, tensors, [&] {
-    Transport transport(inner, opts.timeout, op);
-    std::vector<at::Tensor> flat_views;
-    for (const auto& t : tensors) flat_views.push_back(t.reshape({-1}));
-    at::Tensor flat = at::cat(flat_views);
-    allreduceCompressed(transport, flat, *red);
-    int64_t offset = 0;
-    for (auto& t : tensors) {
-      t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
-      offset += t.numel();
-    }
-  });
+  auto work = run(c10d::OpType::ALLREDUCE_COALESCED, tensors[0].device(), opts.asyncOp,
+                  withFactor(tensors, opts.reduceOp, red), tensors, [&] {
+                    Transport transport(inner, opts.timeout, op);
+                    std::vector<at::Tensor> flat_views;
+                    for (const auto& t : tensors) flat_views.push_back(t.reshape({-1}));
+                    at::Tensor flat = at::cat(flat_views);
+                    allreduceCompressed(transport, flat, *red);
+                    int64_t offset = 0;
+                    for (auto& t : tensors) {
+                      t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+                      offset += t.numel();
+                    }
+                  });
+  record(op, true, 2 * (P - 1) * segment_bytes(m, options_.block_size), plain);
+  return work;
 }
 
 // -------------------------------------------------------------- reduce_scatter
+void ProcessGroupFP8::checkReduceScatterBase(const char* op, const at::Tensor& output, const at::Tensor& input,
+                                             const c10d::ReduceScatterOptions& opts) {
+  check_same_device_and_dtype(op, input, output, "output");
+  check_not_fp8_reduction(op, input);
+  check_writable(op, output, "the output");
+  TORCH_CHECK(input.numel() == size_ * output.numel(), "fp8comm ", op, ": input has ", input.numel(),
+              " elements but must have group size (", size_, ") x output numel (", output.numel(), ") = ",
+              size_ * output.numel());
+  innerFor(input.device(), op);
+  checkReduceOpSupported(op, opts.reduceOp, input);
+}
+
+// As allreducePassthrough: the output is written only after the SUM is done.
 c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::reduceScatterBasePassthrough(at::Tensor& output, at::Tensor& input,
-                                                                            const c10d::ReduceScatterOptions& opts) {
-  auto inner = innerFor(input.device(), "reduce_scatter");
-  const auto kind = opts.reduceOp.op_;
-  const bool emulate = (kind == c10d::ReduceOp::AVG || kind == c10d::ReduceOp::PREMUL_SUM) &&
-                       input.is_floating_point() && transportLacksAvgAndPremul(input.device());
+                                                                            const c10d::ReduceScatterOptions& opts,
+                                                                            const char* op) {
+  auto inner = innerFor(input.device(), op);
+  const bool emulate = avg_or_premul(opts.reduceOp) && emulable(input) && transportLacksAvgAndPremul(input.device());
   if (!emulate) return inner->_reduce_scatter_base(output, input, opts);
-  auto red = reductionFor(opts.reduceOp, input);
-  TORCH_CHECK(red, "fp8comm reduce_scatter: PREMUL_SUM without a factor");
-  at::Tensor scaled = input;
-  if (red->premul_tensor) {
-    scaled = input * red->premul_tensor->to(input.scalar_type());
-  } else if (kind == c10d::ReduceOp::PREMUL_SUM) {
-    scaled = input * red->premul;
-  }
+  at::Tensor scaled = opts.reduceOp.op_ == c10d::ReduceOp::PREMUL_SUM
+                          ? premultiplied(op, input, opts.reduceOp).contiguous()
+                          : contiguous_or_self(input);
+  at::Tensor result = at::empty(output.sizes(), output.options());
   c10d::ReduceScatterOptions sum = opts;
   sum.reduceOp = c10d::ReduceOp::SUM;
-  inner->_reduce_scatter_base(output, scaled, sum)->wait();
-  if (kind == c10d::ReduceOp::AVG) output.div_(size_);
+  inner->_reduce_scatter_base(result, scaled, sum)->wait();
+  if (opts.reduceOp.op_ == c10d::ReduceOp::AVG) result.div_(size_);
+  output.copy_(result);
   return c10::make_intrusive<FP8Work>(rank_, c10d::OpType::_REDUCE_SCATTER_BASE, std::vector<at::Tensor>{output});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                      const c10d::ReduceScatterOptions& opts) {
-  const char* op = "reduce_scatter_tensor";
-  check_same_device_and_dtype(op, input, output, "output");
-  check_not_fp8_reduction(op, input);
-  TORCH_CHECK(input.numel() == size_ * output.numel(), "fp8comm ", op, ": input has ", input.numel(),
-              " elements but must have group size (", size_, ") x output numel (", output.numel(), ") = ",
-              size_ * output.numel());
+  return reduceScatterBase(output, input, opts, "reduce_scatter_tensor");
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::reduceScatterBase(at::Tensor& output, at::Tensor& input,
+                                                                  const c10d::ReduceScatterOptions& opts,
+                                                                  const char* op) {
+  checkReduceScatterBase(op, output, input, opts);
   auto inner = innerFor(input.device(), op);
   const int64_t P = size_;
   const int64_t plain = (P - 1) * bytes_of(output);
   auto red = reductionFor(opts.reduceOp, input);
   if (!red || !compressible(input, output.numel(), options_.compress_reduce_scatter)) {
+    auto work = reduceScatterBasePassthrough(output, input, opts, op);
     record(op, false, plain, plain);
-    return reduceScatterBasePassthrough(output, input, opts);
+    return work;
   }
   check_dense(op, output);
+  auto work = run(c10d::OpType::_REDUCE_SCATTER_BASE, input.device(), opts.asyncOp,
+                  withFactor({input, output}, opts.reduceOp, red), {output}, [&] {
+                    Transport transport(inner, opts.timeout, op);
+                    at::Tensor out = contiguous_or_self(output);
+                    reduceScatterCompressed(transport, out, {contiguous_or_self(input)}, *red);
+                    write_back(output, out);
+                  });
   record(op, true, (P - 1) * segment_bytes(output.numel(), options_.block_size), plain);
-  return run(c10d::OpType::_REDUCE_SCATTER_BASE, input.device(), opts.asyncOp, {input, output}, {output}, [&] {
-    Transport transport(inner, opts.timeout, op);
-    at::Tensor out = contiguous_or_self(output);
-    reduceScatterCompressed(transport, out, {contiguous_or_self(input)}, *red);
-    write_back(output, out);
-  });
+  return work;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -314,97 +424,119 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::reduce_scatter(std::vector<at::T
   at::Tensor& output = outputs[0];
   TORCH_CHECK(static_cast<int64_t>(inputs[0].size()) == size_, "fp8comm ", op, ": the input list has ",
               inputs[0].size(), " tensors but the group has ", size_, " ranks");
+  check_not_fp8_reduction(op, output);
+  check_writable(op, output, "the output");
   for (const auto& in : inputs[0]) {
-    check_same_device_and_dtype(op, output, in, "an input");
+    check_same_device_and_dtype(op, output, in, "an input", "the output");
     TORCH_CHECK(in.numel() == output.numel(), "fp8comm ", op, ": every input must have the output's ",
                 output.numel(), " elements, got ", in.numel());
   }
   auto inner = innerFor(output.device(), op);
+  checkReduceOpSupported(op, opts.reduceOp, output);
   const int64_t P = size_;
   const int64_t plain = (P - 1) * bytes_of(output);
   auto red = reductionFor(opts.reduceOp, output);
   if (!red || !compressible(output, output.numel(), options_.compress_reduce_scatter)) {
-    record(op, false, plain, plain);
-    if ((opts.reduceOp.op_ == c10d::ReduceOp::AVG || opts.reduceOp.op_ == c10d::ReduceOp::PREMUL_SUM) &&
-        output.is_floating_point() && transportLacksAvgAndPremul(output.device())) {
-      at::Tensor flat = at::cat(inputs[0]);
-      at::Tensor out = contiguous_or_self(output);
-      reduceScatterBasePassthrough(out, flat, opts)->wait();
-      write_back(output, out);
-      return c10::make_intrusive<FP8Work>(rank_, c10d::OpType::REDUCE_SCATTER, outputs);
+    c10::intrusive_ptr<c10d::Work> work;
+    if (avg_or_premul(opts.reduceOp) && emulable(output) && transportLacksAvgAndPremul(output.device())) {
+      std::vector<at::Tensor> flat_inputs;
+      for (const auto& in : inputs[0]) flat_inputs.push_back(in.reshape({-1}));
+      at::Tensor flat = at::cat(flat_inputs);
+      reduceScatterBasePassthrough(output, flat, opts, op)->wait();
+      work = c10::make_intrusive<FP8Work>(rank_, c10d::OpType::REDUCE_SCATTER, outputs);
+    } else {
+      work = inner->reduce_scatter(outputs, inputs, opts);
     }
-    return inner->reduce_scatter(outputs, inputs, opts);
+    record(op, false, plain, plain);
+    return work;
   }
-  record(op, true, (P - 1) * segment_bytes(output.numel(), options_.block_size), plain);
   std::vector<at::Tensor> user = inputs[0];
   user.push_back(output);
-  return run(c10d::OpType::REDUCE_SCATTER, output.device(), opts.asyncOp, user, outputs, [&] {
-    Transport transport(inner, opts.timeout, op);
-    std::vector<at::Tensor> segments;
-    for (const auto& in : inputs[0]) segments.push_back(contiguous_or_self(in));
-    at::Tensor out = contiguous_or_self(output);
-    reduceScatterCompressed(transport, out, segments, *red);
-    write_back(output, out);
-  });
+  auto work = run(c10d::OpType::REDUCE_SCATTER, output.device(), opts.asyncOp,
+                  withFactor(user, opts.reduceOp, red), outputs, [&] {
+                    Transport transport(inner, opts.timeout, op);
+                    std::vector<at::Tensor> segments;
+                    for (const auto& in : inputs[0]) segments.push_back(contiguous_or_self(in));
+                    at::Tensor out = contiguous_or_self(output);
+                    reduceScatterCompressed(transport, out, segments, *red);
+                    write_back(output, out);
+                  });
+  record(op, true, (P - 1) * segment_bytes(output.numel(), options_.block_size), plain);
+  return work;
 }
 
+// Each pair is its own collective (compressed or passed through, as it would
+// be alone), counted under this op's name. Every pair is checked before any
+// is issued, so a bad one never leaves the earlier ones written.
 c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
   const char* op = "reduce_scatter_tensor_coalesced";
   TORCH_CHECK(!inputs.empty() && outputs.size() == inputs.size(), "fp8comm ", op, ": got ", outputs.size(),
               " outputs for ", inputs.size(), " inputs");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    checkReduceScatterBase(op, outputs[i], inputs[i], opts);
+    TORCH_CHECK(inputs[i].device() == inputs[0].device(), "fp8comm ", op, ": tensors on several devices");
+  }
   auto inner = innerFor(inputs[0].device(), op);
+  const bool emulate = avg_or_premul(opts.reduceOp) && transportLacksAvgAndPremul(inputs[0].device());
   auto red = reductionFor(opts.reduceOp, inputs[0]);
   bool any = false;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    check_same_device_and_dtype(op, inputs[i], outputs[i], "an output");
-    TORCH_CHECK(inputs[i].device() == inputs[0].device(), "fp8comm ", op, ": tensors on several devices");
-    TORCH_CHECK(inputs[i].numel() == size_ * outputs[i].numel(), "fp8comm ", op, ": input ", i, " has ",
-                inputs[i].numel(), " elements but must have ", size_, " x ", outputs[i].numel());
-    any = any || (red && compressible(inputs[i], outputs[i].numel(), options_.compress_reduce_scatter));
+    const bool compress = red && compressible(inputs[i], outputs[i].numel(), options_.compress_reduce_scatter);
+    if (compress) check_dense(op, outputs[i]);
+    any = any || compress;
   }
-  const auto kind = opts.reduceOp.op_;
-  const bool emulate = (kind == c10d::ReduceOp::AVG || kind == c10d::ReduceOp::PREMUL_SUM) &&
-                       transportLacksAvgAndPremul(inputs[0].device());
   if (!any && !emulate) {
-    const int64_t plain = (size_ - 1) * bytes_of(outputs);
-    record(op, false, plain, plain);
-    return inner->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+    auto work = inner->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+    for (const auto& out : outputs) record(op, false, (size_ - 1) * bytes_of(out), (size_ - 1) * bytes_of(out));
+    return work;
   }
   std::vector<at::Tensor> user = inputs;
   user.insert(user.end(), outputs.begin(), outputs.end());
   c10d::ReduceScatterOptions one = opts;
   one.asyncOp = false;  // each step runs on this call's stream
-  return run(c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, inputs[0].device(), opts.asyncOp, user, outputs, [&] {
-    for (size_t i = 0; i < inputs.size(); ++i) _reduce_scatter_base(outputs[i], inputs[i], one)->wait();
-  });
+  return run(c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, inputs[0].device(), opts.asyncOp,
+             withFactor(user, opts.reduceOp, red), outputs, [&] {
+               for (size_t i = 0; i < inputs.size(); ++i) reduceScatterBase(outputs[i], inputs[i], one, op)->wait();
+             });
 }
 
 // ------------------------------------------------------------------ all_gather
-c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::_allgather_base(at::Tensor& output, at::Tensor& input,
-                                                                const c10d::AllgatherOptions& opts) {
-  const char* op = "all_gather_into_tensor";
+void ProcessGroupFP8::checkAllgatherBase(const char* op, const at::Tensor& output, const at::Tensor& input) const {
   check_same_device_and_dtype(op, input, output, "output");
+  check_writable(op, output, "the output");
   TORCH_CHECK(output.numel() == size_ * input.numel(), "fp8comm ", op, ": output has ", output.numel(),
               " elements but must have group size (", size_, ") x input numel (", input.numel(), ") = ",
               size_ * input.numel());
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                                const c10d::AllgatherOptions& opts) {
+  return allgatherBase(output, input, opts, "all_gather_into_tensor");
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allgatherBase(at::Tensor& output, at::Tensor& input,
+                                                              const c10d::AllgatherOptions& opts, const char* op) {
+  checkAllgatherBase(op, output, input);
   auto inner = innerFor(input.device(), op);
   const int64_t P = size_;
   const int64_t plain = (P - 1) * bytes_of(input);
   if (!compressible(input, input.numel(), options_.compress_allgather)) {
-    record(op, false, plain, plain);
     at::Tensor out = as_bytes_if_fp8(output);
     at::Tensor in = as_bytes_if_fp8(input);
-    return inner->_allgather_base(out, in, opts);
+    auto work = inner->_allgather_base(out, in, opts);
+    record(op, false, plain, plain);
+    return work;
   }
   check_dense(op, output);
-  record(op, true, (P - 1) * segment_bytes(input.numel(), options_.block_size), plain);
-  return run(c10d::OpType::_ALLGATHER_BASE, input.device(), opts.asyncOp, {input, output}, {output}, [&] {
+  auto work = run(c10d::OpType::_ALLGATHER_BASE, input.device(), opts.asyncOp, {input, output}, {output}, [&] {
     Transport transport(inner, opts.timeout, op);
     at::Tensor out = contiguous_or_self(output);
     allgatherCompressed(transport, {out}, contiguous_or_self(input));
     write_back(output, out);
   });
+  record(op, true, (P - 1) * segment_bytes(input.numel(), options_.block_size), plain);
+  return work;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -418,6 +550,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allgather(std::vector<std::vecto
               outputs[0].size(), " tensors but the group has ", size_, " ranks");
   for (const auto& out : outputs[0]) {
     check_same_device_and_dtype(op, input, out, "an output");
+    check_writable(op, out, "an output");
     TORCH_CHECK(out.numel() == input.numel(), "fp8comm ", op, ": every output must have the input's ",
                 input.numel(), " elements, got ", out.numel());
   }
@@ -425,139 +558,163 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allgather(std::vector<std::vecto
   const int64_t P = size_;
   const int64_t plain = (P - 1) * bytes_of(input);
   if (!compressible(input, input.numel(), options_.compress_allgather)) {
-    record(op, false, plain, plain);
     auto outs = as_bytes_if_fp8(outputs);
     auto ins = as_bytes_if_fp8(inputs);
-    return inner->allgather(outs, ins, opts);
+    auto work = inner->allgather(outs, ins, opts);
+    record(op, false, plain, plain);
+    return work;
   }
-  record(op, true, (P - 1) * segment_bytes(input.numel(), options_.block_size), plain);
   std::vector<at::Tensor> user = outputs[0];
   user.push_back(input);
-  return run(c10d::OpType::ALLGATHER, input.device(), opts.asyncOp, user, outputs[0], [&] {
+  auto work = run(c10d::OpType::ALLGATHER, input.device(), opts.asyncOp, user, outputs[0], [&] {
     Transport transport(inner, opts.timeout, op);
     std::vector<at::Tensor> outs;
     for (const auto& out : outputs[0]) outs.push_back(contiguous_or_self(out));
     allgatherCompressed(transport, outs, contiguous_or_self(input));
     for (size_t r = 0; r < outs.size(); ++r) write_back(outputs[0][r], outs[r]);
   });
+  record(op, true, (P - 1) * segment_bytes(input.numel(), options_.block_size), plain);
+  return work;
 }
 
+// As reduce_scatter_tensor_coalesced: one collective per pair, all checked first.
 c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                                 std::vector<at::Tensor>& inputs,
                                                                                 const c10d::AllgatherOptions& opts) {
   const char* op = "all_gather_into_tensor_coalesced";
   TORCH_CHECK(!inputs.empty() && outputs.size() == inputs.size(), "fp8comm ", op, ": got ", outputs.size(),
               " outputs for ", inputs.size(), " inputs");
-  auto inner = innerFor(inputs[0].device(), op);
   bool any = false;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    check_same_device_and_dtype(op, inputs[i], outputs[i], "an output");
+    checkAllgatherBase(op, outputs[i], inputs[i]);
     TORCH_CHECK(inputs[i].device() == inputs[0].device(), "fp8comm ", op, ": tensors on several devices");
-    TORCH_CHECK(outputs[i].numel() == size_ * inputs[i].numel(), "fp8comm ", op, ": output ", i, " has ",
-                outputs[i].numel(), " elements but must have ", size_, " x ", inputs[i].numel());
-    any = any || compressible(inputs[i], inputs[i].numel(), options_.compress_allgather);
+    const bool compress = compressible(inputs[i], inputs[i].numel(), options_.compress_allgather);
+    if (compress) check_dense(op, outputs[i]);
+    any = any || compress;
   }
+  auto inner = innerFor(inputs[0].device(), op);
   if (!any) {
-    const int64_t plain = (size_ - 1) * bytes_of(inputs);
-    record(op, false, plain, plain);
     auto outs = as_bytes_if_fp8(outputs);
     auto ins = as_bytes_if_fp8(inputs);
-    return inner->allgather_into_tensor_coalesced(outs, ins, opts);
+    auto work = inner->allgather_into_tensor_coalesced(outs, ins, opts);
+    for (const auto& in : inputs) record(op, false, (size_ - 1) * bytes_of(in), (size_ - 1) * bytes_of(in));
+    return work;
   }
   std::vector<at::Tensor> user = inputs;
   user.insert(user.end(), outputs.begin(), outputs.end());
   c10d::AllgatherOptions one = opts;
   one.asyncOp = false;
   return run(c10d::OpType::ALLGATHER_COALESCED, inputs[0].device(), opts.asyncOp, user, outputs, [&] {
-    for (size_t i = 0; i < inputs.size(); ++i) _allgather_base(outputs[i], inputs[i], one)->wait();
+    for (size_t i = 0; i < inputs.size(); ++i) allgatherBase(outputs[i], inputs[i], one, op)->wait();
   });
 }
 
 // ------------------------------------------------------------ exact passthrough
 c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::broadcast(std::vector<at::Tensor>& tensors,
                                                           const c10d::BroadcastOptions& opts) {
-  record("broadcast", false, 0, 0);
+  check_writable("broadcast", tensors, "a tensor");
   auto ts = as_bytes_if_fp8(tensors);
-  return innerFor(tensors.at(0).device(), "broadcast")->broadcast(ts, opts);
+  auto work = innerFor(tensors.at(0).device(), "broadcast")->broadcast(ts, opts);
+  record("broadcast", false, 0, 0);
+  return work;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::reduce(std::vector<at::Tensor>& tensors,
                                                        const c10d::ReduceOptions& opts) {
+  check_not_fp8_reduction("reduce", tensors);
+  check_writable("reduce", tensors, "a tensor");
+  auto work = innerFor(tensors.at(0).device(), "reduce")->reduce(tensors, opts);
   record("reduce", false, 0, 0);
-  return innerFor(tensors.at(0).device(), "reduce")->reduce(tensors, opts);
+  return work;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                                     std::vector<at::Tensor>& inputs,
                                                                     const c10d::AllgatherOptions& opts) {
+  check_writable("all_gather_coalesced", outputs, "an output");
   const int64_t plain = (size_ - 1) * bytes_of(inputs);
-  record("all_gather_coalesced", false, plain, plain);
   auto outs = as_bytes_if_fp8(outputs);
   auto ins = as_bytes_if_fp8(inputs);
-  return innerFor(inputs.at(0).device(), "all_gather_coalesced")->allgather_coalesced(outs, ins, opts);
+  auto work = innerFor(inputs.at(0).device(), "all_gather_coalesced")->allgather_coalesced(outs, ins, opts);
+  record("all_gather_coalesced", false, plain, plain);
+  return work;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                        std::vector<at::Tensor>& inputs,
                                                        const c10d::GatherOptions& opts) {
-  record("gather", false, 0, 0);
+  check_writable("gather", outputs, "an output");
   auto outs = as_bytes_if_fp8(outputs);
   auto ins = as_bytes_if_fp8(inputs);
-  return innerFor(inputs.at(0).device(), "gather")->gather(outs, ins, opts);
+  auto work = innerFor(inputs.at(0).device(), "gather")->gather(outs, ins, opts);
+  record("gather", false, 0, 0);
+  return work;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::scatter(std::vector<at::Tensor>& outputs,
                                                         std::vector<std::vector<at::Tensor>>& inputs,
                                                         const c10d::ScatterOptions& opts) {
-  record("scatter", false, 0, 0);
+  check_writable("scatter", outputs, "the output");
   auto outs = as_bytes_if_fp8(outputs);
   auto ins = as_bytes_if_fp8(inputs);
-  return innerFor(outputs.at(0).device(), "scatter")->scatter(outs, ins, opts);
+  auto work = innerFor(outputs.at(0).device(), "scatter")->scatter(outs, ins, opts);
+  record("scatter", false, 0, 0);
+  return work;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::alltoall_base(at::Tensor& output, at::Tensor& input,
                                                               std::vector<int64_t>& output_split_sizes,
                                                               std::vector<int64_t>& input_split_sizes,
                                                               const c10d::AllToAllOptions& opts) {
+  check_writable("all_to_all", output, "the output");
   const int64_t plain = (size_ - 1) * bytes_of(input) / size_;
-  record("all_to_all", false, plain, plain);
   at::Tensor out = as_bytes_if_fp8(output);
   at::Tensor in = as_bytes_if_fp8(input);
-  return innerFor(input.device(), "all_to_all")->alltoall_base(out, in, output_split_sizes, input_split_sizes, opts);
+  auto work =
+      innerFor(input.device(), "all_to_all")->alltoall_base(out, in, output_split_sizes, input_split_sizes, opts);
+  record("all_to_all", false, plain, plain);
+  return work;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::alltoall(std::vector<at::Tensor>& outputs,
                                                          std::vector<at::Tensor>& inputs,
                                                          const c10d::AllToAllOptions& opts) {
+  check_writable("all_to_all", outputs, "an output");
   const int64_t plain = (size_ - 1) * bytes_of(inputs) / size_;
-  record("all_to_all", false, plain, plain);
   auto outs = as_bytes_if_fp8(outputs);
   auto ins = as_bytes_if_fp8(inputs);
-  return innerFor(inputs.at(0).device(), "all_to_all")->alltoall(outs, ins, opts);
+  auto work = innerFor(inputs.at(0).device(), "all_to_all")->alltoall(outs, ins, opts);
+  record("all_to_all", false, plain, plain);
+  return work;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
-  record("send", false, bytes_of(tensors), bytes_of(tensors));
   auto ts = as_bytes_if_fp8(tensors);
-  return innerFor(tensors.at(0).device(), "send")->send(ts, dst_rank, tag);
+  auto work = innerFor(tensors.at(0).device(), "send")->send(ts, dst_rank, tag);
+  record("send", false, bytes_of(tensors), bytes_of(tensors));
+  return work;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
-  record("recv", false, 0, 0);
+  check_writable("recv", tensors, "the tensor");
   auto ts = as_bytes_if_fp8(tensors);
-  return innerFor(tensors.at(0).device(), "recv")->recv(ts, src_rank, tag);
+  auto work = innerFor(tensors.at(0).device(), "recv")->recv(ts, src_rank, tag);
+  record("recv", false, 0, 0);
+  return work;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
-  record("recv", false, 0, 0);
+  check_writable("recv", tensors, "the tensor");
   auto ts = as_bytes_if_fp8(tensors);
-  return innerFor(tensors.at(0).device(), "recv")->recvAnysource(ts, tag);
+  auto work = innerFor(tensors.at(0).device(), "recv")->recvAnysource(ts, tag);
+  record("recv", false, 0, 0);
+  return work;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::barrier(const c10d::BarrierOptions& opts) {
+  auto work = opts.device ? innerFor(*opts.device, "barrier")->barrier(opts) : defaultInner("barrier")->barrier(opts);
   record("barrier", false, 0, 0);
-  if (opts.device) return innerFor(*opts.device, "barrier")->barrier(opts);
-  return defaultInner("barrier")->barrier(opts);
+  return work;
 }
 
 void ProcessGroupFP8::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {

@@ -102,6 +102,10 @@ class ProcessGroupFP8 : public c10d::Backend {
   // Whether a collective on `per_rank_numel` elements of `t`'s dtype is compressed.
   bool compressible(const at::Tensor& t, int64_t per_rank_numel, bool op_enabled) const;
   std::optional<Reduction> reductionFor(const c10d::ReduceOp& op, const at::Tensor& t) const;
+  // `tensors` plus the PREMUL_SUM factor tensors a compressed call reads on
+  // its stream, so that run() keeps them alive and in use until it is done.
+  static std::vector<at::Tensor> withFactor(std::vector<at::Tensor> tensors, const c10d::ReduceOp& op,
+                                            const std::optional<Reduction>& red);
 
   // Runs `body` (the compressed algorithm) inline on the CPU or on the side
   // stream of a CUDA device, and returns its Work.
@@ -122,7 +126,18 @@ class ProcessGroupFP8 : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allreducePassthrough(std::vector<at::Tensor>& tensors,
                                                       const c10d::AllreduceOptions& opts);
   c10::intrusive_ptr<c10d::Work> reduceScatterBasePassthrough(at::Tensor& output, at::Tensor& input,
-                                                              const c10d::ReduceScatterOptions& opts);
+                                                              const c10d::ReduceScatterOptions& opts, const char* op);
+  // The tensor forms, counted in stats under `op` (the entry point called).
+  c10::intrusive_ptr<c10d::Work> reduceScatterBase(at::Tensor& output, at::Tensor& input,
+                                                   const c10d::ReduceScatterOptions& opts, const char* op);
+  c10::intrusive_ptr<c10d::Work> allgatherBase(at::Tensor& output, at::Tensor& input,
+                                               const c10d::AllgatherOptions& opts, const char* op);
+  // Every check of one (output, input) pair that can be made on this rank.
+  void checkReduceScatterBase(const char* op, const at::Tensor& output, const at::Tensor& input,
+                              const c10d::ReduceScatterOptions& opts);
+  // AVG / PREMUL_SUM of tensors the gloo transport cannot emulate them for: a clear error.
+  void checkReduceOpSupported(const char* op, const c10d::ReduceOp& reduce_op, const at::Tensor& t) const;
+  void checkAllgatherBase(const char* op, const at::Tensor& output, const at::Tensor& input) const;
   bool transportLacksAvgAndPremul(const at::Device& device) const;
 
   BlockCodes wire(const at::Tensor& bytes, int64_t num_segments, int64_t segment_numel) const;

@@ -2,6 +2,16 @@
 // Communication counters of one process group (DESIGN.md, "Stats").
 // bytes_sent counts what this rank sends to its peers under the standard
 // algorithm volumes; bytes_sent_uncompressed the same calls sent as they were.
+//
+// A call is recorded once it has been issued (done on the CPU, enqueued on
+// CUDA): calls refused by a check, here or in the inner backend, and CPU calls
+// that fail in the transport are not counted. Per-op counts are keyed by the
+// entry point the caller used (c10d's name: all_reduce, all_reduce_coalesced,
+// reduce_scatter_tensor, reduce_scatter, reduce_scatter_tensor_coalesced,
+// all_gather_into_tensor, all_gather, all_gather_into_tensor_coalesced, ...).
+// The *_tensor_coalesced forms count one collective per tensor (each
+// compressed or passed through as it would be alone); all_reduce_coalesced
+// counts one (one all_reduce of the concatenation).
 #include <stdint.h>
 
 #include <map>
