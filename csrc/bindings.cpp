@@ -5,6 +5,7 @@
 #include <torch/extension.h>
 
 #include "backend/registry.h"
+#include "backend/segment_header.h"
 #include "codec/codec.h"
 
 namespace {
@@ -29,6 +30,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("segment_bytes", &fp8comm::segment_bytes, py::arg("segment_numel"), py::arg("block_size"),
         "Bytes of one wire segment [scales][codes] holding segment_numel elements.");
 
+  m.def(
+      "wire_segment_bytes",
+      [](int64_t segment_numel, int64_t block_size, const std::string& device) {
+        return fp8comm::header_bytes(c10::Device(device_type_of(device))) +
+               fp8comm::segment_bytes(segment_numel, block_size);
+      },
+      py::arg("segment_numel"), py::arg("block_size") = 32, py::arg("device") = "cpu",
+      "Bytes the backend sends for one segment of segment_numel elements: the CPU's 16-byte header (its "
+      "collective and size, checked by the receiver), then [scales][codes].");
   m.def("cpu_simd_enabled", &fp8comm::cpu_simd_enabled,
         "Whether the CPU codec runs whole blocks through its AVX2 kernels.");
   m.def("set_cpu_simd", &fp8comm::set_cpu_simd, py::arg("enabled"),

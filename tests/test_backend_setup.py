@@ -49,7 +49,7 @@ def test_coalesced_calls_are_counted_under_their_own_name(pool, kind):
     passed through as it would be alone); all_reduce_coalesced is one
     compressed all_reduce of the concatenation."""
     P = pool.world
-    seg = fp8comm._C.segment_bytes
+    seg = fp8comm._C.wire_segment_bytes
     for stats in pool.run(scenarios.stats_of_coalesced, kind):
         if kind == "all_reduce":
             assert stats["per_op"] == {"all_reduce_coalesced": {"compressed": 1, "passthrough": 0}}

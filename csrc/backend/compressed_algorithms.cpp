@@ -8,14 +8,42 @@
 #include <vector>
 
 #include "algorithm_parts.h"
+#include "segment_header.h"
 #include "../codec/codec_tensor.h"
 
 namespace fp8comm {
 
-BlockCodes ProcessGroupFP8::wire(const at::Tensor& bytes, int64_t num_segments, int64_t segment_numel) const {
-  return wire_segments(static_cast<uint8_t*>(bytes.data_ptr()), num_segments, segment_numel,
-                       options_.block_size, options_.format);
+// A wire segment of m elements: the header (CPU only, segment_header.h), then
+// the codec's [scales][codes]. Both are multiples of 16 bytes, so the codes of
+// every segment stay 16-byte aligned.
+int64_t ProcessGroupFP8::wireSegmentBytes(const at::Device& device, int64_t m) const {
+  return header_bytes(device) + segment_bytes(m, options_.block_size);
 }
+
+BlockCodes ProcessGroupFP8::wire(const at::Tensor& bytes, int64_t num_segments, int64_t segment_numel) const {
+  const int64_t header = header_bytes(bytes.device());
+  BlockCodes codes = wire_segments(static_cast<uint8_t*>(bytes.data_ptr()) + header, num_segments, segment_numel,
+                                   options_.block_size, options_.format);
+  codes.stride = header + codes.stride;
+  return codes;
+}
+
+namespace {
+
+// The header every segment of `bytes` carries (nothing on CUDA).
+void frame(const at::Tensor& bytes, int64_t count, int64_t stride, Phase phase, const FP8Options& o, int64_t n) {
+  if (header_bytes(bytes.device()) == 0) return;
+  write_headers(static_cast<uint8_t*>(bytes.data_ptr()), count, stride, SegmentHeader(phase, o.format, o.block_size, n));
+}
+
+void check_frames(const at::Tensor& bytes, int64_t count, int64_t stride, Phase phase, const FP8Options& o,
+                  int64_t n, const char* op) {
+  if (header_bytes(bytes.device()) == 0) return;
+  check_headers(static_cast<const uint8_t*>(bytes.data_ptr()), count, stride,
+                SegmentHeader(phase, o.format, o.block_size, n), op);
+}
+
+}  // namespace
 
 c10::Stream ProcessGroupFP8::sideStream(const at::Device& device) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -43,38 +71,53 @@ int64_t cpu_chunk_elements() {
   return chunk;
 }
 
+}  // namespace
+
 // Chunk k of an all_reduce: elements [offset, offset + numel) of the tensor,
 // as P segments of m elements, S wire bytes each; `at` is where its P
 // segments start in the send / recv / gathered buffers.
-struct Chunk {
+struct ProcessGroupFP8::Chunk {
   int64_t offset, numel, m, S, at;
 };
 
-}  // namespace
+std::vector<ProcessGroupFP8::Chunk> ProcessGroupFP8::allreduceChunks(const at::Device& device, int64_t n) const {
+  const int64_t P = size_;
+  const int64_t B = options_.block_size;
+  const int64_t unit = P * B;
+  const int64_t chunk = device.is_cpu() ? ceil_div(cpu_chunk_elements(), unit) * unit : ceil_div(n, unit) * unit;
+  std::vector<Chunk> chunks;
+  int64_t bytes = 0;
+  for (int64_t offset = 0; offset < n; offset += chunk) {
+    const int64_t numel = std::min(chunk, n - offset);
+    // Segments are whole blocks, so each starts 16-byte aligned in the tensor.
+    const int64_t m = ceil_div(ceil_div(numel, P), B) * B;
+    const int64_t S = wireSegmentBytes(device, m);
+    chunks.push_back({offset, numel, m, S, bytes});
+    bytes += P * S;
+  }
+  return chunks;
+}
+
+int64_t ProcessGroupFP8::allreduceWireBytes(const at::Device& device, int64_t n) const {
+  int64_t bytes = 0;
+  for (const Chunk& c : allreduceChunks(device, n)) bytes += 2 * (size_ - 1) * c.S;
+  return bytes;
+}
 
 // reduce_scatter of the P segments of n/P elements each, the sum re-quantized,
 // then all_gather of those bytes: every rank decodes the same bytes, so every
 // rank ends with bitwise the same result. Chunks are whole multiples of P
 // blocks, so every block holds the elements it would hold unchunked: the
 // result does not depend on the chunking.
-void ProcessGroupFP8::allreduceCompressed(Transport& transport, const at::Tensor& tensor, const Reduction& red) {
+void ProcessGroupFP8::allreduceCompressed(Transport& transport, const at::Tensor& tensor, const Reduction& red,
+                                          const char* op) {
   const int64_t P = size_;
-  const int64_t B = options_.block_size;
   const int64_t n = tensor.numel();
-  const int64_t unit = P * B;
-  const int64_t chunk = tensor.is_cpu() ? ceil_div(cpu_chunk_elements(), unit) * unit : ceil_div(n, unit) * unit;
-  std::vector<Chunk> chunks;
-  int64_t bytes = 0, gather_send_bytes = 0;
-  for (int64_t offset = 0; offset < n; offset += chunk) {
-    const int64_t numel = std::min(chunk, n - offset);
-    // Segments are whole blocks, so each starts 16-byte aligned in the tensor.
-    const int64_t m = ceil_div(ceil_div(numel, P), B) * B;
-    const int64_t S = segment_bytes(m, B);
-    chunks.push_back({offset, numel, m, S, bytes});
-    bytes += P * S;
-    gather_send_bytes = std::max(gather_send_bytes, transport.gatherSendBytes(S, P));
-  }
+  const std::vector<Chunk> chunks = allreduceChunks(tensor.device(), n);
   const int64_t C = static_cast<int64_t>(chunks.size());
+  const int64_t bytes = chunks.back().at + P * chunks.back().S;
+  int64_t gather_send_bytes = 0;
+  for (const Chunk& c : chunks) gather_send_bytes = std::max(gather_send_bytes, transport.gatherSendBytes(c.S, P));
   at::Tensor send = workspace_.bytes(Workspace::kSend, bytes, tensor);
   at::Tensor recv = workspace_.bytes(Workspace::kRecv, bytes, tensor);
   at::Tensor gathered = workspace_.bytes(Workspace::kGathered, bytes, tensor);
@@ -87,20 +130,24 @@ void ProcessGroupFP8::allreduceCompressed(Transport& transport, const at::Tensor
     const Chunk& c = chunks[k];
     at::Tensor out = slice(send, c, P), in = slice(recv, c, P);
     quantize_into(tensor.narrow(0, c.offset, c.numel), red.premul, red.premul_tensor, wire(out, P, c.m));
+    frame(out, P, c.S, Phase::kAllReduceScatter, options_, n);
     all_to_all[k] = transport.startAllToAll(in, out);
   };
   auto reduce = [&](int64_t k) {
     const Chunk& c = chunks[k];
     transport.wait(all_to_all.take(k), "all_to_all");
+    check_frames(slice(recv, c, P), P, c.S, Phase::kAllReduceScatter, options_, n, op);
     at::Tensor reduced = mine.narrow(0, (k % 2) * gather_send_bytes, transport.gatherSendBytes(c.S, P));
     dequant_sum_requantize_into(wire(slice(recv, c, P), P, c.m), red.post_div, wire(reduced, 1, c.m),
                                 tensor.device());
+    frame(reduced, 1, c.S, Phase::kAllReduceGather, options_, n);
     at::Tensor in = slice(gathered, c, P);
     all_gather[k] = transport.startAllGather(in, reduced, c.S);
   };
   auto decode = [&](int64_t k) {
     const Chunk& c = chunks[k];
     transport.wait(all_gather.take(k), "all_gather");
+    check_frames(slice(gathered, c, P), P, c.S, Phase::kAllReduceGather, options_, n, op);
     dequantize_into(wire(slice(gathered, c, P), P, c.m), tensor.narrow(0, c.offset, c.numel));
   };
   // Quantize chunk k while chunk k-1's all_to_all and chunk k-2's all_gather
@@ -116,10 +163,11 @@ void ProcessGroupFP8::allreduceCompressed(Transport& transport, const at::Tensor
 
 // Segment r of the input goes to rank r, which sums the P pieces in FP32.
 void ProcessGroupFP8::reduceScatterCompressed(Transport& transport, const at::Tensor& output,
-                                              const std::vector<at::Tensor>& input_segments, const Reduction& red) {
+                                              const std::vector<at::Tensor>& input_segments, const Reduction& red,
+                                              const char* op) {
   const int64_t P = size_;
   const int64_t k = output.numel();
-  const int64_t S = segment_bytes(k, options_.block_size);
+  const int64_t S = wireSegmentBytes(output.device(), k);
   at::Tensor send = workspace_.bytes(Workspace::kSend, P * S, output);
   if (input_segments.size() == 1) {  // one flat input of P * k elements
     quantize_into(input_segments[0], red.premul, red.premul_tensor, wire(send, P, k));
@@ -128,21 +176,25 @@ void ProcessGroupFP8::reduceScatterCompressed(Transport& transport, const at::Te
       quantize_into(input_segments[r], red.premul, red.premul_tensor, wire(send.narrow(0, r * S, S), 1, k));
     }
   }
+  frame(send, P, S, Phase::kReduceScatter, options_, k);
   at::Tensor recv = workspace_.bytes(Workspace::kRecv, P * S, output);
   transport.wait(transport.startAllToAll(recv, send), "all_to_all");
+  check_frames(recv, P, S, Phase::kReduceScatter, options_, k, op);
   dequant_sum_into(wire(recv, P, k), red.post_div, output);
 }
 
 // Every rank decodes every segment, its own included, so all outputs agree.
 void ProcessGroupFP8::allgatherCompressed(Transport& transport, const std::vector<at::Tensor>& output_segments,
-                                          const at::Tensor& input) {
+                                          const at::Tensor& input, const char* op) {
   const int64_t P = size_;
   const int64_t k = input.numel();
-  const int64_t S = segment_bytes(k, options_.block_size);
+  const int64_t S = wireSegmentBytes(input.device(), k);
   at::Tensor send = workspace_.bytes(Workspace::kSend, transport.gatherSendBytes(S, P), input);
   quantize_into(input, 1.0f, std::nullopt, wire(send, 1, k));
+  frame(send, 1, S, Phase::kAllGather, options_, k);
   at::Tensor recv = workspace_.bytes(Workspace::kRecv, P * S, input);
   transport.wait(transport.startAllGather(recv, send, S), "all_gather");
+  check_frames(recv, P, S, Phase::kAllGather, options_, k, op);
   if (output_segments.size() == 1) {  // one flat output of P * k elements
     dequantize_into(wire(recv, P, k), output_segments[0]);
   } else {

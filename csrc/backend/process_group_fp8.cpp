@@ -253,15 +253,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allreduce(std::vector<at::Tensor
     record(op, false, plain, plain);
     return work;
   }
-  const int64_t m = ceil_div(ceil_div(tensor.numel(), P), options_.block_size) * options_.block_size;
   auto work = run(c10d::OpType::ALLREDUCE, tensor.device(), opts.asyncOp, withFactor({tensor}, opts.reduceOp, red),
                   {tensor}, [&] {
                     Transport transport(inner, opts.timeout, op);
                     at::Tensor buffer = contiguous_or_self(tensor);
-                    allreduceCompressed(transport, buffer, *red);
+                    allreduceCompressed(transport, buffer, *red, op);
                     write_back(tensor, buffer);
                   });
-  record(op, true, 2 * (P - 1) * segment_bytes(m, options_.block_size), plain);
+  record(op, true, allreduceWireBytes(tensor.device(), tensor.numel()), plain);
   return work;
 }
 
@@ -334,7 +333,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allreduce_coalesced(std::vector<
     record(op, false, plain, plain);
     return work;
   }
-  const int64_t m = ceil_div(ceil_div(total, P), options_.block_size) * options_.block_size;
   // One compressed all_reduce of the concatenation, like a DDP bucket.
   auto work = run(c10d::OpType::ALLREDUCE_COALESCED, tensors[0].device(), opts.asyncOp,
                   withFactor(tensors, opts.reduceOp, red), tensors, [&] {
@@ -342,14 +340,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allreduce_coalesced(std::vector<
                     std::vector<at::Tensor> flat_views;
                     for (const auto& t : tensors) flat_views.push_back(t.reshape({-1}));
                     at::Tensor flat = at::cat(flat_views);
-                    allreduceCompressed(transport, flat, *red);
+                    allreduceCompressed(transport, flat, *red, op);
                     int64_t offset = 0;
                     for (auto& t : tensors) {
                       t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
                       offset += t.numel();
                     }
                   });
-  record(op, true, 2 * (P - 1) * segment_bytes(m, options_.block_size), plain);
+  record(op, true, allreduceWireBytes(tensors[0].device(), total), plain);
   return work;
 }
 
@@ -408,10 +406,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::reduceScatterBase(at::Tensor& ou
                   withFactor({input, output}, opts.reduceOp, red), {output}, [&] {
                     Transport transport(inner, opts.timeout, op);
                     at::Tensor out = contiguous_or_self(output);
-                    reduceScatterCompressed(transport, out, {contiguous_or_self(input)}, *red);
+                    reduceScatterCompressed(transport, out, {contiguous_or_self(input)}, *red, op);
                     write_back(output, out);
                   });
-  record(op, true, (P - 1) * segment_bytes(output.numel(), options_.block_size), plain);
+  record(op, true, (P - 1) * wireSegmentBytes(output.device(), output.numel()), plain);
   return work;
 }
 
@@ -458,10 +456,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::reduce_scatter(std::vector<at::T
                     std::vector<at::Tensor> segments;
                     for (const auto& in : inputs[0]) segments.push_back(contiguous_or_self(in));
                     at::Tensor out = contiguous_or_self(output);
-                    reduceScatterCompressed(transport, out, segments, *red);
+                    reduceScatterCompressed(transport, out, segments, *red, op);
                     write_back(output, out);
                   });
-  record(op, true, (P - 1) * segment_bytes(output.numel(), options_.block_size), plain);
+  record(op, true, (P - 1) * wireSegmentBytes(output.device(), output.numel()), plain);
   return work;
 }
 
@@ -532,10 +530,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allgatherBase(at::Tensor& output
   auto work = run(c10d::OpType::_ALLGATHER_BASE, input.device(), opts.asyncOp, {input, output}, {output}, [&] {
     Transport transport(inner, opts.timeout, op);
     at::Tensor out = contiguous_or_self(output);
-    allgatherCompressed(transport, {out}, contiguous_or_self(input));
+    allgatherCompressed(transport, {out}, contiguous_or_self(input), op);
     write_back(output, out);
   });
-  record(op, true, (P - 1) * segment_bytes(input.numel(), options_.block_size), plain);
+  record(op, true, (P - 1) * wireSegmentBytes(input.device(), input.numel()), plain);
   return work;
 }
 
@@ -570,10 +568,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allgather(std::vector<std::vecto
     Transport transport(inner, opts.timeout, op);
     std::vector<at::Tensor> outs;
     for (const auto& out : outputs[0]) outs.push_back(contiguous_or_self(out));
-    allgatherCompressed(transport, outs, contiguous_or_self(input));
+    allgatherCompressed(transport, outs, contiguous_or_self(input), op);
     for (size_t r = 0; r < outs.size(); ++r) write_back(outputs[0][r], outs[r]);
   });
-  record(op, true, (P - 1) * segment_bytes(input.numel(), options_.block_size), plain);
+  record(op, true, (P - 1) * wireSegmentBytes(input.device(), input.numel()), plain);
   return work;
 }
 

@@ -116,11 +116,19 @@ class ProcessGroupFP8 : public c10d::Backend {
   c10::Stream sideStream(const at::Device& device);
 
   // The compressed algorithms (DESIGN.md, "Algorithms"); tensors contiguous.
-  void allreduceCompressed(Transport& t, const at::Tensor& tensor, const Reduction& red);
+  // `op` names the entry point in errors.
+  void allreduceCompressed(Transport& t, const at::Tensor& tensor, const Reduction& red, const char* op);
   void reduceScatterCompressed(Transport& t, const at::Tensor& output,
-                               const std::vector<at::Tensor>& input_segments, const Reduction& red);
+                               const std::vector<at::Tensor>& input_segments, const Reduction& red,
+                               const char* op);
   void allgatherCompressed(Transport& t, const std::vector<at::Tensor>& output_segments,
-                           const at::Tensor& input);
+                           const at::Tensor& input, const char* op);
+  // What the algorithms send: a wire segment of m elements on `device`, the
+  // chunks of an all_reduce, and the bytes this rank sends for one (stats).
+  struct Chunk;
+  int64_t wireSegmentBytes(const at::Device& device, int64_t m) const;
+  std::vector<Chunk> allreduceChunks(const at::Device& device, int64_t numel) const;
+  int64_t allreduceWireBytes(const at::Device& device, int64_t numel) const;
 
   // Exact forwarding, emulating AVG / PREMUL_SUM where the transport lacks them.
   c10::intrusive_ptr<c10d::Work> allreducePassthrough(std::vector<at::Tensor>& tensors,

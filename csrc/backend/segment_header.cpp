@@ -1,0 +1,45 @@
+#include "segment_header.h"
+
+#include <c10/util/Exception.h>
+
+#include <cstring>
+
+namespace fp8comm {
+namespace {
+
+const char* phase_name(Phase p) {
+  switch (p) {
+    case Phase::kAllReduceScatter: return "the reduce phase of an all_reduce";
+    case Phase::kAllReduceGather: return "the gather phase of an all_reduce";
+    case Phase::kReduceScatter: return "a reduce_scatter";
+    case Phase::kAllGather: return "an all_gather";
+  }
+  return "an unknown phase";
+}
+
+const char* format_name(uint8_t f) { return f == static_cast<uint8_t>(Fp8Format::E4M3) ? "e4m3" : "e5m2"; }
+
+}  // namespace
+
+void write_headers(uint8_t* base, int64_t count, int64_t stride, const SegmentHeader& h) {
+  for (int64_t r = 0; r < count; ++r) std::memcpy(base + r * stride, &h, sizeof(h));
+}
+
+void check_headers(const uint8_t* base, int64_t count, int64_t stride, const SegmentHeader& expected,
+                   const char* op) {
+  for (int64_t r = 0; r < count; ++r) {
+    SegmentHeader got = expected;
+    std::memcpy(&got, base + r * stride, sizeof(got));
+    if (std::memcmp(&got, &expected, sizeof(got)) == 0) continue;
+    TORCH_CHECK(got.magic == SegmentHeader::kMagic && got.phase == expected.phase, "fp8comm ", op, ": rank ", r,
+                " sent bytes that are not a piece of ", phase_name(expected.phase),
+                ": the ranks did not call the same collective; every rank must issue the same collectives in "
+                "the same order (TORCH_DISTRIBUTED_DEBUG=DETAIL names the mismatched call)");
+    TORCH_CHECK(false, "fp8comm ", op, ": rank ", r, " called it with ", got.numel, " elements, block_size ",
+                got.block_size, " and fp8_dtype ", format_name(got.format), ", but this rank with ", expected.numel,
+                ", ", expected.block_size, " and ", format_name(expected.format),
+                "; every rank must call a collective with the same sizes and the same fp8comm.Options");
+  }
+}
+
+}  // namespace fp8comm

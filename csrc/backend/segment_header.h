@@ -1,0 +1,43 @@
+#pragma once
+// The 16 bytes in front of every wire segment of a CPU collective: which
+// phase of which collective it belongs to, the format, and the collective's
+// size. The receiving rank checks them before it reads a piece, so ranks that
+// called with different sizes or options get an error naming the rank, not a
+// silently wrong result (gloo accepts a message shorter than the buffer
+// posted for it). CUDA segments carry none: checking them would block the
+// host; NCCL's own behaviour, and TORCH_DISTRIBUTED_DEBUG=DETAIL, apply there.
+#include <c10/core/Device.h>
+
+#include <stdint.h>
+
+#include "../codec/codec.h"
+
+namespace fp8comm {
+
+enum class Phase : uint8_t { kAllReduceScatter = 1, kAllReduceGather = 2, kReduceScatter = 3, kAllGather = 4 };
+
+struct SegmentHeader {
+  static constexpr uint32_t kMagic = 0x38435046u;  // "FPC8"
+  uint32_t magic = kMagic;
+  Phase phase;
+  uint8_t format;       // Fp8Format
+  uint16_t block_size;  // <= 4096
+  int64_t numel;        // the collective's size: all_reduce n, reduce_scatter / all_gather per-rank numel
+
+  SegmentHeader(Phase p, Fp8Format f, int block, int64_t n)
+      : phase(p), format(static_cast<uint8_t>(f)), block_size(static_cast<uint16_t>(block)), numel(n) {}
+};
+static_assert(sizeof(SegmentHeader) == 16, "the header is 16 bytes on the wire");
+
+// Header bytes in front of each segment of tensors on `device`.
+inline int64_t header_bytes(const c10::Device& device) { return device.is_cpu() ? 16 : 0; }
+
+// Writes `h` in front of `count` segments, `stride` bytes apart from `base`.
+void write_headers(uint8_t* base, int64_t count, int64_t stride, const SegmentHeader& h);
+
+// Checks that segment r (`stride` bytes apart from `base`, sent by rank r)
+// carries `expected`; raises an error naming `op`, the rank and the mismatch.
+void check_headers(const uint8_t* base, int64_t count, int64_t stride, const SegmentHeader& expected,
+                   const char* op);
+
+}  // namespace fp8comm

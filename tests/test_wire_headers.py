@@ -1,0 +1,51 @@
+"""Every CPU wire segment starts with a 16-byte header naming its collective,
+format and size (csrc/backend/segment_header.h), checked by the receiver
+before it reads the piece. Ranks that call with different sizes or options
+get an error naming the rank, never a silently wrong result."""
+import pytest
+import torch
+
+import fp8comm
+import wire_scenarios as ws
+from dist_harness import DistPool
+
+GROUP_TIMEOUT_S = 10.0
+SLACK_S = 15.0
+
+
+def test_wire_segment_bytes_count_the_header():
+    assert fp8comm._C.wire_segment_bytes(5000, 32, "cpu") == 16 + fp8comm.segment_bytes(5000, 32)
+    assert fp8comm._C.wire_segment_bytes(5000, 32, "cuda") == fp8comm.segment_bytes(5000, 32)
+
+
+@pytest.mark.parametrize("attempt", range(4))
+def test_mismatched_reduce_scatter_never_returns_a_wrong_result(attempt):
+    """gloo accepts a message shorter than the buffer posted for it, so the
+    rank with the larger size used to return, now and then, a result summed
+    from stale bytes. Now every rank that answers raises an error, and the
+    rank with the larger size names rank 0's size; no output is written."""
+    pool = DistPool(2, backend="fp8gloo", pg_options={"min_numel": 1}, timeout_s=GROUP_TIMEOUT_S)
+    answers = pool.run_with_deaths(ws.mismatched_reduce_scatter, timeout=GROUP_TIMEOUT_S + SLACK_S + 60)
+    assert answers, "both ranks died"
+    for rank, (error, written) in answers.items():
+        assert error is not None, f"rank {rank} returned a result from mismatched calls"
+        assert not written
+    if 1 in answers and "rank 0 called it with 40000 elements" not in answers[1][0]:
+        assert "Received data size" in answers[1][0] or "failed in the inner gloo backend" in answers[1][0], answers
+
+
+@pytest.mark.parametrize("option", ["fp8_dtype", "block_size"])
+@pytest.mark.parametrize("op", ["all_reduce", "reduce_scatter", "all_gather"])
+def test_mismatched_options_raise_on_every_rank(op, option):
+    pool = DistPool(2, backend="fp8gloo", timeout_s=GROUP_TIMEOUT_S)
+    answers = pool.run_with_deaths(ws.mismatched_options, op, option, GROUP_TIMEOUT_S, timeout=GROUP_TIMEOUT_S + SLACK_S + 60)
+    assert answers, "both ranks died"
+    for rank, (error, written, seconds) in answers.items():
+        assert error is not None, f"rank {rank} decoded bytes written with other options"
+        assert not written, f"rank {rank} wrote part of its tensor before the error"
+        assert f"fp8comm {dict(all_reduce='all_reduce', reduce_scatter='reduce_scatter_tensor', all_gather='all_gather_into_tensor')[op]}" in error, error
+        assert seconds <= GROUP_TIMEOUT_S + SLACK_S
+    if option == "fp8_dtype":  # same segment sizes: both ranks read the other's header
+        assert set(answers) == {0, 1}
+        assert "rank 0 called it with" in answers[1][0] and "e5m2" in answers[1][0], answers[1][0]
+        assert "rank 1 called it with" in answers[0][0] and "e4m3" in answers[0][0], answers[0][0]
