@@ -39,11 +39,12 @@ def unchunked_model(n: int, dtype, world: int, seed: int, post_div: int, block: 
     return out
 
 
-def chunked_all_reduce(n: int, dtype, seed: int = 0, avg: bool = False):
+def chunked_all_reduce(n: int, dtype, seed: int = 0, avg: bool = False, cols: int = 1):
+    """The all_reduce of a tensor of n elements (shaped [n / cols, cols])."""
     c = ctx()
-    x = rank_input(c.rank, n, dtype, seed)
+    x = rank_input(c.rank, n, dtype, seed).view(-1, cols)
     before = fp8comm.get_stats(c.group)["calls_compressed"]
     dist.all_reduce(x, op=dist.ReduceOp.AVG if avg else dist.ReduceOp.SUM, group=c.group)
     compressed = fp8comm.get_stats(c.group)["calls_compressed"] - before
     expect = unchunked_model(n, dtype, c.world, seed, c.world if avg else 1)
-    return x, expect, compressed
+    return x.reshape(-1), expect, compressed

@@ -39,3 +39,10 @@ def test_chunked_all_reduce_avg(pool):
     results = pool.run(chunk_scenarios.chunked_all_reduce, 2 * CHUNK + 99, torch.float32, seed=1, avg=True)
     for got, expect, _ in results:
         assert same_bits(got, expect)
+
+
+def test_chunked_all_reduce_of_a_matrix(pool):
+    """Chunks cut the flattened tensor, whatever its shape."""
+    results = pool.run(chunk_scenarios.chunked_all_reduce, 3 * CHUNK + 1544, torch.float32, seed=2, cols=1000)
+    for got, expect, compressed in results:
+        assert compressed == 1 and same_bits(got, expect)

@@ -113,6 +113,7 @@ void ProcessGroupFP8::allreduceCompressed(Transport& transport, const at::Tensor
                                           const char* op) {
   const int64_t P = size_;
   const int64_t n = tensor.numel();
+  const at::Tensor flat = tensor.view({-1});  // contiguous, any shape (complex64 arrives as [n, 2] floats)
   const std::vector<Chunk> chunks = allreduceChunks(tensor.device(), n);
   const int64_t C = static_cast<int64_t>(chunks.size());
   const int64_t bytes = chunks.back().at + P * chunks.back().S;
@@ -129,7 +130,7 @@ void ProcessGroupFP8::allreduceCompressed(Transport& transport, const at::Tensor
   auto quantize = [&](int64_t k) {
     const Chunk& c = chunks[k];
     at::Tensor out = slice(send, c, P), in = slice(recv, c, P);
-    quantize_into(tensor.narrow(0, c.offset, c.numel), red.premul, red.premul_tensor, wire(out, P, c.m));
+    quantize_into(flat.narrow(0, c.offset, c.numel), red.premul, red.premul_tensor, wire(out, P, c.m));
     frame(out, P, c.S, Phase::kAllReduceScatter, options_, n);
     all_to_all[k] = transport.startAllToAll(in, out);
   };
@@ -148,7 +149,7 @@ void ProcessGroupFP8::allreduceCompressed(Transport& transport, const at::Tensor
     const Chunk& c = chunks[k];
     transport.wait(all_gather.take(k), "all_gather");
     check_frames(slice(gathered, c, P), P, c.S, Phase::kAllReduceGather, options_, n, op);
-    dequantize_into(wire(slice(gathered, c, P), P, c.m), tensor.narrow(0, c.offset, c.numel));
+    dequantize_into(wire(slice(gathered, c, P), P, c.m), flat.narrow(0, c.offset, c.numel));
   };
   // Quantize chunk k while chunk k-1's all_to_all and chunk k-2's all_gather
   // are on the wire; chunk k-2's reduced segment is free again before k's is written.
