@@ -37,8 +37,9 @@ def test_comm_bench_quick(tmp_path):
     assert len(ops) == 10  # 5 op forms x 2 dtypes
     for r in result["rows"]:
         assert r["calls_compressed"] == 1
-        ratio = r["bytes_sent"] / r["bytes_sent_uncompressed"]
-        assert ratio <= (0.26 if r["dtype"] == "float32" else 0.52)
+        # the format's 0.258 / 0.516, plus the 16-byte header of each CPU wire segment (two phases at most)
+        bound = (0.26 if r["dtype"] == "float32" else 0.52) * r["bytes_sent_uncompressed"] + 2 * 16
+        assert r["bytes_sent"] <= bound
         assert r["sqnr_db"] >= (27.0 if r["op"] == "all_reduce" else 30.0)
         for side in ("fp8", "plain"):
             assert r[side]["p10_s"] <= r[side]["median_s"] <= r[side]["p90_s"]
