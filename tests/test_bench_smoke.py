@@ -56,3 +56,12 @@ def test_model_labels_everything_modeled(tmp_path):
         assert all(k.startswith("modeled_") for k in r if k.endswith("_ms") or k.startswith("speedup"))
         # FP8 moves ~0.52 of BF16's bytes: never more than 2x, and faster on bandwidth-bound links
         assert 1.0 < r["modeled_speedup_vs_bf16"] < 2.0
+
+
+def test_cpu_breakdown_quick():
+    out = run_script("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "bench/cpu_breakdown.py",
+                     "--mib", "1", "--reps", "2")
+    text = out.stdout
+    assert "codec, one thread: quantize" in text and "transport, one all_to_all" in text
+    assert "gloo all_reduce: wall" in text and "fp8gloo all_reduce: wall" in text
+    assert "fp8gloo / gloo wall time:" in text
