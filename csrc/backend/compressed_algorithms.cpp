@@ -58,8 +58,9 @@ c10::Stream ProcessGroupFP8::sideStream(const at::Device& device) {
 namespace {
 
 // CPU all_reduces are cut into chunks of 2M elements (8 MiB of FP32), so that
-// the codec works on one chunk while the transport moves another: measured
-// best of 1-16 chunks for 64 MiB on 2 ranks (docs/performance.md).
+// the codec works on one chunk while the transport moves another. On the
+// 2-core CI machine, 1M-8M element chunks and no chunking measured within
+// noise of each other (docs/performance.md); the gain needs idle cores.
 // FP8COMM_CPU_CHUNK_ELEMENTS overrides it (for measuring). CUDA runs one
 // chunk: its phases are ordered on one side stream.
 int64_t cpu_chunk_elements() {
