@@ -89,7 +89,6 @@ FP8C_HD uint8_t requantize_run(const float* acc, Count n, uint8_t* codes) {
   return sb;
 }
 
-// Blocks [begin, end) of all segments, numbered segment-major.
 // Blocks [begin, end) of all segments, numbered segment-major; with `simd`,
 // each run of whole blocks goes to the AVX2 kernel in one call.
 template <ElemType E, Fp8Format F>
