@@ -4,9 +4,10 @@
 
 On rank 0, for an FP32 all_reduce of --mib MiB on P ranks:
   1. each codec pass of the compressed algorithm, alone, on this rank's thread
-     (quantize P segments, sum and re-quantize one, decode P), next to a copy;
-  2. the two transport phases alone on plain gloo (uint8 all_to_all of the
-     wire bytes, twice, as fp8gloo moves them);
+     (quantize the P - 1 other ranks' segments, add their pieces to the own
+     segment and re-quantize, decode P), next to a copy;
+  2. the two transport phases alone on plain gloo (a uint8 all_to_all of the
+     wire bytes with no segment to itself, twice, as fp8gloo moves them);
   3. gloo's FP32 all_reduce and fp8gloo's, interleaved: wall time and the
      process CPU time (all threads, gloo's included) per call.
 Medians of --reps. Both backends run in the same processes.
@@ -54,9 +55,12 @@ def main():
         send, mine, out = torch.empty(P * S, dtype=torch.uint8), torch.empty(S, dtype=torch.uint8), torch.empty(n)
         seg = fp8comm.segment_bytes(m, 32)
         wire = send.view(P, S)[:, 16:].reshape(-1)  # the codec's segments, without the headers
-        q = timed(lambda: fp8comm.quantize_segments(x, wire[: P * seg], P, m), args.reps)[0]
-        fp8comm.quantize_segments(x, wire[: P * seg], P, m)
-        d = timed(lambda: fp8comm.dequant_sum_requantize(wire[: P * seg], mine[:seg], P, m), args.reps)[0]
+        others = x[m:]  # rank 0 quantizes segments 1 .. P-1 and keeps segment 0
+        q = timed(lambda: fp8comm.quantize_segments(others, wire[: (P - 1) * seg], P - 1, m), args.reps)[0]
+        fp8comm.quantize_segments(others, wire[: (P - 1) * seg], P - 1, m)
+        d = timed(lambda: fp8comm.dequant_sum_requantize(wire[: (P - 1) * seg], mine[:seg], P - 1, m, own=x[:m]),
+                  args.reps)[0]
+        fp8comm.quantize_segments(x, wire[: P * seg], P, m)  # P segments to decode
         g = timed(lambda: fp8comm.dequantize_segments(wire[: P * seg], out, P, m), args.reps)[0]
         c = timed(lambda: out.copy_(x), args.reps)[0]
         lines.append(f"codec, one thread: quantize {q:.1f}, sum + re-quantize {d:.1f}, decode {g:.1f}, "
@@ -64,10 +68,12 @@ def main():
     dist.barrier(group=plain)
 
     # 2. the transport phases alone, on plain gloo
-    send, recv = torch.randint(0, 255, (P * S,), dtype=torch.uint8), torch.empty(P * S, dtype=torch.uint8)
-    a2a = timed(lambda: dist.all_to_all_single(recv, send, group=plain), args.reps, plain)
-    lines.append(f"transport, one all_to_all of {P} x {S / 1e6:.1f} MB: wall {a2a[0]:.1f}, process CPU {a2a[1]:.1f} "
-                 f"(the algorithm runs two)")
+    send = torch.randint(0, 255, ((P - 1) * S,), dtype=torch.uint8)
+    recv = torch.empty((P - 1) * S, dtype=torch.uint8)
+    splits = [0 if r == rank else S for r in range(P)]
+    a2a = timed(lambda: dist.all_to_all_single(recv, send, splits, list(splits), group=plain), args.reps, plain)
+    lines.append(f"transport, one all_to_all of {P - 1} x {S / 1e6:.1f} MB: wall {a2a[0]:.1f}, "
+                 f"process CPU {a2a[1]:.1f} (the algorithm runs two)")
 
     # 3. the whole all_reduce, interleaved (the input copy outside the clock)
     y = torch.empty_like(x)

@@ -97,10 +97,16 @@ def dequant_sum(
     block_size: int = 32,
     fp8_dtype: torch.dtype = torch.float8_e4m3fn,
     post_div: int = 1,
+    own: torch.Tensor | None = None,
+    own_premul: float = 1.0,
 ) -> None:
-    """``out = (sum of the decoded pieces) / post_div``, summed in float32 in piece
-    order; ``out.numel() <= segment_numel``."""
-    torch.ops.fp8comm.dequant_sum(pieces, out, num_pieces, segment_numel, block_size, fp8_dtype, post_div)
+    """``out = (own * own_premul + the decoded pieces) / post_div``, summed in
+    float32, ``own`` first and then the pieces in order; ``out.numel() <=
+    segment_numel``. ``own`` (optional, at most ``segment_numel`` elements, the
+    dtype of ``out``) is a rank's own contribution, added without quantization,
+    zero past its end; with it ``num_pieces`` may be 0."""
+    torch.ops.fp8comm.dequant_sum(pieces, out, num_pieces, segment_numel, block_size, fp8_dtype, post_div, own,
+                                  own_premul)
 
 
 def dequant_sum_requantize(
@@ -112,10 +118,13 @@ def dequant_sum_requantize(
     block_size: int = 32,
     fp8_dtype: torch.dtype = torch.float8_e4m3fn,
     post_div: int = 1,
+    own: torch.Tensor | None = None,
+    own_premul: float = 1.0,
 ) -> None:
     """Like :func:`dequant_sum`, but quantizes the float32 sum into ``out``, one
-    wire segment of ``segment_numel`` elements."""
-    torch.ops.fp8comm.dequant_sum_requantize(pieces, out, num_pieces, segment_numel, block_size, fp8_dtype, post_div)
+    wire segment of ``segment_numel`` elements (``own`` may have any codec dtype)."""
+    torch.ops.fp8comm.dequant_sum_requantize(pieces, out, num_pieces, segment_numel, block_size, fp8_dtype, post_div,
+                                             own, own_premul)
 
 
 # ---------------------------------------------------------------- fake kernels
@@ -143,10 +152,12 @@ def _dequantize_segments_fake(segments, out, num_segments, segment_numel, block_
 
 
 @torch.library.register_fake("fp8comm::dequant_sum")
-def _dequant_sum_fake(pieces, out, num_pieces, segment_numel, block_size, fp8_dtype, post_div=1):
+def _dequant_sum_fake(pieces, out, num_pieces, segment_numel, block_size, fp8_dtype, post_div=1, own=None,
+                     own_premul=1.0):
     return None
 
 
 @torch.library.register_fake("fp8comm::dequant_sum_requantize")
-def _dequant_sum_requantize_fake(pieces, out, num_pieces, segment_numel, block_size, fp8_dtype, post_div=1):
+def _dequant_sum_requantize_fake(pieces, out, num_pieces, segment_numel, block_size, fp8_dtype, post_div=1,
+                                 own=None, own_premul=1.0):
     return None

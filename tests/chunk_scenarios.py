@@ -18,25 +18,38 @@ def rank_input(rank: int, n: int, dtype, seed: int) -> torch.Tensor:
     return x.to(dtype)
 
 
-def unchunked_model(n: int, dtype, world: int, seed: int, post_div: int, block: int = 32) -> torch.Tensor:
-    """The all_reduce algorithm of DESIGN.md run in one piece, in Python, on
-    every rank's input: quantize P segments per rank, each rank's segment
-    summed and re-quantized, every segment decoded."""
+def one_chunk_model(inputs, world: int, post_div: int, block: int) -> torch.Tensor:
+    """DESIGN.md's all_reduce of one chunk, in Python, from every rank's input:
+    each rank quantizes the other ranks' segments, each owner adds their pieces
+    to its own segment (exact) and re-quantizes the sum, every rank decodes
+    every segment."""
+    n = inputs[0].numel()
     m = -(-(-(-n // world)) // block) * block
     S = fp8comm.segment_bytes(m, block)
     sent = []
-    for r in range(world):
+    for x in inputs:
         buf = torch.empty(world * S, dtype=torch.uint8)
-        fp8comm.quantize_segments(rank_input(r, n, dtype, seed), buf, world, m, block_size=block)
+        fp8comm.quantize_segments(x, buf, world, m, block_size=block)
         sent.append(buf)
     gathered = torch.empty(world * S, dtype=torch.uint8)
     for owner in range(world):
-        pieces = torch.cat([sent[r][owner * S:(owner + 1) * S] for r in range(world)])
-        fp8comm.dequant_sum_requantize(pieces, gathered[owner * S:(owner + 1) * S], world, m, block_size=block,
-                                       post_div=post_div)
-    out = torch.empty(n, dtype=dtype)
+        pieces = torch.cat([sent[r][owner * S:(owner + 1) * S] for r in range(world) if r != owner])
+        own = inputs[owner][owner * m:(owner + 1) * m]
+        fp8comm.dequant_sum_requantize(pieces, gathered[owner * S:(owner + 1) * S], world - 1, m, block_size=block,
+                                       post_div=post_div, own=own)
+    out = torch.empty(n, dtype=inputs[0].dtype)
     fp8comm.dequantize_segments(gathered, out, world, m, block_size=block)
     return out
+
+
+def chunked_model(n: int, dtype, world: int, seed: int, post_div: int, block: int = 32) -> torch.Tensor:
+    """The all_reduce cut as the backend cuts it: chunks of CHUNK elements
+    rounded up to whole multiples of P blocks, each chunk reduced alone."""
+    inputs = [rank_input(r, n, dtype, seed) for r in range(world)]
+    unit = world * block
+    chunk = -(-CHUNK // unit) * unit
+    return torch.cat([one_chunk_model([x[at:at + chunk] for x in inputs], world, post_div, block)
+                      for at in range(0, n, chunk)])
 
 
 def chunked_all_reduce(n: int, dtype, seed: int = 0, avg: bool = False, cols: int = 1):
@@ -46,5 +59,5 @@ def chunked_all_reduce(n: int, dtype, seed: int = 0, avg: bool = False, cols: in
     before = fp8comm.get_stats(c.group)["calls_compressed"]
     dist.all_reduce(x, op=dist.ReduceOp.AVG if avg else dist.ReduceOp.SUM, group=c.group)
     compressed = fp8comm.get_stats(c.group)["calls_compressed"] - before
-    expect = unchunked_model(n, dtype, c.world, seed, c.world if avg else 1)
+    expect = chunked_model(n, dtype, c.world, seed, c.world if avg else 1)
     return x.reshape(-1), expect, compressed

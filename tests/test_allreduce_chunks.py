@@ -1,6 +1,7 @@
 """CPU all_reduces larger than one chunk run pipelined, chunk by chunk
-(csrc/backend/compressed_algorithms.cpp). Chunks are whole multiples of P
-blocks, so the result must be bitwise what the algorithm gives in one piece."""
+(csrc/backend/compressed_algorithms.cpp). The result must be bitwise what
+DESIGN.md's algorithm gives applied to each chunk alone, modeled in Python from
+the codec ops: the pipelining reorders work, never the arithmetic."""
 import pytest
 import torch
 
@@ -25,7 +26,7 @@ def same_bits(a, b):
 # one chunk exactly, several chunks with an uneven tail (not a multiple of P or of the block)
 @pytest.mark.parametrize("n", [CHUNK, 3 * CHUNK + 12_345])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_chunked_all_reduce_equals_the_one_piece_algorithm(pool, n, dtype):
+def test_chunked_all_reduce_equals_the_algorithm_chunk_by_chunk(pool, n, dtype):
     results = pool.run(chunk_scenarios.chunked_all_reduce, n, dtype, seed=n % 7)
     for got, expect, compressed in results:
         assert compressed == 1

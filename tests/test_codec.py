@@ -274,6 +274,83 @@ def test_dequant_sum_propagates_non_finite():
     assert torch.equal(~torch.isfinite(out), torch.isin(torch.arange(m), torch.tensor([5, 9])))
 
 
+# ------------------------------------------------- the own (unquantized) addend
+def _pieces_of(parts, m):
+    """The wire segments of `parts` (each quantized alone) and their sum decoded in FP32."""
+    S = fp8comm.segment_bytes(m, 32)
+    buf = wire(len(parts), m)
+    acc = []
+    for r, p in enumerate(parts):
+        fp8comm.quantize_segments(p, buf[r * S:(r + 1) * S], 1, m)
+        acc.append(fp8comm.dequantize(*fp8comm.quantize(p)).float())
+    return buf, acc
+
+
+@pytest.mark.parametrize("num_pieces", [0, 1, 3])
+@pytest.mark.parametrize("post_div", [1, 4])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dequant_sum_with_own_is_own_first_then_the_pieces(num_pieces, post_div, dtype):
+    """out = (own * premul, then + each decoded piece in order) / post_div, in
+    FP32, bitwise; own shorter than the output counts as zeros past its end."""
+    m = 1000
+    own = (torch.randn(m - 40) * 3).to(dtype)
+    buf, decoded = _pieces_of([torch.randn(m) * 10.0**r for r in range(num_pieces)], m)
+    out = torch.empty(m - 3, dtype=dtype)
+    fp8comm.dequant_sum(buf, out, num_pieces, m, post_div=post_div, own=own, own_premul=0.5)
+    acc = torch.zeros(m)
+    acc[: own.numel()] = own.float() * 0.5
+    for d in decoded:
+        acc = acc + d
+    expect = (acc / post_div if post_div > 1 else acc)[: m - 3].to(dtype)
+    assert torch.equal(out, expect)
+
+
+@pytest.mark.parametrize("num_pieces", [0, 1, 3])
+@pytest.mark.parametrize("own_dtype", DTYPES)
+def test_dequant_sum_requantize_with_own_equals_quantize_of_the_sum(num_pieces, own_dtype):
+    m = 777  # not a whole number of blocks: the last block is part padding
+    own = (torch.randn(m - 100) * 7).to(own_dtype)
+    buf, _ = _pieces_of([torch.randn(m) for _ in range(num_pieces)], m)
+    total = torch.empty(m)
+    fp8comm.dequant_sum(buf, total, num_pieces, m, post_div=3, own=own.float(), own_premul=-2.0)
+    out = wire(1, m)
+    fp8comm.dequant_sum_requantize(buf, out, num_pieces, m, post_div=3, own=own, own_premul=-2.0)
+    ref = wire(1, m)
+    fp8comm.quantize_segments(total, ref, 1, m)
+    assert torch.equal(out, ref)
+
+
+def test_own_addend_is_exact_where_the_pieces_are_zero():
+    """The own segment is never quantized: with zero pieces it comes back as it went in."""
+    m = 512
+    own = torch.randn(m) * torch.logspace(-6, 2, m)
+    buf, _ = _pieces_of([torch.zeros(m)], m)
+    out = torch.empty(m)
+    fp8comm.dequant_sum(buf, out, 1, m, own=own)
+    assert torch.equal(out, own)
+
+
+def test_own_addend_propagates_non_finite():
+    m = 64
+    own, piece = torch.randn(m), torch.randn(m)
+    own[3], own[7], piece[9] = float("nan"), float("-inf"), float("inf")
+    buf, _ = _pieces_of([piece], m)
+    out = torch.empty(m)
+    fp8comm.dequant_sum(buf, out, 1, m, own=own)
+    assert torch.equal(~torch.isfinite(out), torch.isin(torch.arange(m), torch.tensor([3, 7, 9])))
+
+
+def test_bad_own_addend():
+    with pytest.raises(RuntimeError, match="own has 101 elements, more than the 100 of a piece"):
+        fp8comm.dequant_sum(wire(1, 100), torch.empty(100), 1, 100, own=torch.randn(101))
+    with pytest.raises(RuntimeError, match="own is BFloat16 but out is Float"):
+        fp8comm.dequant_sum(wire(1, 100), torch.empty(100), 1, 100, own=torch.randn(100).bfloat16())
+    with pytest.raises(RuntimeError, match="expected a float32, bfloat16 or float16 tensor, got Double"):
+        fp8comm.dequant_sum_requantize(wire(1, 100), wire(1, 100), 1, 100, own=torch.randn(100, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="the number of segments must be >= 1"):
+        fp8comm.dequant_sum(wire(0, 100), torch.empty(100), 0, 100)
+
+
 # ---------------------------------------------------------------- bad arguments
 @pytest.mark.parametrize("block_size", [0, 8, 17, 40, 8192])
 def test_bad_block_size(block_size):

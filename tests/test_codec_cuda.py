@@ -92,6 +92,34 @@ def test_fused_segment_ops(n, P, block_size, dtype, fp8_dtype):
         assert torch.equal(bits(a), bits(b))
 
 
+@pytest.mark.parametrize("fp8_dtype", FP8)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block_size", BLOCKS)
+@pytest.mark.parametrize("num_pieces", [0, 1, 3])
+def test_sums_with_own_addend(num_pieces, block_size, dtype, fp8_dtype):
+    """The own (unquantized) addend of reduce_scatter / all_reduce: CUDA equals
+    the CPU bit for bit, with a premul, and an own shorter than the pieces
+    (zeros past its end). The device-tensor premul runs in test_backend_cuda's
+    PREMUL_SUM cases."""
+    m = 10_000 + 7
+    own = nasty(m - 50, dtype, seed=5)
+    pieces = nasty(max(num_pieces, 1) * m, torch.float32, seed=6)
+    kw = dict(block_size=block_size, fp8_dtype=fp8_dtype)
+    out = {}
+    for device in ("cpu", "cuda"):
+        buf = wire(num_pieces, m, block_size, device)
+        if num_pieces:
+            fp8comm.quantize_segments(pieces.to(device)[: num_pieces * m], buf, num_pieces, m, **kw)
+        summed = torch.empty(m - 3, dtype=dtype, device=device)
+        fp8comm.dequant_sum(buf, summed, num_pieces, m, post_div=2, own=own.to(device), own_premul=0.75, **kw)
+        req = wire(1, m, block_size, device)
+        req.fill_(0xCD)
+        fp8comm.dequant_sum_requantize(buf, req, num_pieces, m, post_div=3, own=own.to(device), own_premul=-2.0, **kw)
+        out[device] = (summed, req)
+    for a, b in zip(out["cpu"], out["cuda"]):
+        assert torch.equal(bits(a), bits(b))
+
+
 def test_tensor_premul_on_the_device():
     x = nasty(50_000, torch.float32)
     a = wire(2, 25_000, 32, "cpu")

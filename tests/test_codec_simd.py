@@ -124,6 +124,29 @@ def test_decodes_same_bits(flush_denormal, fp8_dtype, dtype, block_size):
         assert same(scalar, simd)
 
 
+@pytest.mark.parametrize("num_pieces", [0, 2])
+@pytest.mark.parametrize("fp8_dtype", FP8)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block_size", [16, 32, 48])
+def test_sums_with_own_addend_same_bits(num_pieces, fp8_dtype, dtype, block_size):
+    """The own addend (every kind of input block, a premul, shorter than the
+    pieces so the last blocks take the scalar tail) on both paths."""
+    m = 2048 + block_size * 5
+    seg = random_segments(max(num_pieces, 1), m, block_size, seed=block_size + 11)[: num_pieces * fp8comm.codec.segment_bytes(m, block_size)]
+    own = inputs(m // 8 + 1, dtype, seed=block_size)[: m - block_size - 5].to(dtype)
+    kw = dict(block_size=block_size, fp8_dtype=fp8_dtype, own=own, own_premul=0.75)
+    S = fp8comm.codec.segment_bytes(m, block_size)
+
+    def requant():
+        out = torch.full((S,), 0xAB, dtype=torch.uint8)
+        fp8comm.dequant_sum_requantize(seg, out, num_pieces, m, post_div=3, **kw)
+        return out
+
+    dsum = both_paths(lambda: _run(lambda o: fp8comm.dequant_sum(seg, o, num_pieces, m, **kw), m - 3, dtype))
+    for scalar, simd in (dsum, both_paths(requant)):
+        assert same(scalar, simd)
+
+
 def _run(op, n, dtype):
     out = torch.full((n,), 7.0, dtype=dtype)
     op(out)
@@ -148,8 +171,10 @@ def test_round_trip_through_both_paths(fp8_dtype):
         send = torch.empty(P * S, dtype=torch.uint8)
         fp8comm.quantize_segments(x, send, P, m, fp8_dtype=fp8_dtype)
         mine = torch.empty(P * S, dtype=torch.uint8)
-        for r in range(P):  # every rank's reduced segment, as if gathered
-            fp8comm.dequant_sum_requantize(send, mine[r * S:(r + 1) * S], P, m, fp8_dtype=fp8_dtype)
+        for r in range(P):  # every rank's reduced segment, as if gathered: its own input plus the others' pieces
+            pieces = torch.cat([send[q * S:(q + 1) * S] for q in range(P) if q != r])
+            fp8comm.dequant_sum_requantize(pieces, mine[r * S:(r + 1) * S], P - 1, m, fp8_dtype=fp8_dtype,
+                                           own=x[r * m:(r + 1) * m])
         out = torch.empty(x.numel())
         fp8comm.dequantize_segments(mine, out, P, m, fp8_dtype=fp8_dtype)
         return out

@@ -25,54 +25,76 @@ struct ProcessGroupFP8::Reduction {
   int post_div = 1;
 };
 
-// Only alltoall_base with equal splits and _allgather_base on uint8 buffers, so
-// the multi-rank logic is the same on NCCL and gloo. A phase is started, then
-// waited for: on CUDA the wait makes the current (side) stream wait, on the CPU
-// it blocks until the bytes have arrived, so the next codec pass may read them.
-// Between the two the CPU algorithms run the codec on other chunks (pipelining).
+// The inner backend reduced to the two exchanges the algorithms use, on uint8
+// buffers of whole S-byte wire segments, so the multi-rank logic is the same
+// on NCCL and gloo. A phase is started, then waited for: on CUDA the wait
+// makes the current (side) stream wait, on the CPU it blocks until the bytes
+// have arrived, so the next codec pass may read them. Between the two the CPU
+// algorithms run the codec on other chunks (pipelining).
 class ProcessGroupFP8::Transport {
  public:
   using Pending = c10::intrusive_ptr<c10d::Work>;
 
-  Transport(c10::intrusive_ptr<c10d::Backend> inner, std::chrono::milliseconds timeout, const char* op)
+  Transport(c10::intrusive_ptr<c10d::Backend> inner, int64_t rank, int64_t size, std::chrono::milliseconds timeout,
+            const char* op)
       : inner_(std::move(inner)),
+        rank_(rank),
+        size_(size),
         timeout_(timeout),
         op_(op),
         // gloo moves an all_to_all faster than an all_gather of the same bytes
         // (docs/performance.md), so over gloo all_gather runs as one.
         gather_by_all_to_all_(inner_->getBackendName() == "gloo") {}
 
-  Pending startAllToAll(at::Tensor& recv, at::Tensor& send) {
-    std::vector<int64_t> equal_splits;
+  // Sends segment i of `send` to the i-th other rank and receives the i-th
+  // other rank's segment into segment i of `recv` (P - 1 segments of S bytes
+  // each, ranks in order with this one left out: a rank's own segment never
+  // travels). An alltoall_base with a zero split for this rank.
+  Pending startExchange(at::Tensor& recv, at::Tensor& send, int64_t S) {
+    if (size_ == 1) return {};
+    // Two vectors: ProcessGroupGloo moves each split list into its work.
+    std::vector<int64_t> recv_splits(size_, S), send_splits(size_, S);
+    recv_splits[rank_] = send_splits[rank_] = 0;
     c10d::AllToAllOptions opts;
     opts.timeout = timeout_;
     opts.asyncOp = false;
-    return inner_->alltoall_base(recv, send, equal_splits, equal_splits, opts);
+    return inner_->alltoall_base(recv, send, recv_splits, send_splits, opts);
   }
 
-  // Bytes the send buffer of an all_gather of `segment` bytes per rank needs.
-  int64_t gatherSendBytes(int64_t segment, int64_t group_size) const {
-    return gather_by_all_to_all_ ? group_size * segment : segment;
+  // The slot of an all_gather's P-slot buffer that holds rank r's segment:
+  // slot r through NCCL's all_gather; over gloo (an exchange) the other
+  // ranks' segments in order, then this rank's in the last slot.
+  int64_t gatherSlot(int64_t r) const {
+    if (!gather_by_all_to_all_ || r < rank_) return r;
+    return r == rank_ ? size_ - 1 : r - 1;
   }
 
-  // All-gathers send[0, segment) of every rank into recv (P * segment bytes).
-  // `send` has gatherSendBytes(segment) bytes; over gloo the segment is copied
-  // into the rest of it and sent to every rank by one all_to_all.
-  Pending startAllGather(at::Tensor& recv, at::Tensor& send, int64_t segment) {
+  // Bytes of scratch an all_gather of S-byte segments needs: over gloo with
+  // more than two ranks, the P - 1 copies of this rank's segment it sends.
+  int64_t gatherScratchBytes(int64_t S) const { return gather_by_all_to_all_ && size_ > 2 ? (size_ - 1) * S : 0; }
+
+  // All-gathers into `gathered` (P slots of S bytes) whose gatherSlot(rank)
+  // this rank has written; `scratch` has gatherScratchBytes(S) bytes.
+  Pending startAllGather(at::Tensor& gathered, int64_t S, at::Tensor& scratch) {
+    if (size_ == 1) return {};
+    at::Tensor mine = gathered.narrow(0, gatherSlot(rank_) * S, S);
     if (gather_by_all_to_all_) {
-      const int64_t P = recv.numel() / segment;
-      at::Tensor mine = send.narrow(0, 0, segment);
-      for (int64_t r = 1; r < P; ++r) send.narrow(0, r * segment, segment).copy_(mine);
-      return startAllToAll(recv, send);
+      at::Tensor peers = gathered.narrow(0, 0, (size_ - 1) * S);
+      at::Tensor send = mine;
+      if (size_ > 2) {
+        send = scratch.narrow(0, 0, (size_ - 1) * S);
+        for (int64_t i = 0; i < size_ - 1; ++i) send.narrow(0, i * S, S).copy_(mine);
+      }
+      return startExchange(peers, send, S);
     }
     c10d::AllgatherOptions opts;
     opts.timeout = timeout_;
     opts.asyncOp = false;
-    at::Tensor mine = send.narrow(0, 0, segment);
-    return inner_->_allgather_base(recv, mine, opts);
+    return inner_->_allgather_base(gathered, mine, opts);  // in place: NCCL reads this rank's slot
   }
 
   void wait(const Pending& work, const char* phase) {
+    if (!work) return;
     try {
       work->wait();
     } catch (const std::exception& e) {
@@ -83,6 +105,7 @@ class ProcessGroupFP8::Transport {
 
  private:
   c10::intrusive_ptr<c10d::Backend> inner_;
+  int64_t rank_, size_;
   std::chrono::milliseconds timeout_;
   const char* op_;
   const bool gather_by_all_to_all_;

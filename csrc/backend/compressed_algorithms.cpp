@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <vector>
 
+#include <ATen/MemoryOverlap.h>
+
 #include "algorithm_parts.h"
 #include "segment_header.h"
 #include "../codec/codec_tensor.h"
@@ -36,11 +38,21 @@ void frame(const at::Tensor& bytes, int64_t count, int64_t stride, Phase phase, 
   write_headers(static_cast<uint8_t*>(bytes.data_ptr()), count, stride, SegmentHeader(phase, o.format, o.block_size, n));
 }
 
-void check_frames(const at::Tensor& bytes, int64_t count, int64_t stride, Phase phase, const FP8Options& o,
-                  int64_t n, const char* op) {
+// Checks the headers of the segments of `bytes`; segment i came from rank senders[i].
+void check_frames(const at::Tensor& bytes, const std::vector<int64_t>& senders, int64_t stride, Phase phase,
+                  const FP8Options& o, int64_t n, const char* op) {
   if (header_bytes(bytes.device()) == 0) return;
-  check_headers(static_cast<const uint8_t*>(bytes.data_ptr()), count, stride,
+  check_headers(static_cast<const uint8_t*>(bytes.data_ptr()), stride, senders,
                 SegmentHeader(phase, o.format, o.block_size, n), op);
+}
+
+// The senders of an exchange's segments: the other ranks, in order.
+std::vector<int64_t> peers_of(int64_t rank, int64_t P) {
+  std::vector<int64_t> peers;
+  for (int64_t r = 0; r < P; ++r) {
+    if (r != rank) peers.push_back(r);
+  }
+  return peers;
 }
 
 }  // namespace
@@ -59,7 +71,7 @@ namespace {
 
 // CPU all_reduces are cut into chunks of 2M elements (8 MiB of FP32), so that
 // the codec works on one chunk while the transport moves another. On the
-// 2-core CI machine, 1M-8M element chunks and no chunking measured within
+// 2-core CI machine, 2M-16M element chunks and no chunking measured within
 // noise of each other (docs/performance.md); the gain needs idle cores.
 // FP8COMM_CPU_CHUNK_ELEMENTS overrides it (for measuring). CUDA runs one
 // chunk: its phases are ordered on one side stream.
@@ -75,8 +87,9 @@ int64_t cpu_chunk_elements() {
 }  // namespace
 
 // Chunk k of an all_reduce: elements [offset, offset + numel) of the tensor,
-// as P segments of m elements, S wire bytes each; `at` is where its P
-// segments start in the send / recv / gathered buffers.
+// as P segments of m elements, S wire bytes each; `at` is where its segments
+// start in the send / recv / gathered buffers (P slots each; send and recv use
+// P - 1 of them).
 struct ProcessGroupFP8::Chunk {
   int64_t offset, numel, m, S, at;
 };
@@ -105,11 +118,41 @@ int64_t ProcessGroupFP8::allreduceWireBytes(const at::Device& device, int64_t n)
   return bytes;
 }
 
-// reduce_scatter of the P segments of n/P elements each, the sum re-quantized,
-// then all_gather of those bytes: every rank decodes the same bytes, so every
-// rank ends with bitwise the same result. Chunks are whole multiples of P
-// blocks, so every block holds the elements it would hold unchunked: the
-// result does not depend on the chunking.
+namespace {
+
+// Segments [r, r + count) of m elements of `flat`, clipped to its end (empty
+// past it): the elements a codec call over those segments reads or writes.
+at::Tensor segments_of(const at::Tensor& t, int64_t r, int64_t count, int64_t m) {
+  const at::Tensor flat = t.view({-1});  // contiguous; complex64 arrives as [n, 2] floats
+  const int64_t n = flat.numel();
+  const int64_t begin = std::min(r * m, n);
+  return flat.narrow(0, begin, std::min((r + count) * m, n) - begin);
+}
+
+// Quantizes every segment of `flat` but this rank's own into `send`: the
+// other ranks' segments in order, S bytes each (the exchange's layout).
+template <typename Wire>
+void quantize_for_peers(const at::Tensor& flat, int64_t rank, int64_t P, int64_t m, int64_t S, float premul,
+                        const std::optional<at::Tensor>& premul_tensor, const at::Tensor& send, Wire&& wire) {
+  if (rank > 0) {
+    quantize_into(segments_of(flat, 0, rank, m), premul, premul_tensor, wire(send.narrow(0, 0, rank * S), rank));
+  }
+  if (rank + 1 < P) {
+    const int64_t count = P - 1 - rank;
+    quantize_into(segments_of(flat, rank + 1, count, m), premul, premul_tensor,
+                  wire(send.narrow(0, rank * S, count * S), count));
+  }
+}
+
+}  // namespace
+
+// The owner of each segment sums the other ranks' quantized pieces onto its own
+// input, which never leaves it (DESIGN.md, "Algorithms"), re-quantizes the sum
+// into its slot of the gathered buffer, and all-gathers those bytes: every
+// rank decodes the same bytes, so every rank ends with bitwise the same
+// result. Each chunk is P segments of whole blocks; which rank owns (adds
+// exactly) an element follows its chunk, so the bytes depend on the fixed
+// chunk size (tests/test_allreduce_chunks.py models it chunk by chunk).
 void ProcessGroupFP8::allreduceCompressed(Transport& transport, const at::Tensor& tensor, const Reduction& red,
                                           const char* op) {
   const int64_t P = size_;
@@ -118,42 +161,50 @@ void ProcessGroupFP8::allreduceCompressed(Transport& transport, const at::Tensor
   const std::vector<Chunk> chunks = allreduceChunks(tensor.device(), n);
   const int64_t C = static_cast<int64_t>(chunks.size());
   const int64_t bytes = chunks.back().at + P * chunks.back().S;
-  int64_t gather_send_bytes = 0;
-  for (const Chunk& c : chunks) gather_send_bytes = std::max(gather_send_bytes, transport.gatherSendBytes(c.S, P));
+  int64_t scratch_bytes = 0;
+  for (const Chunk& c : chunks) scratch_bytes = std::max(scratch_bytes, transport.gatherScratchBytes(c.S));
   at::Tensor send = workspace_.bytes(Workspace::kSend, bytes, tensor);
   at::Tensor recv = workspace_.bytes(Workspace::kRecv, bytes, tensor);
   at::Tensor gathered = workspace_.bytes(Workspace::kGathered, bytes, tensor);
-  // One reduced segment per chunk in flight (two at most: see the schedule below).
-  at::Tensor mine = workspace_.bytes(Workspace::kReduced, 2 * gather_send_bytes, tensor);
-  auto slice = [](const at::Tensor& t, const Chunk& c, int64_t P) { return t.narrow(0, c.at, P * c.S); };
-  InFlight all_to_all(C), all_gather(C);
+  // One all_gather scratch per chunk in flight (two at most: see the schedule below).
+  at::Tensor scratch = workspace_.bytes(Workspace::kReduced, 2 * scratch_bytes, tensor);
+  auto slice = [](const at::Tensor& t, const Chunk& c, int64_t count) { return t.narrow(0, c.at, count * c.S); };
+  auto chunk_of = [&](const Chunk& c) { return flat.narrow(0, c.offset, c.numel); };
+  const std::vector<int64_t> peers = peers_of(rank_, P), gathered_from = gatheredFrom(transport);
+  InFlight exchange(C), all_gather(C);
 
   auto quantize = [&](int64_t k) {
     const Chunk& c = chunks[k];
-    at::Tensor out = slice(send, c, P), in = slice(recv, c, P);
-    quantize_into(flat.narrow(0, c.offset, c.numel), red.premul, red.premul_tensor, wire(out, P, c.m));
-    frame(out, P, c.S, Phase::kAllReduceScatter, options_, n);
-    all_to_all[k] = transport.startAllToAll(in, out);
+    at::Tensor out = slice(send, c, P - 1), in = slice(recv, c, P - 1);
+    quantize_for_peers(chunk_of(c), rank_, P, c.m, c.S, red.premul, red.premul_tensor, out,
+                       [&](const at::Tensor& bytes, int64_t count) { return wire(bytes, count, c.m); });
+    frame(out, P - 1, c.S, Phase::kAllReduceScatter, options_, n);
+    exchange[k] = transport.startExchange(in, out, c.S);
   };
   auto reduce = [&](int64_t k) {
     const Chunk& c = chunks[k];
-    transport.wait(all_to_all.take(k), "all_to_all");
-    check_frames(slice(recv, c, P), P, c.S, Phase::kAllReduceScatter, options_, n, op);
-    at::Tensor reduced = mine.narrow(0, (k % 2) * gather_send_bytes, transport.gatherSendBytes(c.S, P));
-    dequant_sum_requantize_into(wire(slice(recv, c, P), P, c.m), red.post_div, wire(reduced, 1, c.m),
+    transport.wait(exchange.take(k), "all_to_all");
+    check_frames(slice(recv, c, P - 1), peers, c.S, Phase::kAllReduceScatter, options_, n, op);
+    at::Tensor all = slice(gathered, c, P);
+    at::Tensor reduced = all.narrow(0, transport.gatherSlot(rank_) * c.S, c.S);
+    const OwnInput own{segments_of(chunk_of(c), rank_, 1, c.m), red.premul, red.premul_tensor};
+    dequant_sum_requantize_into(wire(slice(recv, c, P - 1), P - 1, c.m), own, red.post_div, wire(reduced, 1, c.m),
                                 tensor.device());
     frame(reduced, 1, c.S, Phase::kAllReduceGather, options_, n);
-    at::Tensor in = slice(gathered, c, P);
-    all_gather[k] = transport.startAllGather(in, reduced, c.S);
+    at::Tensor room = scratch.narrow(0, (k % 2) * scratch_bytes, scratch_bytes);
+    all_gather[k] = transport.startAllGather(all, c.S, room);
   };
   auto decode = [&](int64_t k) {
     const Chunk& c = chunks[k];
     transport.wait(all_gather.take(k), "all_gather");
-    check_frames(slice(gathered, c, P), P, c.S, Phase::kAllReduceGather, options_, n, op);
-    dequantize_into(wire(slice(gathered, c, P), P, c.m), flat.narrow(0, c.offset, c.numel));
+    const at::Tensor all = slice(gathered, c, P);
+    check_frames(all, gathered_from, c.S, Phase::kAllReduceGather, options_, n, op);
+    decodeGathered(transport, all, c.m, c.S, P, [&](int64_t r, int64_t count) {
+      return segments_of(chunk_of(c), r, count, c.m);
+    });
   };
-  // Quantize chunk k while chunk k-1's all_to_all and chunk k-2's all_gather
-  // are on the wire; chunk k-2's reduced segment is free again before k's is written.
+  // Quantize chunk k while chunk k-1's exchange and chunk k-2's all_gather are
+  // on the wire; chunk k-2's scratch is free again before k's is written.
   for (int64_t k = 0; k < C; ++k) {
     quantize(k);
     if (k >= 1) reduce(k - 1);
@@ -163,26 +214,65 @@ void ProcessGroupFP8::allreduceCompressed(Transport& transport, const at::Tensor
   for (int64_t k = std::max<int64_t>(0, C - 2); k < C; ++k) decode(k);
 }
 
-// Segment r of the input goes to rank r, which sums the P pieces in FP32.
+// The rank whose segment each slot of an all_gather's buffer holds (-1 for
+// this rank's own: nothing to check).
+std::vector<int64_t> ProcessGroupFP8::gatheredFrom(const Transport& transport) const {
+  std::vector<int64_t> from(size_, -1);
+  for (int64_t r = 0; r < size_; ++r) {
+    if (r != rank_) from[transport.gatherSlot(r)] = r;
+  }
+  return from;
+}
+
+// Decodes the P segments of m elements of an all_gather's buffer `all` into
+// out(r, count), the elements of ranks [r, r + count), in runs of at most
+// max_run ranks whose slots are consecutive (Transport::gatherSlot: at most
+// three runs).
+template <typename Out>
+void ProcessGroupFP8::decodeGathered(const Transport& transport, const at::Tensor& all, int64_t m, int64_t S,
+                                     int64_t max_run, Out&& out) const {
+  const int64_t P = size_;
+  for (int64_t r = 0; r < P;) {
+    int64_t count = 1;
+    while (count < max_run && r + count < P && transport.gatherSlot(r + count) == transport.gatherSlot(r) + count) {
+      ++count;
+    }
+    const at::Tensor dst = out(r, count);
+    if (dst.numel() > 0) {
+      dequantize_into(wire(all.narrow(0, transport.gatherSlot(r) * S, count * S), count, m), dst);
+    }
+    r += count;
+  }
+}
+
+// Segment r of the input goes to rank r, which adds the other ranks' pieces to
+// its own segment in FP32.
 void ProcessGroupFP8::reduceScatterCompressed(Transport& transport, const at::Tensor& output,
                                               const std::vector<at::Tensor>& input_segments, const Reduction& red,
                                               const char* op) {
   const int64_t P = size_;
   const int64_t k = output.numel();
   const int64_t S = wireSegmentBytes(output.device(), k);
-  at::Tensor send = workspace_.bytes(Workspace::kSend, P * S, output);
+  at::Tensor send = workspace_.bytes(Workspace::kSend, (P - 1) * S, output);
+  auto wire_of = [&](const at::Tensor& bytes, int64_t count) { return wire(bytes, count, k); };
+  at::Tensor own;
   if (input_segments.size() == 1) {  // one flat input of P * k elements
-    quantize_into(input_segments[0], red.premul, red.premul_tensor, wire(send, P, k));
+    quantize_for_peers(input_segments[0], rank_, P, k, S, red.premul, red.premul_tensor, send, wire_of);
+    own = segments_of(input_segments[0], rank_, 1, k);
   } else {
-    for (int64_t r = 0; r < P; ++r) {
-      quantize_into(input_segments[r], red.premul, red.premul_tensor, wire(send.narrow(0, r * S, S), 1, k));
+    for (int64_t r = 0, slot = 0; r < P; ++r) {
+      if (r == rank_) continue;
+      quantize_into(input_segments[r], red.premul, red.premul_tensor, wire_of(send.narrow(0, slot++ * S, S), 1));
     }
+    own = input_segments[rank_];
   }
-  frame(send, P, S, Phase::kReduceScatter, options_, k);
-  at::Tensor recv = workspace_.bytes(Workspace::kRecv, P * S, output);
-  transport.wait(transport.startAllToAll(recv, send), "all_to_all");
-  check_frames(recv, P, S, Phase::kReduceScatter, options_, k, op);
-  dequant_sum_into(wire(recv, P, k), red.post_div, output);
+  // The sum reads own[i] before it writes output[i]; any other overlap reads a copy.
+  if (at::get_overlap_status(own, output) == at::MemOverlapStatus::Partial) own = own.clone();
+  frame(send, P - 1, S, Phase::kReduceScatter, options_, k);
+  at::Tensor recv = workspace_.bytes(Workspace::kRecv, (P - 1) * S, output);
+  transport.wait(transport.startExchange(recv, send, S), "all_to_all");
+  check_frames(recv, peers_of(rank_, P), S, Phase::kReduceScatter, options_, k, op);
+  dequant_sum_into(wire(recv, P - 1, k), OwnInput{own, red.premul, red.premul_tensor}, red.post_div, output);
 }
 
 // Every rank decodes every segment, its own included, so all outputs agree.
@@ -191,16 +281,19 @@ void ProcessGroupFP8::allgatherCompressed(Transport& transport, const std::vecto
   const int64_t P = size_;
   const int64_t k = input.numel();
   const int64_t S = wireSegmentBytes(input.device(), k);
-  at::Tensor send = workspace_.bytes(Workspace::kSend, transport.gatherSendBytes(S, P), input);
-  quantize_into(input, 1.0f, std::nullopt, wire(send, 1, k));
-  frame(send, 1, S, Phase::kAllGather, options_, k);
-  at::Tensor recv = workspace_.bytes(Workspace::kRecv, P * S, input);
-  transport.wait(transport.startAllGather(recv, send, S), "all_gather");
-  check_frames(recv, P, S, Phase::kAllGather, options_, k, op);
+  at::Tensor all = workspace_.bytes(Workspace::kGathered, P * S, input);
+  at::Tensor mine = all.narrow(0, transport.gatherSlot(rank_) * S, S);
+  quantize_into(input, 1.0f, std::nullopt, wire(mine, 1, k));
+  frame(mine, 1, S, Phase::kAllGather, options_, k);
+  at::Tensor scratch = workspace_.bytes(Workspace::kSend, transport.gatherScratchBytes(S), input);
+  transport.wait(transport.startAllGather(all, S, scratch), "all_gather");
+  check_frames(all, gatheredFrom(transport), S, Phase::kAllGather, options_, k, op);
   if (output_segments.size() == 1) {  // one flat output of P * k elements
-    dequantize_into(wire(recv, P, k), output_segments[0]);
+    decodeGathered(transport, all, k, S, P, [&](int64_t r, int64_t count) {
+      return segments_of(output_segments[0], r, count, k);
+    });
   } else {
-    for (int64_t r = 0; r < P; ++r) dequantize_into(wire(recv.narrow(0, r * S, S), 1, k), output_segments[r]);
+    decodeGathered(transport, all, k, S, 1, [&](int64_t r, int64_t) { return output_segments[r]; });
   }
 }
 

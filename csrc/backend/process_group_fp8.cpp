@@ -255,7 +255,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allreduce(std::vector<at::Tensor
   }
   auto work = run(c10d::OpType::ALLREDUCE, tensor.device(), opts.asyncOp, withFactor({tensor}, opts.reduceOp, red),
                   {tensor}, [&] {
-                    Transport transport(inner, opts.timeout, op);
+                    Transport transport(inner, rank_, size_, opts.timeout, op);
                     at::Tensor buffer = contiguous_or_self(tensor);
                     allreduceCompressed(transport, buffer, *red, op);
                     write_back(tensor, buffer);
@@ -336,7 +336,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allreduce_coalesced(std::vector<
   // One compressed all_reduce of the concatenation, like a DDP bucket.
   auto work = run(c10d::OpType::ALLREDUCE_COALESCED, tensors[0].device(), opts.asyncOp,
                   withFactor(tensors, opts.reduceOp, red), tensors, [&] {
-                    Transport transport(inner, opts.timeout, op);
+                    Transport transport(inner, rank_, size_, opts.timeout, op);
                     std::vector<at::Tensor> flat_views;
                     for (const auto& t : tensors) flat_views.push_back(t.reshape({-1}));
                     at::Tensor flat = at::cat(flat_views);
@@ -404,7 +404,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::reduceScatterBase(at::Tensor& ou
   check_dense(op, output);
   auto work = run(c10d::OpType::_REDUCE_SCATTER_BASE, input.device(), opts.asyncOp,
                   withFactor({input, output}, opts.reduceOp, red), {output}, [&] {
-                    Transport transport(inner, opts.timeout, op);
+                    Transport transport(inner, rank_, size_, opts.timeout, op);
                     at::Tensor out = contiguous_or_self(output);
                     reduceScatterCompressed(transport, out, {contiguous_or_self(input)}, *red, op);
                     write_back(output, out);
@@ -452,7 +452,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::reduce_scatter(std::vector<at::T
   user.push_back(output);
   auto work = run(c10d::OpType::REDUCE_SCATTER, output.device(), opts.asyncOp,
                   withFactor(user, opts.reduceOp, red), outputs, [&] {
-                    Transport transport(inner, opts.timeout, op);
+                    Transport transport(inner, rank_, size_, opts.timeout, op);
                     std::vector<at::Tensor> segments;
                     for (const auto& in : inputs[0]) segments.push_back(contiguous_or_self(in));
                     at::Tensor out = contiguous_or_self(output);
@@ -528,7 +528,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allgatherBase(at::Tensor& output
   }
   check_dense(op, output);
   auto work = run(c10d::OpType::_ALLGATHER_BASE, input.device(), opts.asyncOp, {input, output}, {output}, [&] {
-    Transport transport(inner, opts.timeout, op);
+    Transport transport(inner, rank_, size_, opts.timeout, op);
     at::Tensor out = contiguous_or_self(output);
     allgatherCompressed(transport, {out}, contiguous_or_self(input), op);
     write_back(output, out);
@@ -565,7 +565,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allgather(std::vector<std::vecto
   std::vector<at::Tensor> user = outputs[0];
   user.push_back(input);
   auto work = run(c10d::OpType::ALLGATHER, input.device(), opts.asyncOp, user, outputs[0], [&] {
-    Transport transport(inner, opts.timeout, op);
+    Transport transport(inner, rank_, size_, opts.timeout, op);
     std::vector<at::Tensor> outs;
     for (const auto& out : outputs[0]) outs.push_back(contiguous_or_self(out));
     allgatherCompressed(transport, outs, contiguous_or_self(input), op);

@@ -25,11 +25,13 @@ void write_headers(uint8_t* base, int64_t count, int64_t stride, const SegmentHe
   for (int64_t r = 0; r < count; ++r) std::memcpy(base + r * stride, &h, sizeof(h));
 }
 
-void check_headers(const uint8_t* base, int64_t count, int64_t stride, const SegmentHeader& expected,
-                   const char* op) {
-  for (int64_t r = 0; r < count; ++r) {
+void check_headers(const uint8_t* base, int64_t stride, const std::vector<int64_t>& senders,
+                   const SegmentHeader& expected, const char* op) {
+  for (size_t i = 0; i < senders.size(); ++i) {
+    const int64_t r = senders[i];
+    if (r < 0) continue;
     SegmentHeader got = expected;
-    std::memcpy(&got, base + r * stride, sizeof(got));
+    std::memcpy(&got, base + static_cast<int64_t>(i) * stride, sizeof(got));
     if (std::memcmp(&got, &expected, sizeof(got)) == 0) continue;
     TORCH_CHECK(got.magic == SegmentHeader::kMagic && got.phase == expected.phase, "fp8comm ", op, ": rank ", r,
                 " sent bytes that are not a piece of ", phase_name(expected.phase),

@@ -10,6 +10,8 @@
 
 #include <stdint.h>
 
+#include <vector>
+
 #include "../codec/codec.h"
 
 namespace fp8comm {
@@ -35,9 +37,10 @@ inline int64_t header_bytes(const c10::Device& device) { return device.is_cpu() 
 // Writes `h` in front of `count` segments, `stride` bytes apart from `base`.
 void write_headers(uint8_t* base, int64_t count, int64_t stride, const SegmentHeader& h);
 
-// Checks that segment r (`stride` bytes apart from `base`, sent by rank r)
-// carries `expected`; raises an error naming `op`, the rank and the mismatch.
-void check_headers(const uint8_t* base, int64_t count, int64_t stride, const SegmentHeader& expected,
-                   const char* op);
+// Checks that segment i (`stride` bytes apart from `base`), sent by rank
+// senders[i], carries `expected` (a negative sender: not checked); raises an
+// error naming `op`, the rank and the mismatch.
+void check_headers(const uint8_t* base, int64_t stride, const std::vector<int64_t>& senders,
+                   const SegmentHeader& expected, const char* op);
 
 }  // namespace fp8comm

@@ -32,6 +32,19 @@ struct BlockCodes {
   Fp8Format format = Fp8Format::E4M3;
 };
 
+// A rank's own contribution to a sum, never quantized (DESIGN.md,
+// "Algorithms": the owner of a segment adds its own input exactly). Element i
+// is src[i] * premul for i < numel and 0 past it; it is added first, then the
+// pieces in order.
+struct OwnAddend {
+  bool present = false;
+  const void* src = nullptr;
+  ElemType type = ElemType::F32;
+  int64_t numel = 0;
+  float premul = 1.0f;
+  const float* premul_device = nullptr;  // CUDA: one float on the device that replaces premul
+};
+
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline int64_t align16(int64_t a) { return (a + 15) & ~int64_t{15}; }
 
@@ -80,8 +93,9 @@ void with_codec_types(ElemType type, Fp8Format format, Fn&& fn) {
 // ---------------------------------------------------------------- operations
 // quantize:        codes(dst) <- q(src * premul), src has `numel` elements.
 // dequantize:      dst[0, numel) <- d(src codes).
-// dequant_sum:     dst[0, numel) <- (sum over r of d(piece r)) / post_div, where
-//                  piece r is segment r of `pieces` (numel <= segment_numel).
+// dequant_sum:     dst[0, numel) <- (own + sum over r of d(piece r)) / post_div,
+//                  where piece r is segment r of `pieces` (numel <=
+//                  segment_numel); `pieces` may hold no segment when own is present.
 // dequant_sum_requantize: the same sum over all `capacity` elements, quantized
 //                  into the single segment `out` (same segment_numel).
 // premul_device, when not null, points to one float on the device holding the
@@ -94,8 +108,9 @@ bool set_cpu_simd(bool enabled);
 
 void quantize_cpu(const void* src, ElemType type, int64_t numel, float premul, const BlockCodes& dst);
 void dequantize_cpu(const BlockCodes& src, void* dst, ElemType type, int64_t numel);
-void dequant_sum_cpu(const BlockCodes& pieces, int post_div, void* dst, ElemType type, int64_t numel);
-void dequant_sum_requantize_cpu(const BlockCodes& pieces, int post_div, const BlockCodes& out);
+void dequant_sum_cpu(const BlockCodes& pieces, const OwnAddend& own, int post_div, void* dst, ElemType type,
+                     int64_t numel);
+void dequant_sum_requantize_cpu(const BlockCodes& pieces, const OwnAddend& own, int post_div, const BlockCodes& out);
 
 // CUDA launchers (csrc/codec/codec_cuda.cu). `stream` is a cudaStream_t.
 // Each is one kernel launch on `stream`, asynchronous to the host; they return
@@ -103,9 +118,9 @@ void dequant_sum_requantize_cpu(const BlockCodes& pieces, int post_div, const Bl
 int quantize_cuda(const void* src, ElemType type, int64_t numel, float premul,
                   const float* premul_device, const BlockCodes& dst, void* stream);
 int dequantize_cuda(const BlockCodes& src, void* dst, ElemType type, int64_t numel, void* stream);
-int dequant_sum_cuda(const BlockCodes& pieces, int post_div, void* dst, ElemType type, int64_t numel,
-                     void* stream);
-int dequant_sum_requantize_cuda(const BlockCodes& pieces, int post_div, const BlockCodes& out,
+int dequant_sum_cuda(const BlockCodes& pieces, const OwnAddend& own, int post_div, void* dst, ElemType type,
+                     int64_t numel, void* stream);
+int dequant_sum_requantize_cuda(const BlockCodes& pieces, const OwnAddend& own, int post_div, const BlockCodes& out,
                                 void* stream);
 const char* cuda_error_string(int error);
 

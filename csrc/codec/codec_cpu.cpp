@@ -151,17 +151,30 @@ FP8C_VECTOR_CLONES void dequantize_blocks(const BlockCodes src, Storage<E>* dst,
   }
 }
 
-// acc[0, width) <- sum over pieces of block j, divided by post_div.
-template <Fp8Format F, typename Count>
-FP8C_HD void sum_run(const BlockCodes& pieces, int post_div, int64_t j, Count width, float* acc) {
+// acc[0, width) <- (own + the pieces' block j, added in order) / post_div. E is
+// the own addend's element type (unused without one).
+template <ElemType E, Fp8Format F, typename Count>
+FP8C_HD void sum_run(const BlockCodes& pieces, const OwnAddend& own, int post_div, int64_t j, Count width,
+                     float* acc) {
   const int64_t B = pieces.block_size;
   const float* lut = decode_table<F>();
-  {
+  int64_t first_piece = 0;
+  if (own.present) {
+    const Storage<E>* s = static_cast<const Storage<E>*>(own.src) + j * B;
+    const int64_t valid = std::max<int64_t>(0, std::min<int64_t>(width, own.numel - j * B));
+    if (valid == static_cast<int64_t>(width)) {
+      for (int64_t i = 0; i < width; ++i) acc[i] = Elem<E>::load(s[i]) * own.premul;
+    } else {
+      for (int64_t i = 0; i < valid; ++i) acc[i] = Elem<E>::load(s[i]) * own.premul;
+      for (int64_t i = valid; i < width; ++i) acc[i] = 0.0f;
+    }
+  } else {
     const float scale = scale_from_byte(pieces.scales[j]);
     const uint8_t* codes = pieces.codes + j * B;
     for (int64_t i = 0; i < width; ++i) acc[i] = lut[codes[i]] * scale;
+    first_piece = 1;
   }
-  for (int64_t r = 1; r < pieces.num_segments; ++r) {
+  for (int64_t r = first_piece; r < pieces.num_segments; ++r) {
     const float scale = scale_from_byte(pieces.scales[r * pieces.stride + j]);
     const uint8_t* codes = pieces.codes + r * pieces.stride + j * B;
     for (int64_t i = 0; i < width; ++i) acc[i] += lut[codes[i]] * scale;
@@ -171,52 +184,67 @@ FP8C_HD void sum_run(const BlockCodes& pieces, int post_div, int64_t j, Count wi
   }
 }
 
-template <Fp8Format F>
-FP8C_HD void sum_block(const BlockCodes& pieces, int post_div, int64_t j, int64_t width, float* acc) {
+template <ElemType E, Fp8Format F>
+FP8C_HD void sum_block(const BlockCodes& pieces, const OwnAddend& own, int post_div, int64_t j, int64_t width,
+                       float* acc) {
   if (width == 32) {
-    sum_run<F>(pieces, post_div, j, Full32{}, acc);
+    sum_run<E, F>(pieces, own, post_div, j, Full32{}, acc);
   } else {
-    sum_run<F>(pieces, post_div, j, width, acc);
+    sum_run<E, F>(pieces, own, post_div, j, width, acc);
   }
 }
 
+// Blocks from j on that the AVX2 kernels may take: whole blocks of the output
+// whose own addend (if any) is whole too.
+int64_t whole_blocks_from(int64_t j, int64_t B, int64_t numel, const OwnAddend& own) {
+  int64_t whole = (numel - j * B) / B;
+  if (own.present) whole = std::min(whole, std::max<int64_t>(0, (own.numel - j * B) / B));
+  return whole;
+}
+
+// E is the output's element type and the own addend's.
 template <ElemType E, Fp8Format F>
-FP8C_VECTOR_CLONES void dequant_sum_blocks(const BlockCodes pieces, int post_div, Storage<E>* dst,
-                                           int64_t numel, int64_t begin, int64_t end, bool simd) {
+FP8C_VECTOR_CLONES void dequant_sum_blocks(const BlockCodes pieces, const OwnAddend own, int post_div,
+                                           Storage<E>* dst, int64_t numel, int64_t begin, int64_t end, bool simd) {
   const int64_t B = pieces.block_size;
   float acc[kMaxBlock];
   for (int64_t j = begin; j < end; ++j) {
     const int64_t width = std::min(B, numel - j * B);
-    if (simd && width == B) {
-      const int64_t run = std::min(end - j, (numel - j * B) / B);
-      avx2::dequant_sum_full_blocks(pieces, post_div, j, run, dst + j * B, E);
-      j += run - 1;
+    const int64_t whole = simd ? std::min(end - j, whole_blocks_from(j, B, numel, own)) : 0;
+    if (whole > 0) {
+      avx2::dequant_sum_full_blocks(pieces, own, post_div, j, whole, dst + j * B, E);
+      j += whole - 1;
       continue;
     }
-    sum_block<F>(pieces, post_div, j, width, acc);
+    sum_block<E, F>(pieces, own, post_div, j, width, acc);
     Storage<E>* d = dst + j * B;
     for (int64_t i = 0; i < width; ++i) d[i] = Elem<E>::store(acc[i]);  // width is 32 but for the tail
   }
 }
 
-// The output capacity is whole blocks, so every block here is a full one.
-template <Fp8Format F>
-FP8C_VECTOR_CLONES void dequant_sum_requantize_blocks(const BlockCodes pieces, int post_div,
-                                                      const BlockCodes out, int64_t begin,
-                                                      int64_t end, bool simd) {
+// The output capacity is whole blocks, so every block here is a full one; E
+// is the own addend's element type.
+template <ElemType E, Fp8Format F>
+FP8C_VECTOR_CLONES void dequant_sum_requantize_blocks(const BlockCodes pieces, const OwnAddend own, int post_div,
+                                                      const BlockCodes out, int64_t begin, int64_t end,
+                                                      bool simd) {
   const int64_t B = pieces.block_size;
   const int64_t total_blocks = ceil_div(out.capacity, B);
+  int64_t j = begin;
   if (simd) {
-    avx2::dequant_sum_requantize_full_blocks(pieces, post_div, begin, end - begin, out.codes + begin * B,
-                                             out.scales + begin);
-  } else {
-    float acc[kMaxBlock];
-    for (int64_t j = begin; j < end; ++j) {
-      const int64_t width = std::min(B, out.capacity - j * B);
-      sum_block<F>(pieces, post_div, j, width, acc);
-      uint8_t* codes = out.codes + j * B;
-      out.scales[j] = width == 32 ? requantize_run<F>(acc, Full32{}, codes) : requantize_run<F>(acc, width, codes);
+    const int64_t whole = std::min(end - begin, whole_blocks_from(begin, B, out.capacity, own));
+    if (whole > 0) {
+      avx2::dequant_sum_requantize_full_blocks(pieces, own, post_div, begin, whole, out.codes + begin * B,
+                                               out.scales + begin);
     }
+    j += std::max<int64_t>(0, whole);
+  }
+  float acc[kMaxBlock];
+  for (; j < end; ++j) {
+    const int64_t width = std::min(B, out.capacity - j * B);
+    sum_block<E, F>(pieces, own, post_div, j, width, acc);
+    uint8_t* codes = out.codes + j * B;
+    out.scales[j] = width == 32 ? requantize_run<F>(acc, Full32{}, codes) : requantize_run<F>(acc, width, codes);
   }
   if (end == total_blocks) {
     for (int64_t k = 0; k < out.scale_padding; ++k) out.scales[total_blocks + k] = 0;
@@ -265,41 +293,44 @@ void dequantize_cpu(const BlockCodes& src, void* dst, ElemType type, int64_t num
   });
 }
 
-void dequant_sum_cpu(const BlockCodes& pieces, int post_div, void* dst, ElemType type, int64_t numel) {
+void dequant_sum_cpu(const BlockCodes& pieces, const OwnAddend& own, int post_div, void* dst, ElemType type,
+                     int64_t numel) {
   check_block(pieces.block_size);
   TORCH_CHECK(numel <= pieces.segment_numel, "fp8comm codec: dequant_sum output larger than a piece");
+  TORCH_CHECK(!own.present || own.type == type, "fp8comm codec: dequant_sum's own addend must have the output's dtype");
+  TORCH_CHECK(own.present || pieces.num_segments >= 1, "fp8comm codec: dequant_sum of no pieces and no own addend");
   const int64_t total = ceil_div(numel, pieces.block_size);
   with_codec_types(type, pieces.format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
     constexpr Fp8Format F = decltype(f)::value;
     auto* d = static_cast<Storage<E>*>(dst);
-    const int64_t grain = std::max<int64_t>(1, grain_blocks(pieces.block_size) / pieces.num_segments);
+    const int64_t addends = pieces.num_segments + (own.present ? 1 : 0);
+    const int64_t grain = std::max<int64_t>(1, grain_blocks(pieces.block_size) / addends);
     const bool simd = cpu_simd_enabled();
     at::parallel_for(0, total, grain, [&](int64_t b, int64_t end) {
-      dequant_sum_blocks<E, F>(pieces, post_div, d, numel, b, end, simd);
+      dequant_sum_blocks<E, F>(pieces, own, post_div, d, numel, b, end, simd);
     });
   });
 }
 
-void dequant_sum_requantize_cpu(const BlockCodes& pieces, int post_div, const BlockCodes& out) {
+void dequant_sum_requantize_cpu(const BlockCodes& pieces, const OwnAddend& own, int post_div, const BlockCodes& out) {
   check_block(pieces.block_size);
   TORCH_CHECK(out.block_size == pieces.block_size && out.format == pieces.format &&
                   out.capacity <= pieces.capacity,
               "fp8comm codec: dequant_sum_requantize output layout does not match its pieces");
+  TORCH_CHECK(own.present || pieces.num_segments >= 1,
+              "fp8comm codec: dequant_sum_requantize of no pieces and no own addend");
   const int64_t total = ceil_div(out.capacity, out.block_size);
-  const int64_t grain = std::max<int64_t>(1, grain_blocks(pieces.block_size) / pieces.num_segments);
+  const int64_t addends = pieces.num_segments + (own.present ? 1 : 0);
+  const int64_t grain = std::max<int64_t>(1, grain_blocks(pieces.block_size) / addends);
   const bool simd = cpu_simd_enabled();
-  auto run = [&](auto f) {
+  with_codec_types(own.type, pieces.format, [&](auto e, auto f) {
+    constexpr ElemType E = decltype(e)::value;
     constexpr Fp8Format F = decltype(f)::value;
     at::parallel_for(0, total, grain, [&](int64_t b, int64_t end) {
-      dequant_sum_requantize_blocks<F>(pieces, post_div, out, b, end, simd);
+      dequant_sum_requantize_blocks<E, F>(pieces, own, post_div, out, b, end, simd);
     });
-  };
-  if (pieces.format == Fp8Format::E4M3) {
-    run(std::integral_constant<Fp8Format, Fp8Format::E4M3>{});
-  } else {
-    run(std::integral_constant<Fp8Format, Fp8Format::E5M2>{});
-  }
+  });
 }
 
 }  // namespace fp8comm

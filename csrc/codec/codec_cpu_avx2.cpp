@@ -267,10 +267,19 @@ FP8C_AVX2_INLINE uint8_t quantize_block(Source x, int64_t vectors, uint8_t* code
   return sb;
 }
 
-// acc[0, B) <- the sum over pieces of block j (pieces added in rank order), / post_div.
-template <Fp8Format F, typename Count>
-FP8C_AVX2_INLINE void sum_block(const BlockCodes& pieces, Count B, int post_div, int64_t j, bool daz, float* acc) {
+// acc[0, B) <- (own + the pieces' block j, added in rank order) / post_div;
+// `own` (element type E) is null or holds the whole block.
+template <ElemType E, Fp8Format F, typename Count>
+FP8C_AVX2_INLINE void sum_block(const BlockCodes& pieces, const Storage<E>* own, float own_premul, Count B,
+                                int post_div, int64_t j, bool daz, float* acc) {
   const __m256 div = _mm256_set1_ps(static_cast<float>(post_div));
+  const __m256 premul = _mm256_set1_ps(own_premul);
+  // Each lane's sum starts from the own addend, or else from piece 0.
+  const int64_t first_piece = own != nullptr ? 0 : 1;
+  if (own != nullptr) {  // the own input streams from memory: ask for it a few blocks ahead
+    const char* ahead = reinterpret_cast<const char*>(own + (j + 8) * B);
+    for (int64_t b = 0; b < static_cast<int64_t>(B * sizeof(Storage<E>)); b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
+  }
   // Fast when every piece's block decodes through decode8_raw (at most 64 pieces: larger groups
   // take the exact decode).
   constexpr int kMaxFastPieces = 64;
@@ -283,8 +292,10 @@ FP8C_AVX2_INLINE void sum_block(const BlockCodes& pieces, Count B, int post_div,
   }
   if (fast) {
     for (int64_t i = 0; i < B; i += 8) {
-      __m256 s = _mm256_mul_ps(decode8_raw<F>(pieces.codes + j * B + i), _mm256_set1_ps(factor[0]));
-      for (int64_t r = 1; r < pieces.num_segments; ++r) {
+      __m256 s = own != nullptr
+                     ? _mm256_mul_ps(load8<E>(own + j * B + i), premul)
+                     : _mm256_mul_ps(decode8_raw<F>(pieces.codes + j * B + i), _mm256_set1_ps(factor[0]));
+      for (int64_t r = first_piece; r < pieces.num_segments; ++r) {
         const __m256 d = decode8_raw<F>(pieces.codes + r * pieces.stride + j * B + i);
         s = _mm256_add_ps(s, _mm256_mul_ps(d, _mm256_set1_ps(factor[r])));
       }
@@ -294,8 +305,10 @@ FP8C_AVX2_INLINE void sum_block(const BlockCodes& pieces, Count B, int post_div,
     return;
   }
   for (int64_t i = 0; i < B; i += 8) {
-    __m256 s = _mm256_mul_ps(decode8<F>(pieces.codes + j * B + i), _mm256_set1_ps(scale_from_byte(pieces.scales[j])));
-    for (int64_t r = 1; r < pieces.num_segments; ++r) {
+    __m256 s = own != nullptr ? _mm256_mul_ps(load8<E>(own + j * B + i), premul)
+                              : _mm256_mul_ps(decode8<F>(pieces.codes + j * B + i),
+                                              _mm256_set1_ps(scale_from_byte(pieces.scales[j])));
+    for (int64_t r = first_piece; r < pieces.num_segments; ++r) {
       const int64_t at = r * pieces.stride;
       const __m256 scale = _mm256_set1_ps(scale_from_byte(pieces.scales[at + j]));
       s = _mm256_add_ps(s, _mm256_mul_ps(decode8<F>(pieces.codes + at + j * B + i), scale));
@@ -332,23 +345,23 @@ FP8C_AVX2 void dequantize_run(const uint8_t* codes, const uint8_t* scales, int64
 }
 
 template <ElemType E, Fp8Format F, typename Count>
-FP8C_AVX2 void dequant_sum_run(const BlockCodes& pieces, Count B, int post_div, int64_t j0, int64_t blocks,
-                               Storage<E>* dst) {
+FP8C_AVX2 void dequant_sum_run(const BlockCodes& pieces, const Storage<E>* own, float own_premul, Count B,
+                               int post_div, int64_t j0, int64_t blocks, Storage<E>* dst) {
   alignas(32) float acc[kMaxCpuBlock];
   const bool daz = denormals_are_zero();
   for (int64_t j = j0; j < j0 + blocks; ++j) {
-    sum_block<F>(pieces, B, post_div, j, daz, acc);
+    sum_block<E, F>(pieces, own, own_premul, B, post_div, j, daz, acc);
     for (int64_t i = 0; i < B; i += 8) store8<E>(dst + (j - j0) * B + i, _mm256_load_ps(acc + i));
   }
 }
 
-template <Fp8Format F, typename Count>
-FP8C_AVX2 void dequant_sum_requantize_run(const BlockCodes& pieces, Count B, int post_div, int64_t j0,
-                                          int64_t blocks, uint8_t* codes, uint8_t* scales) {
+template <ElemType E, Fp8Format F, typename Count>
+FP8C_AVX2 void dequant_sum_requantize_run(const BlockCodes& pieces, const Storage<E>* own, float own_premul, Count B,
+                                          int post_div, int64_t j0, int64_t blocks, uint8_t* codes, uint8_t* scales) {
   alignas(32) float acc[kMaxCpuBlock];
   const bool daz = denormals_are_zero();
   for (int64_t j = j0; j < j0 + blocks; ++j) {
-    sum_block<F>(pieces, B, post_div, j, daz, acc);
+    sum_block<E, F>(pieces, own, own_premul, B, post_div, j, daz, acc);
     scales[j - j0] = quantize_block<F>(Accumulated{acc}, B / 8, codes + (j - j0) * B);
   }
 }
@@ -386,24 +399,27 @@ void dequantize_full_blocks(const uint8_t* codes, const uint8_t* scales, Fp8Form
   });
 }
 
-void dequant_sum_full_blocks(const BlockCodes& pieces, int post_div, int64_t first_block, int64_t blocks, void* dst,
-                             ElemType type) {
+void dequant_sum_full_blocks(const BlockCodes& pieces, const OwnAddend& own, int post_div, int64_t first_block,
+                             int64_t blocks, void* dst, ElemType type) {
   with_codec_types(type, pieces.format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
+    const auto* o = own.present ? static_cast<const Storage<E>*>(own.src) : nullptr;
     with_block(pieces.block_size, [&](auto B) {
-      dequant_sum_run<E, decltype(f)::value>(pieces, B, post_div, first_block, blocks, static_cast<Storage<E>*>(dst));
+      dequant_sum_run<E, decltype(f)::value>(pieces, o, own.premul, B, post_div, first_block, blocks,
+                                             static_cast<Storage<E>*>(dst));
     });
   });
 }
 
-void dequant_sum_requantize_full_blocks(const BlockCodes& pieces, int post_div, int64_t first_block, int64_t blocks,
-                                        uint8_t* codes, uint8_t* scales) {
-  with_block(pieces.block_size, [&](auto B) {
-    if (pieces.format == Fp8Format::E4M3) {
-      dequant_sum_requantize_run<Fp8Format::E4M3>(pieces, B, post_div, first_block, blocks, codes, scales);
-    } else {
-      dequant_sum_requantize_run<Fp8Format::E5M2>(pieces, B, post_div, first_block, blocks, codes, scales);
-    }
+void dequant_sum_requantize_full_blocks(const BlockCodes& pieces, const OwnAddend& own, int post_div,
+                                        int64_t first_block, int64_t blocks, uint8_t* codes, uint8_t* scales) {
+  with_codec_types(own.type, pieces.format, [&](auto e, auto f) {
+    constexpr ElemType E = decltype(e)::value;
+    const auto* o = own.present ? static_cast<const Storage<E>*>(own.src) : nullptr;
+    with_block(pieces.block_size, [&](auto B) {
+      dequant_sum_requantize_run<E, decltype(f)::value>(pieces, o, own.premul, B, post_div, first_block, blocks,
+                                                        codes, scales);
+    });
   });
 }
 

@@ -29,11 +29,12 @@ void quantize_full_blocks(const void* src, ElemType type, Fp8Format format, int6
 void dequantize_full_blocks(const uint8_t* codes, const uint8_t* scales, Fp8Format format, int64_t blocks,
                             int block_size, void* dst, ElemType type);
 // Blocks [first_block, first_block + blocks) of the pieces, summed as
-// dequant_sum_cpu sums them; dst / codes / scales point at the first one's output.
-void dequant_sum_full_blocks(const BlockCodes& pieces, int post_div, int64_t first_block, int64_t blocks, void* dst,
-                             ElemType type);
-void dequant_sum_requantize_full_blocks(const BlockCodes& pieces, int post_div, int64_t first_block, int64_t blocks,
-                                        uint8_t* codes, uint8_t* scales);
+// dequant_sum_cpu sums them; dst / codes / scales point at the first one's
+// output. The own addend, when present, holds all these blocks whole.
+void dequant_sum_full_blocks(const BlockCodes& pieces, const OwnAddend& own, int post_div, int64_t first_block,
+                             int64_t blocks, void* dst, ElemType type);
+void dequant_sum_requantize_full_blocks(const BlockCodes& pieces, const OwnAddend& own, int post_div,
+                                        int64_t first_block, int64_t blocks, uint8_t* codes, uint8_t* scales);
 #else
 inline bool supported() { return false; }
 #endif

@@ -115,20 +115,30 @@ struct TensorSource {
   }
 };
 
-// The sum of P pieces, in piece order, then / post_div (dequant-sum-requantize
-// and dequant-sum). Padding codes are zeros, so the whole capacity is summed.
-template <Fp8Format F>
-__device__ __forceinline__ void sum_pieces(const BlockCodes& pieces, int post_div, int64_t i0, int valid,
-                                           float (&acc)[kChunk]) {
+// (own + the pieces, in piece order) / post_div (dequant-sum-requantize and
+// dequant-sum); E is the own addend's element type. Padding codes are zeros,
+// so the whole capacity is summed.
+template <ElemType E, Fp8Format F>
+__device__ __forceinline__ void sum_pieces(const BlockCodes& pieces, const OwnAddend& own, int post_div, int64_t i0,
+                                           int valid, float (&acc)[kChunk]) {
   const int64_t j = i0 / pieces.block_size;
+  if (own.present) {
+    const int own_valid = clamp_chunk(own.numel - i0);
+    float v[kChunk];
+    load_chunk<E>(static_cast<const Storage<E>*>(own.src) + (own_valid > 0 ? i0 : 0), own_valid, v);
+    const float f = own.premul_device != nullptr ? *own.premul_device : own.premul;
+#pragma unroll
+    for (int t = 0; t < kChunk; ++t) acc[t] = t < own_valid ? v[t] * f : 0.0f;  // +0 past the end, as on the CPU
+  }
   for (int64_t r = 0; r < pieces.num_segments; ++r) {
     const float scale = scale_from_byte(pieces.scales[r * pieces.stride + j]);
     uint8_t c[kChunk];
     load_codes(pieces.codes + r * pieces.stride + i0, valid, c);
+    const bool first = r == 0 && !own.present;
 #pragma unroll
     for (int t = 0; t < kChunk; ++t) {
       const float d = decode_fp8<F>(c[t]) * scale;
-      acc[t] = r == 0 ? d : acc[t] + d;
+      acc[t] = first ? d : acc[t] + d;
     }
   }
   if (post_div != 1) {
@@ -137,14 +147,15 @@ __device__ __forceinline__ void sum_pieces(const BlockCodes& pieces, int post_di
   }
 }
 
-template <Fp8Format F>
+template <ElemType E, Fp8Format F>
 struct PiecesSource {
   BlockCodes pieces;
+  OwnAddend own;
   int post_div;
 
   __device__ int load(int64_t /*r*/, int64_t i0, float (&v)[kChunk]) const {
     const int valid = clamp_chunk(pieces.capacity - i0);
-    sum_pieces<F>(pieces, post_div, i0, valid, v);
+    sum_pieces<E, F>(pieces, own, post_div, i0, valid, v);
     return valid;
   }
 };
@@ -295,15 +306,15 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(BlockCodes src, St
 }
 
 template <ElemType E, Fp8Format F>
-__global__ void __launch_bounds__(kThreads) dequant_sum_kernel(BlockCodes pieces, int post_div, Storage<E>* dst,
-                                                               int64_t numel) {
+__global__ void __launch_bounds__(kThreads) dequant_sum_kernel(BlockCodes pieces, OwnAddend own, int post_div,
+                                                               Storage<E>* dst, int64_t numel) {
   const int64_t total = (numel + kChunk - 1) / kChunk;
   for (int64_t idx = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; idx < total;
        idx += int64_t{gridDim.x} * blockDim.x) {
     const int64_t i0 = idx * kChunk;
     const int valid = clamp_chunk(numel - i0);
     float acc[kChunk];
-    sum_pieces<F>(pieces, post_div, i0, valid, acc);
+    sum_pieces<E, F>(pieces, own, post_div, i0, valid, acc);
     store_chunk<E>(dst + i0, valid, acc);
   }
 }
@@ -348,24 +359,27 @@ int dequantize_cuda(const BlockCodes& src, void* dst, ElemType type, int64_t num
   });
 }
 
-int dequant_sum_cuda(const BlockCodes& pieces, int post_div, void* dst, ElemType type, int64_t numel, void* stream) {
+int dequant_sum_cuda(const BlockCodes& pieces, const OwnAddend& own, int post_div, void* dst, ElemType type,
+                     int64_t numel, void* stream) {
   if (numel == 0) return 0;
+  if (own.present && own.type != type) return static_cast<int>(cudaErrorInvalidValue);
   return with_types(type, pieces.format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
     constexpr Fp8Format F = decltype(f)::value;
     dequant_sum_kernel<E, F><<<grid_for((numel + kChunk - 1) / kChunk), kThreads, 0,
-                                static_cast<cudaStream_t>(stream)>>>(pieces, post_div, static_cast<Storage<E>*>(dst),
-                                                                     numel);
+                                static_cast<cudaStream_t>(stream)>>>(pieces, own, post_div,
+                                                                     static_cast<Storage<E>*>(dst), numel);
     return static_cast<int>(cudaGetLastError());
   });
 }
 
-int dequant_sum_requantize_cuda(const BlockCodes& pieces, int post_div, const BlockCodes& out, void* stream) {
-  const auto s = static_cast<cudaStream_t>(stream);
-  if (pieces.format == Fp8Format::E4M3) {
-    return launch_quantize<PiecesSource<Fp8Format::E4M3>, Fp8Format::E4M3>({pieces, post_div}, out, s);
-  }
-  return launch_quantize<PiecesSource<Fp8Format::E5M2>, Fp8Format::E5M2>({pieces, post_div}, out, s);
+int dequant_sum_requantize_cuda(const BlockCodes& pieces, const OwnAddend& own, int post_div, const BlockCodes& out,
+                                void* stream) {
+  return with_types(own.type, pieces.format, [&](auto e, auto f) {
+    constexpr ElemType E = decltype(e)::value;
+    constexpr Fp8Format F = decltype(f)::value;
+    return launch_quantize<PiecesSource<E, F>, F>({pieces, own, post_div}, out, static_cast<cudaStream_t>(stream));
+  });
 }
 
 const char* cuda_error_string(int error) { return cudaGetErrorString(static_cast<cudaError_t>(error)); }

@@ -23,9 +23,9 @@ BlockCodes flat_codes(const at::Tensor& scales, const at::Tensor& codes, int64_t
 }
 
 void check_wire(const char* op, const char* name, const at::Tensor& t, int64_t num_segments,
-                int64_t segment_numel, int64_t block_size) {
-  TORCH_CHECK(num_segments >= 1 && segment_numel >= 0, op, ": num_segments must be >= 1 and ",
-              "segment_numel >= 0, got ", num_segments, " and ", segment_numel);
+                int64_t segment_numel, int64_t block_size, int64_t min_segments = 1) {
+  TORCH_CHECK(num_segments >= min_segments && segment_numel >= 0, op, ": the number of segments must be >= ",
+              min_segments, " and segment_numel >= 0, got ", num_segments, " and ", segment_numel);
   const int64_t expected = num_segments * segment_bytes(segment_numel, block_size);
   TORCH_CHECK(t.scalar_type() == at::kByte && t.is_contiguous() && t.numel() == expected, op, ": ",
               name, " must be a contiguous uint8 tensor of ", expected, " bytes (", num_segments,
@@ -114,36 +114,54 @@ void check_post_div(const char* op, int64_t post_div) {
   TORCH_CHECK(post_div >= 1, op, ": post_div must be >= 1, got ", post_div);
 }
 
-void dequant_sum(const at::Tensor& pieces, const at::Tensor& out, int64_t num_pieces,
-                 int64_t segment_numel, int64_t block_size, at::ScalarType fp8_dtype, int64_t post_div) {
+// The own addend of dequant_sum / dequant_sum_requantize: at most one piece's
+// elements, on the pieces' device; with it, num_pieces may be 0.
+OwnInput own_input(const char* op, const std::optional<at::Tensor>& own, double own_premul,
+                   const at::Tensor& pieces, int64_t segment_numel) {
+  OwnInput in;
+  in.premul = static_cast<float>(own_premul);
+  if (!own) return in;
+  elem_type_of(own->scalar_type(), op);
+  TORCH_CHECK(own->device() == pieces.device(), op, ": own is on ", own->device(), " but the pieces are on ",
+              pieces.device(), "; put both on one device");
+  TORCH_CHECK(own->numel() <= segment_numel, op, ": own has ", own->numel(), " elements, more than the ",
+              segment_numel, " of a piece");
+  in.src = own->contiguous();
+  return in;
+}
+
+void dequant_sum(const at::Tensor& pieces, const at::Tensor& out, int64_t num_pieces, int64_t segment_numel,
+                 int64_t block_size, at::ScalarType fp8_dtype, int64_t post_div, const std::optional<at::Tensor>& own,
+                 double own_premul) {
   const char* op = "fp8comm.dequant_sum";
   check_block_size(block_size, op);
   check_post_div(op, post_div);
   const Fp8Format format = fp8_format_of(fp8_dtype, op);
-  check_wire(op, "pieces", pieces, num_pieces, segment_numel, block_size);
+  check_wire(op, "pieces", pieces, num_pieces, segment_numel, block_size, own ? 0 : 1);
   check_out(op, out, pieces, segment_numel);
+  TORCH_CHECK(!own || own->scalar_type() == out.scalar_type(), op, ": own is ", own ? own->scalar_type() : at::kFloat,
+              " but out is ", out.scalar_type(), "; give both the same dtype");
   dequant_sum_into(wire_segments(static_cast<uint8_t*>(pieces.data_ptr()), num_pieces, segment_numel,
                                  static_cast<int>(block_size), format),
-                   static_cast<int>(post_div), out);
+                   own_input(op, own, own_premul, pieces, segment_numel), static_cast<int>(post_div), out);
 }
 
 void dequant_sum_requantize(const at::Tensor& pieces, const at::Tensor& out, int64_t num_pieces,
-                            int64_t segment_numel, int64_t block_size, at::ScalarType fp8_dtype,
-                            int64_t post_div) {
+                            int64_t segment_numel, int64_t block_size, at::ScalarType fp8_dtype, int64_t post_div,
+                            const std::optional<at::Tensor>& own, double own_premul) {
   const char* op = "fp8comm.dequant_sum_requantize";
   check_block_size(block_size, op);
   check_post_div(op, post_div);
   const Fp8Format format = fp8_format_of(fp8_dtype, op);
-  check_wire(op, "pieces", pieces, num_pieces, segment_numel, block_size);
+  check_wire(op, "pieces", pieces, num_pieces, segment_numel, block_size, own ? 0 : 1);
   check_wire(op, "out", out, 1, segment_numel, block_size);
   TORCH_CHECK(out.device() == pieces.device(), op, ": out on ", out.device(), " but pieces on ",
               pieces.device());
   const int block = static_cast<int>(block_size);
   dequant_sum_requantize_into(
       wire_segments(static_cast<uint8_t*>(pieces.data_ptr()), num_pieces, segment_numel, block, format),
-      static_cast<int>(post_div),
-      wire_segments(static_cast<uint8_t*>(out.data_ptr()), 1, segment_numel, block, format),
-      pieces.device());
+      own_input(op, own, own_premul, pieces, segment_numel), static_cast<int>(post_div),
+      wire_segments(static_cast<uint8_t*>(out.data_ptr()), 1, segment_numel, block, format), pieces.device());
 }
 
 }  // namespace
@@ -159,10 +177,10 @@ TORCH_LIBRARY(fp8comm, m) {
       "int block_size, ScalarType fp8_dtype) -> ()");
   m.def(
       "dequant_sum(Tensor pieces, Tensor(a!) out, int num_pieces, int segment_numel, "
-      "int block_size, ScalarType fp8_dtype, int post_div=1) -> ()");
+      "int block_size, ScalarType fp8_dtype, int post_div=1, Tensor? own=None, float own_premul=1.0) -> ()");
   m.def(
       "dequant_sum_requantize(Tensor pieces, Tensor(a!) out, int num_pieces, int segment_numel, "
-      "int block_size, ScalarType fp8_dtype, int post_div=1) -> ()");
+      "int block_size, ScalarType fp8_dtype, int post_div=1, Tensor? own=None, float own_premul=1.0) -> ()");
 }
 
 #define FP8C_REGISTER_CODEC_IMPLS(m)                        \

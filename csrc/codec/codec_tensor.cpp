@@ -98,26 +98,48 @@ void dequantize_into(const BlockCodes& src, const at::Tensor& dst) {
              "dequantize");
 }
 
-void dequant_sum_into(const BlockCodes& pieces, int post_div, const at::Tensor& dst) {
+namespace {
+
+OwnAddend addend_of(const OwnInput& own, bool cuda) {
+  OwnAddend a;
+  if (!own.src.defined()) return a;
+  a.present = true;
+  a.src = own.src.data_ptr();
+  a.type = elem_type_of(own.src.scalar_type(), "fp8comm dequant_sum own addend");
+  a.numel = own.src.numel();
+  a.premul = own.premul;
+  if (own.premul_tensor) {
+    if (cuda) {
+      a.premul_device = own.premul_tensor->data_ptr<float>();
+    } else {
+      a.premul = own.premul_tensor->item<float>();
+    }
+  }
+  return a;
+}
+
+}  // namespace
+
+void dequant_sum_into(const BlockCodes& pieces, const OwnInput& own, int post_div, const at::Tensor& dst) {
   const ElemType type = elem_type_of(dst.scalar_type(), "fp8comm dequant_sum output");
   if (!on_cuda(dst.device(), "dequant_sum")) {
-    dequant_sum_cpu(pieces, post_div, dst.data_ptr(), type, dst.numel());
+    dequant_sum_cpu(pieces, addend_of(own, false), post_div, dst.data_ptr(), type, dst.numel());
     return;
   }
   CudaLaunch launch(dst.device());
-  check_cuda(FP8C_CUDA_CALL(dequant_sum_cuda(pieces, post_div, dst.data_ptr(), type, dst.numel(),
-                                             launch.stream)),
+  check_cuda(FP8C_CUDA_CALL(dequant_sum_cuda(pieces, addend_of(own, true), post_div, dst.data_ptr(), type,
+                                             dst.numel(), launch.stream)),
              "dequant_sum");
 }
 
-void dequant_sum_requantize_into(const BlockCodes& pieces, int post_div, const BlockCodes& out,
+void dequant_sum_requantize_into(const BlockCodes& pieces, const OwnInput& own, int post_div, const BlockCodes& out,
                                  const at::Device& device) {
   if (!on_cuda(device, "dequant_sum_requantize")) {
-    dequant_sum_requantize_cpu(pieces, post_div, out);
+    dequant_sum_requantize_cpu(pieces, addend_of(own, false), post_div, out);
     return;
   }
   CudaLaunch launch(device);
-  check_cuda(FP8C_CUDA_CALL(dequant_sum_requantize_cuda(pieces, post_div, out, launch.stream)),
+  check_cuda(FP8C_CUDA_CALL(dequant_sum_requantize_cuda(pieces, addend_of(own, true), post_div, out, launch.stream)),
              "dequant_sum_requantize");
 }
 

@@ -23,8 +23,17 @@ void check_block_size(int64_t block_size, const char* what);
 void quantize_into(const at::Tensor& src, float premul, const std::optional<at::Tensor>& premul_tensor,
                    const BlockCodes& dst);
 void dequantize_into(const BlockCodes& src, const at::Tensor& dst);
-void dequant_sum_into(const BlockCodes& pieces, int post_div, const at::Tensor& dst);
-void dequant_sum_requantize_into(const BlockCodes& pieces, int post_div, const BlockCodes& out,
+
+// The own addend of a sum (codec.h, OwnAddend) as a tensor: `src` undefined
+// for none, else contiguous on the sum's device; premul_tensor as above.
+struct OwnInput {
+  at::Tensor src;
+  float premul = 1.0f;
+  std::optional<at::Tensor> premul_tensor;
+};
+
+void dequant_sum_into(const BlockCodes& pieces, const OwnInput& own, int post_div, const at::Tensor& dst);
+void dequant_sum_requantize_into(const BlockCodes& pieces, const OwnInput& own, int post_div, const BlockCodes& out,
                                  const at::Device& device);
 
 }  // namespace fp8comm
