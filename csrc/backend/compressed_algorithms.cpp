@@ -194,24 +194,27 @@ void ProcessGroupFP8::allreduceCompressed(Transport& transport, const at::Tensor
     at::Tensor room = scratch.narrow(0, (k % 2) * scratch_bytes, scratch_bytes);
     all_gather[k] = transport.startAllGather(all, c.S, room);
   };
-  auto decode = [&](int64_t k) {
+  auto gathered_ok = [&](int64_t k) {
     const Chunk& c = chunks[k];
     transport.wait(all_gather.take(k), "all_gather");
-    const at::Tensor all = slice(gathered, c, P);
-    check_frames(all, gathered_from, c.S, Phase::kAllReduceGather, options_, n, op);
-    decodeGathered(transport, all, c.m, c.S, P, [&](int64_t r, int64_t count) {
-      return segments_of(chunk_of(c), r, count, c.m);
-    });
+    check_frames(slice(gathered, c, P), gathered_from, c.S, Phase::kAllReduceGather, options_, n, op);
   };
   // Quantize chunk k while chunk k-1's exchange and chunk k-2's all_gather are
   // on the wire; chunk k-2's scratch is free again before k's is written.
   for (int64_t k = 0; k < C; ++k) {
     quantize(k);
     if (k >= 1) reduce(k - 1);
-    if (k >= 2) decode(k - 2);
+    if (k >= 2) gathered_ok(k - 2);
   }
   reduce(C - 1);
-  for (int64_t k = std::max<int64_t>(0, C - 2); k < C; ++k) decode(k);
+  for (int64_t k = std::max<int64_t>(0, C - 2); k < C; ++k) gathered_ok(k);
+  // Only now, with every phase of every chunk through, is the tensor written:
+  // a call that fails leaves it as it was (docs/reliability.md).
+  for (const Chunk& c : chunks) {
+    decodeGathered(transport, slice(gathered, c, P), c.m, c.S, P, [&](int64_t r, int64_t count) {
+      return segments_of(chunk_of(c), r, count, c.m);
+    });
+  }
 }
 
 // The rank whose segment each slot of an all_gather's buffer holds (-1 for
