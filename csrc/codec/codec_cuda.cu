@@ -14,39 +14,23 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "chunk_io_cuda.cuh"
 #include "codec.h"
 
 namespace fp8comm {
 namespace {
 
-constexpr int kChunk = 16;
+using chunk_io::aligned16;
+using chunk_io::clamp_chunk;
+using chunk_io::kChunk;
+using chunk_io::load_chunk;
+using chunk_io::store_codes;
+
 constexpr int kThreads = 256;
 constexpr int64_t kMaxGrid = int64_t{1} << 20;
 
 template <ElemType E>
 using Storage = typename Elem<E>::storage;
-
-__device__ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
-// v[0, 16) <- elements [0, valid) of p as float (zeros past valid).
-template <ElemType E>
-__device__ __forceinline__ void load_chunk(const Storage<E>* p, int valid, float (&v)[kChunk]) {
-  if (valid == kChunk && aligned16(p)) {
-    constexpr int kPer16B = 16 / sizeof(Storage<E>);
-    const uint4* q = reinterpret_cast<const uint4*>(p);
-#pragma unroll
-    for (int k = 0; k < kChunk / kPer16B; ++k) {
-      const uint4 w = __ldg(q + k);
-      Storage<E> e[kPer16B];
-      memcpy(e, &w, 16);
-#pragma unroll
-      for (int t = 0; t < kPer16B; ++t) v[k * kPer16B + t] = Elem<E>::load(e[t]);
-    }
-  } else {
-#pragma unroll
-    for (int t = 0; t < kChunk; ++t) v[t] = t < valid ? Elem<E>::load(p[t]) : 0.0f;
-  }
-}
 
 template <ElemType E>
 __device__ __forceinline__ void store_chunk(Storage<E>* p, int valid, const float (&v)[kChunk]) {
@@ -75,20 +59,6 @@ __device__ __forceinline__ void load_codes(const uint8_t* p, int valid, uint8_t 
 #pragma unroll
     for (int t = 0; t < kChunk; ++t) c[t] = t < valid ? p[t] : 0;
   }
-}
-
-__device__ __forceinline__ void store_codes(uint8_t* p, int count, const uint8_t (&c)[kChunk]) {
-  if (count == kChunk && aligned16(p)) {
-    uint4 w;
-    memcpy(&w, c, 16);
-    *reinterpret_cast<uint4*>(p) = w;
-  } else {
-    for (int t = 0; t < count; ++t) p[t] = c[t];
-  }
-}
-
-__device__ __forceinline__ int clamp_chunk(int64_t n) {
-  return n <= 0 ? 0 : (n >= kChunk ? kChunk : static_cast<int>(n));
 }
 
 // ------------------------------------------------------------------ sources

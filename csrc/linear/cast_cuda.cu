@@ -22,58 +22,25 @@
 
 #include <type_traits>
 
+#include "../codec/chunk_io_cuda.cuh"
 #include "cast.h"
 
 namespace fp8comm {
 namespace cast {
 namespace {
 
+using chunk_io::aligned16;
+using chunk_io::clamp_chunk;
+using chunk_io::kChunk;
+using chunk_io::load_chunk;
+using chunk_io::store_codes;
+
 constexpr int kThreads = 256;
-constexpr int kChunk = 16;
 constexpr int kTile = 64;        // tile kernels: thread t covers row t / 4, columns (t % 4) * 16 + [0, 16)
 constexpr int kTileStride = 68;  // shared tile row (bytes): 4-byte writes, fewer bank conflicts on the column reads
 
 template <ElemType E>
 using Storage = typename Elem<E>::storage;
-
-__device__ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
-__device__ __forceinline__ int clamp_chunk(int64_t n) {
-  return n <= 0 ? 0 : (n >= kChunk ? kChunk : static_cast<int>(n));
-}
-
-// v[0, 16) <- elements [0, valid) of p as float, zeros past valid.
-template <ElemType E>
-__device__ __forceinline__ void load_chunk(const Storage<E>* p, int valid, float (&v)[kChunk]) {
-  if (valid == kChunk && aligned16(p)) {
-    constexpr int kPer16B = 16 / sizeof(Storage<E>);
-    const uint4* q = reinterpret_cast<const uint4*>(p);
-#pragma unroll
-    for (int k = 0; k < kChunk / kPer16B; ++k) {
-      const uint4 w = __ldg(q + k);
-      Storage<E> e[kPer16B];
-      memcpy(e, &w, 16);
-#pragma unroll
-      for (int t = 0; t < kPer16B; ++t) v[k * kPer16B + t] = Elem<E>::load(e[t]);
-    }
-  } else {
-#pragma unroll
-    for (int t = 0; t < kChunk; ++t) v[t] = t < valid ? Elem<E>::load(p[t]) : 0.0f;
-  }
-}
-
-__device__ __forceinline__ void store_codes(uint8_t* p, int count, const uint8_t (&c)[kChunk]) {
-  if (count == kChunk && aligned16(p)) {
-    uint4 w;
-    memcpy(&w, c, 16);
-    *reinterpret_cast<uint4*>(p) = w;
-  } else {
-#pragma unroll
-    for (int t = 0; t < kChunk; ++t) {
-      if (t < count) p[t] = c[t];  // static indices: c stays in registers
-    }
-  }
-}
 
 __device__ __forceinline__ uint32_t max_u32(uint32_t a, uint32_t b) { return a > b ? a : b; }
 
