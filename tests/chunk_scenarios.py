@@ -18,11 +18,27 @@ def rank_input(rank: int, n: int, dtype, seed: int) -> torch.Tensor:
     return x.to(dtype)
 
 
+def pair_chunk_model(inputs, post_div: int, block: int) -> torch.Tensor:
+    """DESIGN.md's two-rank all_reduce of one chunk: each rank quantizes its
+    whole chunk once, both add the two decoded pieces in rank order."""
+    n = inputs[0].numel()
+    m = -(-n // block) * block
+    S = fp8comm.segment_bytes(m, block)
+    pieces = torch.empty(2 * S, dtype=torch.uint8)
+    for r, x in enumerate(inputs):
+        fp8comm.quantize_segments(x, pieces[r * S:(r + 1) * S], 1, m, block_size=block)
+    out = torch.empty(n, dtype=inputs[0].dtype)
+    fp8comm.dequant_sum(pieces, out, 2, m, block_size=block, post_div=post_div)
+    return out
+
+
 def one_chunk_model(inputs, world: int, post_div: int, block: int) -> torch.Tensor:
-    """DESIGN.md's all_reduce of one chunk, in Python, from every rank's input:
-    each rank quantizes the other ranks' segments, each owner adds their pieces
-    to its own segment (exact) and re-quantizes the sum, every rank decodes
-    every segment."""
+    """DESIGN.md's all_reduce of one chunk, in Python, from every rank's input.
+    Two ranks: pair_chunk_model. More: each rank quantizes the other ranks'
+    segments, each owner adds their pieces to its own segment (exact) and
+    re-quantizes the sum, every rank decodes every segment."""
+    if world == 2:
+        return pair_chunk_model(inputs, post_div, block)
     n = inputs[0].numel()
     m = -(-(-(-n // world)) // block) * block
     S = fp8comm.segment_bytes(m, block)
@@ -44,9 +60,10 @@ def one_chunk_model(inputs, world: int, post_div: int, block: int) -> torch.Tens
 
 def chunked_model(n: int, dtype, world: int, seed: int, post_div: int, block: int = 32) -> torch.Tensor:
     """The all_reduce cut as the backend cuts it: chunks of CHUNK elements
-    rounded up to whole multiples of P blocks, each chunk reduced alone."""
+    rounded up to whole segments (P of them; one at two ranks), each chunk
+    reduced alone."""
     inputs = [rank_input(r, n, dtype, seed) for r in range(world)]
-    unit = world * block
+    unit = (1 if world == 2 else world) * block
     chunk = -(-CHUNK // unit) * unit
     return torch.cat([one_chunk_model([x[at:at + chunk] for x in inputs], world, post_div, block)
                       for at in range(0, n, chunk)])

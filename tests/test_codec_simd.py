@@ -40,7 +40,8 @@ def same(a, b):
 
 def inputs(n, dtype, seed):
     """Blocks of every kind, concatenated: Gaussian, random bit patterns
-    (NaN, Inf, subnormals, huge), zeros, values near the dtype's max, tiny
+    (NaN, Inf, subnormals, huge), zeros, values near the dtype's max and
+    block maxima from half of it up, tiny
     magnitudes, Gaussian blocks with a single Inf or NaN, and Gaussian blocks
     with zeros of both signs and values that scale into FP8 subnormals."""
     g = torch.Generator().manual_seed(seed)
@@ -50,6 +51,11 @@ def inputs(n, dtype, seed):
     parts.append(torch.zeros(n))
     top = torch.finfo(dtype).max
     parts.append(top * (1 - torch.rand(n, generator=g) * 0.01) * torch.sign(torch.randn(n, generator=g)))
+    # block maxima around the scale where the code limit sets in (the grouped
+    # quantize of 8 blocks of 32 takes the blocks below it, falls back above)
+    edge = torch.randn(n, generator=g) * top * 0.25
+    edge[::32] = top * (0.45 + 0.5 * torch.rand(len(edge[::32]), generator=g))
+    parts.append(edge)
     parts.append(torch.randn(n, generator=g) * torch.finfo(dtype).tiny)
     spiked = torch.randn(n, generator=g)
     spiked[::37] = float("inf")
@@ -181,6 +187,21 @@ def test_round_trip_through_both_paths(fp8_dtype):
 
     scalar, simd = both_paths(run)
     assert same(scalar, simd)
+
+
+@pytest.mark.parametrize("fp8_dtype", FP8)
+def test_large_float32_decode_same_bits(fp8_dtype):
+    """Decodes of 8 MiB and more of float32 per thread take streaming stores
+    (codec_cpu_avx2.cpp, kStreamBytes): the same bits, and nothing written
+    around the output."""
+    P, m = 2, (5 << 20) // 2 + 48
+    seg = random_segments(P, m, 32, seed=5)
+    kw = dict(fp8_dtype=fp8_dtype)
+    # the output 32 bytes into a fresh tensor (aligned, so it streams) and 8 short of its end
+    scalar, simd = both_paths(lambda: _run(lambda o: fp8comm.dequantize_segments(seg, o[8:-8], P, m, **kw),
+                                           P * m - 5 + 16, torch.float32))
+    assert same(scalar, simd)
+    assert (simd[:8] == 7.0).all() and (simd[-8:] == 7.0).all()
 
 
 def test_switch_reports_and_restores():

@@ -5,6 +5,7 @@
 // come from the reusable Workspace.
 #include <algorithm>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include <ATen/MemoryOverlap.h>
@@ -94,17 +95,30 @@ struct ProcessGroupFP8::Chunk {
   int64_t offset, numel, m, S, at;
 };
 
+// Two ranks exchange whole chunks (allreducePair); more cut each chunk into P
+// segments, one per owner. FP8COMM_PAIR_ALLREDUCE=0 makes two ranks take the
+// reduce + gather algorithm too (for measuring; every rank must agree, or the
+// segment headers name the mismatch).
+bool ProcessGroupFP8::allreduceByPair() const {
+  static const bool enabled = [] {
+    const char* env = std::getenv("FP8COMM_PAIR_ALLREDUCE");
+    return env == nullptr || std::string(env) != "0";
+  }();
+  return size_ == 2 && enabled;
+}
+
 std::vector<ProcessGroupFP8::Chunk> ProcessGroupFP8::allreduceChunks(const at::Device& device, int64_t n) const {
   const int64_t P = size_;
   const int64_t B = options_.block_size;
-  const int64_t unit = P * B;
+  const int64_t parts = allreduceByPair() ? 1 : P;
+  const int64_t unit = parts * B;
   const int64_t chunk = device.is_cpu() ? ceil_div(cpu_chunk_elements(), unit) * unit : ceil_div(n, unit) * unit;
   std::vector<Chunk> chunks;
   int64_t bytes = 0;
   for (int64_t offset = 0; offset < n; offset += chunk) {
     const int64_t numel = std::min(chunk, n - offset);
     // Segments are whole blocks, so each starts 16-byte aligned in the tensor.
-    const int64_t m = ceil_div(ceil_div(numel, P), B) * B;
+    const int64_t m = ceil_div(ceil_div(numel, parts), B) * B;
     const int64_t S = wireSegmentBytes(device, m);
     chunks.push_back({offset, numel, m, S, bytes});
     bytes += P * S;
@@ -114,7 +128,8 @@ std::vector<ProcessGroupFP8::Chunk> ProcessGroupFP8::allreduceChunks(const at::D
 
 int64_t ProcessGroupFP8::allreduceWireBytes(const at::Device& device, int64_t n) const {
   int64_t bytes = 0;
-  for (const Chunk& c : allreduceChunks(device, n)) bytes += 2 * (size_ - 1) * c.S;
+  const int64_t phases = allreduceByPair() ? 1 : 2;
+  for (const Chunk& c : allreduceChunks(device, n)) bytes += phases * (size_ - 1) * c.S;
   return bytes;
 }
 
@@ -155,6 +170,7 @@ void quantize_for_peers(const at::Tensor& flat, int64_t rank, int64_t P, int64_t
 // chunk size (tests/test_allreduce_chunks.py models it chunk by chunk).
 void ProcessGroupFP8::allreduceCompressed(Transport& transport, const at::Tensor& tensor, const Reduction& red,
                                           const char* op) {
+  if (allreduceByPair()) return allreducePair(transport, tensor, red, op);
   const int64_t P = size_;
   const int64_t n = tensor.numel();
   const at::Tensor flat = tensor.view({-1});  // contiguous, any shape (complex64 arrives as [n, 2] floats)
@@ -214,6 +230,44 @@ void ProcessGroupFP8::allreduceCompressed(Transport& transport, const at::Tensor
     decodeGathered(transport, slice(gathered, c, P), c.m, c.S, P, [&](int64_t r, int64_t count) {
       return segments_of(chunk_of(c), r, count, c.m);
     });
+  }
+}
+
+// Two ranks: each quantizes its whole input once and sends it to the other;
+// both add the two pieces in rank order, so both hold bitwise the same sum.
+// The bytes on the wire are those of the reduce + gather algorithm at P = 2
+// (n each way), with one exchange instead of two, one quantization instead of
+// two, and no re-quantization pass (DESIGN.md, "Algorithms").
+void ProcessGroupFP8::allreducePair(Transport& transport, const at::Tensor& tensor, const Reduction& red,
+                                    const char* op) {
+  const int64_t n = tensor.numel();
+  const at::Tensor flat = tensor.view({-1});
+  const std::vector<Chunk> chunks = allreduceChunks(tensor.device(), n);
+  const int64_t C = static_cast<int64_t>(chunks.size());
+  // Each chunk's two segments in rank order: this rank's slot is what it sends.
+  at::Tensor pairs = workspace_.bytes(Workspace::kGathered, chunks.back().at + 2 * chunks.back().S, tensor);
+  const int64_t peer = 1 - rank_;
+  auto slot = [&](const Chunk& c, int64_t r) { return pairs.narrow(0, c.at + r * c.S, c.S); };
+  auto chunk_of = [&](const Chunk& c) { return flat.narrow(0, c.offset, c.numel); };
+  InFlight exchange(C);
+  auto received = [&](int64_t k) {
+    const Chunk& c = chunks[k];
+    transport.wait(exchange.take(k), "all_to_all");
+    check_frames(slot(c, peer), {peer}, c.S, Phase::kAllReducePair, options_, n, op);
+  };
+  // Quantize chunk k while chunk k-1 is on the wire.
+  for (int64_t k = 0; k < C; ++k) {
+    const Chunk& c = chunks[k];
+    at::Tensor mine = slot(c, rank_), theirs = slot(c, peer);
+    quantize_into(chunk_of(c), red.premul, red.premul_tensor, wire(mine, 1, c.m));
+    frame(mine, 1, c.S, Phase::kAllReducePair, options_, n);
+    exchange[k] = transport.startExchange(theirs, mine, c.S);
+    if (k >= 1) received(k - 1);
+  }
+  received(C - 1);
+  // As allreduceCompressed: the tensor is written only once every chunk is through.
+  for (const Chunk& c : chunks) {
+    dequant_sum_into(wire(pairs.narrow(0, c.at, 2 * c.S), 2, c.m), OwnInput{}, red.post_div, chunk_of(c));
   }
 }
 

@@ -118,6 +118,8 @@ class ProcessGroupFP8 : public c10d::Backend {
   // The compressed algorithms (DESIGN.md, "Algorithms"); tensors contiguous.
   // `op` names the entry point in errors.
   void allreduceCompressed(Transport& t, const at::Tensor& tensor, const Reduction& red, const char* op);
+  void allreducePair(Transport& t, const at::Tensor& tensor, const Reduction& red, const char* op);
+  bool allreduceByPair() const;
   void reduceScatterCompressed(Transport& t, const at::Tensor& output,
                                const std::vector<at::Tensor>& input_segments, const Reduction& red,
                                const char* op);

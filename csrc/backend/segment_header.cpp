@@ -13,6 +13,7 @@ const char* phase_name(Phase p) {
     case Phase::kAllReduceGather: return "the gather phase of an all_reduce";
     case Phase::kReduceScatter: return "a reduce_scatter";
     case Phase::kAllGather: return "an all_gather";
+    case Phase::kAllReducePair: return "a two-rank all_reduce";
   }
   return "an unknown phase";
 }

@@ -16,7 +16,8 @@
 
 namespace fp8comm {
 
-enum class Phase : uint8_t { kAllReduceScatter = 1, kAllReduceGather = 2, kReduceScatter = 3, kAllGather = 4 };
+enum class Phase : uint8_t { kAllReduceScatter = 1, kAllReduceGather = 2, kReduceScatter = 3, kAllGather = 4,
+                            kAllReducePair = 5 };
 
 struct SegmentHeader {
   static constexpr uint32_t kMagic = 0x38435046u;  // "FPC8"
