@@ -3,11 +3,14 @@
     torchrun --nproc_per_node=2 bench/cpu_breakdown.py [--mib 64] [--reps 10]
 
 On rank 0, for an FP32 all_reduce of --mib MiB on P ranks:
-  1. each codec pass of the compressed algorithm, alone, on this rank's thread
-     (quantize the P - 1 other ranks' segments, add their pieces to the own
-     segment and re-quantize, decode P), next to a copy;
-  2. the two transport phases alone on plain gloo (a uint8 all_to_all of the
-     wire bytes with no segment to itself, twice, as fp8gloo moves them);
+  1. each codec pass of the compressed algorithm, alone, on this rank's thread,
+     next to a copy. By default: quantize the P - 1 other ranks' segments,
+     add their pieces to the own segment and re-quantize, decode P. Two ranks
+     with FP8COMM_PAIR_ALLREDUCE=1 (DESIGN.md, "Algorithms"): quantize the
+     whole tensor, decode both pieces and add them;
+  2. one transport phase alone on plain gloo (a uint8 all_to_all of the wire
+     bytes with no segment to itself, as fp8gloo moves them; the algorithm
+     runs two, the two-rank exchange one);
   3. gloo's FP32 all_reduce and fp8gloo's, interleaved: wall time and the
      process CPU time (all threads, gloo's included) per call.
 Medians of --reps. Both backends run in the same processes.
@@ -15,6 +18,7 @@ Medians of --reps. Both backends run in the same processes.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -47,24 +51,34 @@ def main():
     rank, P = dist.get_rank(), dist.get_world_size()
     n = args.mib * (1 << 20) // 4
     m = -(-(-(-n // P)) // 32) * 32
-    S = fp8comm._C.wire_segment_bytes(m, 32, "cpu")
     x = torch.randn(n)
     lines = [f"FP32 all_reduce of {args.mib} MiB on {P} ranks; rank 0; medians of {args.reps}; ms"]
 
+    pair = P == 2 and os.environ.get("FP8COMM_PAIR_ALLREDUCE") == "1"  # opt-in, DESIGN.md, "Algorithms"
+    if pair:  # one segment of the whole tensor per rank, one exchange
+        m = -(-n // 32) * 32
+    S = fp8comm._C.wire_segment_bytes(m, 32, "cpu")
+    seg = fp8comm.segment_bytes(m, 32)
     if rank == 0:  # 1. codec passes, one thread
-        send, mine, out = torch.empty(P * S, dtype=torch.uint8), torch.empty(S, dtype=torch.uint8), torch.empty(n)
-        seg = fp8comm.segment_bytes(m, 32)
-        wire = send.view(P, S)[:, 16:].reshape(-1)  # the codec's segments, without the headers
-        others = x[m:]  # rank 0 quantizes segments 1 .. P-1 and keeps segment 0
-        q = timed(lambda: fp8comm.quantize_segments(others, wire[: (P - 1) * seg], P - 1, m), args.reps)[0]
-        fp8comm.quantize_segments(others, wire[: (P - 1) * seg], P - 1, m)
-        d = timed(lambda: fp8comm.dequant_sum_requantize(wire[: (P - 1) * seg], mine[:seg], P - 1, m, own=x[:m]),
-                  args.reps)[0]
-        fp8comm.quantize_segments(x, wire[: P * seg], P, m)  # P segments to decode
-        g = timed(lambda: fp8comm.dequantize_segments(wire[: P * seg], out, P, m), args.reps)[0]
+        wire = torch.empty(P * seg, dtype=torch.uint8)  # the codec's segments, without the headers
+        out, mine = torch.empty(n), torch.empty(seg, dtype=torch.uint8)
+        if pair:
+            q = timed(lambda: fp8comm.quantize_segments(x, wire[:seg], 1, m), args.reps)[0]
+            fp8comm.quantize_segments(x, wire[seg:], 1, m)
+            d = timed(lambda: fp8comm.dequant_sum(wire, out, 2, m), args.reps)[0]
+            passes = f"quantize {q:.1f}, decode both + add {d:.1f}, total {q + d:.1f}"
+        else:
+            others = x[m:]  # rank 0 quantizes segments 1 .. P-1 and keeps segment 0
+            q = timed(lambda: fp8comm.quantize_segments(others, wire[: (P - 1) * seg], P - 1, m), args.reps)[0]
+            fp8comm.quantize_segments(others, wire[: (P - 1) * seg], P - 1, m)
+            d = timed(lambda: fp8comm.dequant_sum_requantize(wire[: (P - 1) * seg], mine, P - 1, m, own=x[:m]),
+                      args.reps)[0]
+            fp8comm.quantize_segments(x, wire, P, m)  # P segments to decode
+            g = timed(lambda: fp8comm.dequantize_segments(wire, out, P, m), args.reps)[0]
+            passes = f"quantize {q:.1f}, sum + re-quantize {d:.1f}, decode {g:.1f}, total {q + d + g:.1f}"
         c = timed(lambda: out.copy_(x), args.reps)[0]
-        lines.append(f"codec, one thread: quantize {q:.1f}, sum + re-quantize {d:.1f}, decode {g:.1f}, "
-                     f"total {q + d + g:.1f} (a copy of the tensor: {c:.1f})")
+        algorithm = "two-rank exchange" if pair else "reduce + gather"
+        lines.append(f"codec ({algorithm}), one thread: {passes} (a copy of the tensor: {c:.1f})")
     dist.barrier(group=plain)
 
     # 2. the transport phases alone, on plain gloo
@@ -73,7 +87,7 @@ def main():
     splits = [0 if r == rank else S for r in range(P)]
     a2a = timed(lambda: dist.all_to_all_single(recv, send, splits, list(splits), group=plain), args.reps, plain)
     lines.append(f"transport, one all_to_all of {P - 1} x {S / 1e6:.1f} MB: wall {a2a[0]:.1f}, "
-                 f"process CPU {a2a[1]:.1f} (the algorithm runs two)")
+                 f"process CPU {a2a[1]:.1f} (the algorithm runs {'one' if pair else 'two'})")
 
     # 3. the whole all_reduce, interleaved (the input copy outside the clock)
     y = torch.empty_like(x)

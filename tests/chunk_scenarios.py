@@ -1,12 +1,15 @@
 """Scenarios for tests/test_allreduce_chunks.py (run on every rank of a DistPool)."""
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.distributed as dist
 
 import fp8comm
 from dist_harness import ctx
 
+PAIR_ENV = "FP8COMM_PAIR_ALLREDUCE"  # the opt-in two-rank exchange (DESIGN.md, "Algorithms")
 CHUNK = 1 << 21  # csrc/backend/compressed_algorithms.cpp, cpu_chunk_elements()
 
 
@@ -16,6 +19,11 @@ def rank_input(rank: int, n: int, dtype, seed: int) -> torch.Tensor:
     x[::1001] *= 1e4  # blocks of different scales
     x[7::50_000] = float("inf") if seed % 2 else float("nan")
     return x.to(dtype)
+
+
+def pairwise(world: int, dtype) -> bool:
+    """Whether the backend's all_reduce takes the two-rank exchange."""
+    return world == 2 and dtype in (torch.float32, torch.complex64) and os.environ.get(PAIR_ENV) == "1"
 
 
 def pair_chunk_model(inputs, post_div: int, block: int) -> torch.Tensor:
@@ -34,10 +42,10 @@ def pair_chunk_model(inputs, post_div: int, block: int) -> torch.Tensor:
 
 def one_chunk_model(inputs, world: int, post_div: int, block: int) -> torch.Tensor:
     """DESIGN.md's all_reduce of one chunk, in Python, from every rank's input.
-    Two ranks: pair_chunk_model. More: each rank quantizes the other ranks'
-    segments, each owner adds their pieces to its own segment (exact) and
-    re-quantizes the sum, every rank decodes every segment."""
-    if world == 2:
+    Two ranks, float32: pair_chunk_model. Otherwise each rank quantizes the
+    other ranks' segments, each owner adds their pieces to its own segment
+    (exact) and re-quantizes the sum, every rank decodes every segment."""
+    if pairwise(world, inputs[0].dtype):
         return pair_chunk_model(inputs, post_div, block)
     n = inputs[0].numel()
     m = -(-(-(-n // world)) // block) * block
@@ -60,10 +68,10 @@ def one_chunk_model(inputs, world: int, post_div: int, block: int) -> torch.Tens
 
 def chunked_model(n: int, dtype, world: int, seed: int, post_div: int, block: int = 32) -> torch.Tensor:
     """The all_reduce cut as the backend cuts it: chunks of CHUNK elements
-    rounded up to whole segments (P of them; one at two ranks), each chunk
-    reduced alone."""
+    rounded up to whole segments (P of them; one for the two-rank exchange),
+    each chunk reduced alone."""
     inputs = [rank_input(r, n, dtype, seed) for r in range(world)]
-    unit = (1 if world == 2 else world) * block
+    unit = (1 if pairwise(world, dtype) else world) * block
     chunk = -(-CHUNK // unit) * unit
     return torch.cat([one_chunk_model([x[at:at + chunk] for x in inputs], world, post_div, block)
                       for at in range(0, n, chunk)])

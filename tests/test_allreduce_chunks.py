@@ -6,13 +6,15 @@ import pytest
 import torch
 
 import chunk_scenarios
-from chunk_scenarios import CHUNK
+from chunk_scenarios import CHUNK, PAIR_ENV
 from dist_harness import DistPool
 
 
-@pytest.fixture(scope="module", params=[2, 3])
+# 2 and 3 ranks, and 2 with the opt-in two-rank exchange (FP8COMM_PAIR_ALLREDUCE=1)
+@pytest.fixture(scope="module", params=[2, 3, "2-pair"])
 def pool(request):
-    p = DistPool(request.param, backend="fp8gloo")
+    pair = request.param == "2-pair"
+    p = DistPool(2 if pair else request.param, backend="fp8gloo", env={PAIR_ENV: "1"} if pair else None)
     yield p
     p.close()
 

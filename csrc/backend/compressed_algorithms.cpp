@@ -95,22 +95,26 @@ struct ProcessGroupFP8::Chunk {
   int64_t offset, numel, m, S, at;
 };
 
-// Two ranks exchange whole chunks (allreducePair); more cut each chunk into P
-// segments, one per owner. FP8COMM_PAIR_ALLREDUCE=0 makes two ranks take the
-// reduce + gather algorithm too (for measuring; every rank must agree, or the
-// segment headers name the mismatch).
-bool ProcessGroupFP8::allreduceByPair() const {
+// With FP8COMM_PAIR_ALLREDUCE=1, two ranks exchange whole FP32 chunks
+// (allreducePair); otherwise, and for 16-bit dtypes, each chunk is cut into
+// P segments, one per owner. Opt-in, because the choice depends on the
+// dtype: ranks that all_reduce the same numel in different dtypes would take
+// different algorithms (docs/performance.md has the measurements). For 16-bit
+// tensors the codec works twice as hard per wire byte, and there the reduce +
+// gather algorithm's lighter codec passes measured faster.
+bool ProcessGroupFP8::allreduceByPair(const at::Tensor& like) const {
   static const bool enabled = [] {
     const char* env = std::getenv("FP8COMM_PAIR_ALLREDUCE");
-    return env == nullptr || std::string(env) != "0";
+    return env != nullptr && std::string(env) == "1";
   }();
-  return size_ == 2 && enabled;
+  return size_ == 2 && enabled && c10::toRealValueType(like.scalar_type()) == at::kFloat;
 }
 
-std::vector<ProcessGroupFP8::Chunk> ProcessGroupFP8::allreduceChunks(const at::Device& device, int64_t n) const {
+std::vector<ProcessGroupFP8::Chunk> ProcessGroupFP8::allreduceChunks(const at::Tensor& like, int64_t n) const {
+  const at::Device device = like.device();
   const int64_t P = size_;
   const int64_t B = options_.block_size;
-  const int64_t parts = allreduceByPair() ? 1 : P;
+  const int64_t parts = allreduceByPair(like) ? 1 : P;
   const int64_t unit = parts * B;
   const int64_t chunk = device.is_cpu() ? ceil_div(cpu_chunk_elements(), unit) * unit : ceil_div(n, unit) * unit;
   std::vector<Chunk> chunks;
@@ -126,10 +130,10 @@ std::vector<ProcessGroupFP8::Chunk> ProcessGroupFP8::allreduceChunks(const at::D
   return chunks;
 }
 
-int64_t ProcessGroupFP8::allreduceWireBytes(const at::Device& device, int64_t n) const {
+int64_t ProcessGroupFP8::allreduceWireBytes(const at::Tensor& like, int64_t n) const {
   int64_t bytes = 0;
-  const int64_t phases = allreduceByPair() ? 1 : 2;
-  for (const Chunk& c : allreduceChunks(device, n)) bytes += phases * (size_ - 1) * c.S;
+  const int64_t phases = allreduceByPair(like) ? 1 : 2;
+  for (const Chunk& c : allreduceChunks(like, n)) bytes += phases * (size_ - 1) * c.S;
   return bytes;
 }
 
@@ -170,11 +174,11 @@ void quantize_for_peers(const at::Tensor& flat, int64_t rank, int64_t P, int64_t
 // chunk size (tests/test_allreduce_chunks.py models it chunk by chunk).
 void ProcessGroupFP8::allreduceCompressed(Transport& transport, const at::Tensor& tensor, const Reduction& red,
                                           const char* op) {
-  if (allreduceByPair()) return allreducePair(transport, tensor, red, op);
+  if (allreduceByPair(tensor)) return allreducePair(transport, tensor, red, op);
   const int64_t P = size_;
   const int64_t n = tensor.numel();
   const at::Tensor flat = tensor.view({-1});  // contiguous, any shape (complex64 arrives as [n, 2] floats)
-  const std::vector<Chunk> chunks = allreduceChunks(tensor.device(), n);
+  const std::vector<Chunk> chunks = allreduceChunks(tensor, n);
   const int64_t C = static_cast<int64_t>(chunks.size());
   const int64_t bytes = chunks.back().at + P * chunks.back().S;
   int64_t scratch_bytes = 0;
@@ -242,7 +246,7 @@ void ProcessGroupFP8::allreducePair(Transport& transport, const at::Tensor& tens
                                     const char* op) {
   const int64_t n = tensor.numel();
   const at::Tensor flat = tensor.view({-1});
-  const std::vector<Chunk> chunks = allreduceChunks(tensor.device(), n);
+  const std::vector<Chunk> chunks = allreduceChunks(tensor, n);
   const int64_t C = static_cast<int64_t>(chunks.size());
   // Each chunk's two segments in rank order: this rank's slot is what it sends.
   at::Tensor pairs = workspace_.bytes(Workspace::kGathered, chunks.back().at + 2 * chunks.back().S, tensor);

@@ -260,7 +260,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allreduce(std::vector<at::Tensor
                     allreduceCompressed(transport, buffer, *red, op);
                     write_back(tensor, buffer);
                   });
-  record(op, true, allreduceWireBytes(tensor.device(), tensor.numel()), plain);
+  record(op, true, allreduceWireBytes(tensor, tensor.numel()), plain);
   return work;
 }
 
@@ -347,7 +347,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allreduce_coalesced(std::vector<
                       offset += t.numel();
                     }
                   });
-  record(op, true, allreduceWireBytes(tensors[0].device(), total), plain);
+  record(op, true, allreduceWireBytes(tensors[0], total), plain);
   return work;
 }
 

@@ -119,7 +119,7 @@ class ProcessGroupFP8 : public c10d::Backend {
   // `op` names the entry point in errors.
   void allreduceCompressed(Transport& t, const at::Tensor& tensor, const Reduction& red, const char* op);
   void allreducePair(Transport& t, const at::Tensor& tensor, const Reduction& red, const char* op);
-  bool allreduceByPair() const;
+  bool allreduceByPair(const at::Tensor& like) const;
   void reduceScatterCompressed(Transport& t, const at::Tensor& output,
                                const std::vector<at::Tensor>& input_segments, const Reduction& red,
                                const char* op);
@@ -133,8 +133,9 @@ class ProcessGroupFP8 : public c10d::Backend {
   // chunks of an all_reduce, and the bytes this rank sends for one (stats).
   struct Chunk;
   int64_t wireSegmentBytes(const at::Device& device, int64_t m) const;
-  std::vector<Chunk> allreduceChunks(const at::Device& device, int64_t numel) const;
-  int64_t allreduceWireBytes(const at::Device& device, int64_t numel) const;
+  // (`like`: the tensor's device and dtype)
+  std::vector<Chunk> allreduceChunks(const at::Tensor& like, int64_t numel) const;
+  int64_t allreduceWireBytes(const at::Tensor& like, int64_t numel) const;
 
   // Exact forwarding, emulating AVG / PREMUL_SUM where the transport lacks them.
   c10::intrusive_ptr<c10d::Work> allreducePassthrough(std::vector<at::Tensor>& tensors,
