@@ -81,11 +81,17 @@ class Case:
         out_numel = numel if op.startswith("all_gather") else (numel if op == "all_reduce" else self.per_rank)
         self.output = torch.empty(out_numel, dtype=dtype, device=device)
 
-    def run(self, group, tensor=None):
+    def prepare(self):
+        """Resets the in-place all_reduce's tensor to the input, outside the clock."""
+        if self.op == "all_reduce":
+            self.output.copy_(self.input)
+
+    def run(self, group, tensor=None, prepared=False):
         x = self.input if tensor is None else tensor
         out = self.output if tensor is None else torch.empty(self.output.numel(), dtype=x.dtype, device=x.device)
         if self.op == "all_reduce":
-            out.copy_(x)
+            if not prepared:
+                out.copy_(x)
             dist.all_reduce(out, group=group)
         elif self.op == "reduce_scatter":
             dist.reduce_scatter_tensor(out, x, group=group)
@@ -99,17 +105,18 @@ class Case:
 
 
 def time_once(case: Case, group, plain, device) -> float:
+    case.prepare()
     dist.barrier(group=plain)
     if device.type == "cuda":
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        case.run(group)
+        case.run(group, prepared=True)
         end.record()
         end.synchronize()
         return start.elapsed_time(end) / 1e3
     t0 = time.perf_counter()
-    case.run(group)
+    case.run(group, prepared=True)
     return time.perf_counter() - t0
 
 
