@@ -17,6 +17,7 @@ import fp8comm
 import fsdp_scenarios as S
 from dist_harness import DistPool
 from fp8comm.nn import Fp8AllGatherWeight, Fp8Linear, Fp8WeightCast, convert_to_fp8
+from fp8comm.nn.linear import scaled_mm_cpu
 from fp8comm.nn.scaling import cast_to_fp8
 
 E4M3 = torch.float8_e4m3fn
@@ -307,7 +308,7 @@ def test_fp8_weight_cast_feeds_the_gemm_and_dequantizes_elsewhere():
     fp8comm.nn.reset_stats()
     y = layer(x)
     xq, xs = cast_to_fp8(x, E4M3, rowwise=False)
-    assert torch.equal(y, torch._scaled_mm(xq, data.t(), scale_a=xs, scale_b=inv, out_dtype=torch.float32))
+    assert torch.equal(y, scaled_mm_cpu(xq, data.t(), xs, inv, torch.float32))
     recast = Fp8Linear(64, 32, bias=False)
     recast.weight = nn.Parameter(layer.weight.dequantize())
     assert not torch.equal(y, recast(x))  # the bytes went in as they were, not cast again

@@ -195,3 +195,39 @@ def test_torch_compile_aot_eager():
     out.sum().backward()
     assert torch.allclose(out, eager, rtol=0, atol=0)
     assert model[0].weight.grad is not None
+
+
+# ---------------------------------------------------------------- the CPU GEMM
+# On CPUs with AMX-INT8 torch sends an FP8 _scaled_mm to oneDNN, whose FP8
+# matmul there is a reference loop, ~1000x slower than torch's emulated kernel
+# (fp8comm/nn/linear.py, scaled_mm_cpu). On other CPUs these tests still check
+# the bits and that the global switch is left as it was.
+def _onednn_calls(capfd, fn):
+    capfd.readouterr()
+    with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
+        fn()
+    return [line for line in capfd.readouterr().out.splitlines() if line.startswith("onednn_verbose") and ",exec," in line]
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_cpu_gemms_avoid_onednn_and_restore_its_switch(recipe, capfd):
+    assert torch.backends.mkldnn.enabled
+    calls = _onednn_calls(capfd, lambda: run_fp8(recipe, torch.float32, shape=(64, 64), out_features=32))
+    assert calls == []
+    assert torch.backends.mkldnn.enabled
+
+
+@pytest.mark.parametrize("rowwise", [False, True])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_traced_cpu_gemm_is_the_emulated_kernel_bit_for_bit(rowwise, out_dtype):
+    """What scaled_mm_cpu traces under torch.compile equals torch's emulated
+    _scaled_mm (what it runs eagerly)."""
+    from fp8comm.nn.linear import scaled_mm_cpu
+
+    torch.manual_seed(0)
+    a = (3 * torch.randn(48, 96)).to(torch.float8_e4m3fn)
+    b = (3 * torch.randn(160, 96)).to(torch.float8_e4m3fn).t()
+    sa, sb = (torch.rand(48, 1) + 0.5, torch.rand(1, 160) + 0.5) if rowwise else (torch.tensor(0.37), torch.tensor(1.7))
+    eager = scaled_mm_cpu(a, b, sa, sb, out_dtype)
+    traced = torch.compile(scaled_mm_cpu, backend="eager", fullgraph=True)(a, b, sa, sb, out_dtype)
+    assert eager.dtype == out_dtype and torch.equal(eager, traced)

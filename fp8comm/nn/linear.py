@@ -81,9 +81,38 @@ def _count_fallback(reason: str) -> None:
 
 def _mm(a, b, scale_a, scale_b, out_dtype, rowwise: bool):
     """a @ b with FP8 operands; rowwise GEMMs on CUDA produce bf16 only."""
-    if rowwise and a.device.type == "cuda" and out_dtype != torch.bfloat16:
+    if a.device.type == "cpu":
+        return scaled_mm_cpu(a, b, scale_a, scale_b, out_dtype)
+    if rowwise and out_dtype != torch.bfloat16:
         return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16).to(out_dtype)
     return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
+
+
+def scaled_mm_cpu(a, b, scale_a, scale_b, out_dtype):
+    """torch._scaled_mm on the CPU through torch's own emulated kernel (FP8
+    operands widened exactly to FP32, scaled, FP32 GEMM).
+
+    On CPUs with AMX-INT8 (Intel Sapphire Rapids and later) torch routes an FP8
+    _scaled_mm to oneDNN instead, whose FP8 matmul there is a reference loop:
+    measured on such a Xeon (2 cores, torch 2.13.0+cpu), 256x256x256 took 512 ms
+    against 0.96 ms emulated, 1024x256x768 6.0 s against 5.8 ms, with the same
+    result bit for bit. So oneDNN is switched off for the call. The switch is
+    process-global; it is restored at once and nothing else in the call uses it.
+    A graph cannot hold that switch, so under torch.compile the emulated
+    kernel's own steps are traced instead (the same ops, the same bits:
+    tests/test_linear.py).
+    """
+    if torch.compiler.is_compiling():
+        wide_a = a.contiguous().to(torch.float32) * scale_a
+        wide_b = b.contiguous().to(torch.float32) * scale_b
+        return torch.matmul(wide_a, wide_b).to(out_dtype)
+    if not torch._C._get_mkldnn_enabled():
+        return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
+    torch._C._set_mkldnn_enabled(False)
+    try:
+        return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
+    finally:
+        torch._C._set_mkldnn_enabled(True)
 
 
 class _Fp8Matmul(torch.autograd.Function):
