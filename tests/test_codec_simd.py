@@ -192,7 +192,7 @@ def test_round_trip_through_both_paths(fp8_dtype):
 @pytest.mark.parametrize("fp8_dtype", FP8)
 def test_large_float32_decode_same_bits(fp8_dtype):
     """Decodes of 8 MiB and more of float32 per thread take streaming stores
-    (codec_cpu_avx2.cpp, kStreamBytes): the same bits, and nothing written
+    (codec_cpu_avx2.cpp, stream_bytes): the same bits, and nothing written
     around the output."""
     P, m = 2, (5 << 20) // 2 + 48
     seg = random_segments(P, m, 32, seed=5)

@@ -231,7 +231,7 @@ void ProcessGroupFP8::allreduceCompressed(Transport& transport, const at::Tensor
   // Only now, with every phase of every chunk through, is the tensor written:
   // a call that fails leaves it as it was (docs/reliability.md).
   for (const Chunk& c : chunks) {
-    decodeGathered(transport, slice(gathered, c, P), c.m, c.S, P, [&](int64_t r, int64_t count) {
+    decodeGathered(transport, slice(gathered, c, P), c.m, c.S, P, tensor.nbytes(), [&](int64_t r, int64_t count) {
       return segments_of(chunk_of(c), r, count, c.m);
     });
   }
@@ -288,10 +288,11 @@ std::vector<int64_t> ProcessGroupFP8::gatheredFrom(const Transport& transport) c
 // Decodes the P segments of m elements of an all_gather's buffer `all` into
 // out(r, count), the elements of ranks [r, r + count), in runs of at most
 // max_run ranks whose slots are consecutive (Transport::gatherSlot: at most
-// three runs).
+// three runs). output_bytes: the whole output's size, of which these runs are
+// parts; the CPU codec picks its stores by it (codec.h, dequantize_cpu).
 template <typename Out>
 void ProcessGroupFP8::decodeGathered(const Transport& transport, const at::Tensor& all, int64_t m, int64_t S,
-                                     int64_t max_run, Out&& out) const {
+                                     int64_t max_run, int64_t output_bytes, Out&& out) const {
   const int64_t P = size_;
   for (int64_t r = 0; r < P;) {
     int64_t count = 1;
@@ -300,7 +301,7 @@ void ProcessGroupFP8::decodeGathered(const Transport& transport, const at::Tenso
     }
     const at::Tensor dst = out(r, count);
     if (dst.numel() > 0) {
-      dequantize_into(wire(all.narrow(0, transport.gatherSlot(r) * S, count * S), count, m), dst);
+      dequantize_into(wire(all.narrow(0, transport.gatherSlot(r) * S, count * S), count, m), dst, output_bytes);
     }
     r += count;
   }
@@ -350,11 +351,11 @@ void ProcessGroupFP8::allgatherCompressed(Transport& transport, const std::vecto
   transport.wait(transport.startAllGather(all, S, scratch), "all_gather");
   check_frames(all, gatheredFrom(transport), S, Phase::kAllGather, options_, k, op);
   if (output_segments.size() == 1) {  // one flat output of P * k elements
-    decodeGathered(transport, all, k, S, P, [&](int64_t r, int64_t count) {
+    decodeGathered(transport, all, k, S, P, output_segments[0].nbytes(), [&](int64_t r, int64_t count) {
       return segments_of(output_segments[0], r, count, k);
     });
   } else {
-    decodeGathered(transport, all, k, S, 1, [&](int64_t r, int64_t) { return output_segments[r]; });
+    decodeGathered(transport, all, k, S, 1, P * input.nbytes(), [&](int64_t r, int64_t) { return output_segments[r]; });
   }
 }
 

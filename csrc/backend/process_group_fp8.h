@@ -128,7 +128,7 @@ class ProcessGroupFP8 : public c10d::Backend {
   std::vector<int64_t> gatheredFrom(const Transport& t) const;
   template <typename Out>
   void decodeGathered(const Transport& t, const at::Tensor& all, int64_t m, int64_t S, int64_t max_run,
-                      Out&& out) const;
+                      int64_t output_bytes, Out&& out) const;
   // What the algorithms send: a wire segment of m elements on `device`, the
   // chunks of an all_reduce, and the bytes this rank sends for one (stats).
   struct Chunk;

@@ -124,7 +124,7 @@ FP8C_VECTOR_CLONES void quantize_blocks(const Storage<E>* src, int64_t numel, fl
 
 template <ElemType E, Fp8Format F>
 FP8C_VECTOR_CLONES void dequantize_blocks(const BlockCodes src, Storage<E>* dst, int64_t numel,
-                                          int64_t begin, int64_t end, bool simd) {
+                                          int64_t begin, int64_t end, bool simd, int64_t output_bytes) {
   const int64_t B = src.block_size;
   const int64_t blocks_per_segment = ceil_div(src.segment_numel, B);
   for (int64_t blk = begin; blk < end;) {
@@ -137,7 +137,7 @@ FP8C_VECTOR_CLONES void dequantize_blocks(const BlockCodes src, Storage<E>* dst,
     const uint8_t* codes = src.codes + r * src.stride + j * B;
     if (simd && valid == B) {
       const int64_t run = std::min(end - blk, std::min(src.segment_numel - j * B, numel - first) / B);
-      avx2::dequantize_full_blocks(codes, scales, F, run, static_cast<int>(B), dst + first, E);
+      avx2::dequantize_full_blocks(codes, scales, F, run, static_cast<int>(B), dst + first, E, output_bytes);
       blk += run;
       continue;
     }
@@ -279,7 +279,7 @@ void quantize_cpu(const void* src, ElemType type, int64_t numel, float premul, c
   });
 }
 
-void dequantize_cpu(const BlockCodes& src, void* dst, ElemType type, int64_t numel) {
+void dequantize_cpu(const BlockCodes& src, void* dst, ElemType type, int64_t numel, int64_t output_bytes) {
   check_block(src.block_size);
   const int64_t total = src.num_segments * ceil_div(src.segment_numel, src.block_size);
   with_codec_types(type, src.format, [&](auto e, auto f) {
@@ -288,7 +288,7 @@ void dequantize_cpu(const BlockCodes& src, void* dst, ElemType type, int64_t num
     auto* d = static_cast<Storage<E>*>(dst);
     const bool simd = cpu_simd_enabled();
     at::parallel_for(0, total, grain_blocks(src.block_size), [&](int64_t b, int64_t end) {
-      dequantize_blocks<E, F>(src, d, numel, b, end, simd);
+      dequantize_blocks<E, F>(src, d, numel, b, end, simd, output_bytes);
     });
   });
 }

@@ -8,8 +8,10 @@
 
 #if FP8C_HAVE_AVX2_KERNELS
 #include <immintrin.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include <algorithm>
 #include <type_traits>
 
 namespace fp8comm {
@@ -381,14 +383,24 @@ FP8C_AVX2_INLINE bool quantize_group_normal(Source x, uint8_t* codes, uint8_t* s
   return true;
 }
 
-// Decoded FP32 outputs this large (per thread) are written with streaming
-// stores: they cannot stay in cache anyway, and a streaming store skips
-// reading the line it overwrites (16M elements: 3.3 -> 2.5 ms on the CI
-// machine). Bytes written are the same either way.
-constexpr int64_t kStreamBytes = int64_t{8} << 20;
+// Decoded FP32 outputs this large are written with streaming stores: they
+// cannot stay in cache anyway, and a streaming store skips reading the line it
+// overwrites (16M elements: 3.3 -> 2.5 ms on a Zen 4 VM, 8.9 -> 3.3 ms on a
+// Xeon VM). The size is the whole output's when the caller decodes it in parts
+// (dequantize_cpu's output_bytes: a 64 MiB all_reduce decodes 4 MiB pieces),
+// else this thread's run. Bytes written are the same either way.
+// FP8COMM_CPU_STREAM_BYTES overrides the 8 MiB (for measuring).
+int64_t stream_bytes() {
+  static const int64_t bytes = [] {
+    const char* env = std::getenv("FP8COMM_CPU_STREAM_BYTES");
+    const long long v = env ? std::atoll(env) : 0;
+    return v > 0 ? static_cast<int64_t>(v) : int64_t{8} << 20;
+  }();
+  return bytes;
+}
 
 FP8C_AVX2_INLINE bool stream_output(const void* dst, int64_t bytes) {
-  return bytes >= kStreamBytes && reinterpret_cast<uintptr_t>(dst) % 32 == 0;
+  return bytes >= stream_bytes() && reinterpret_cast<uintptr_t>(dst) % 32 == 0;
 }
 
 // Eight floats to p (32-byte aligned when streaming).
@@ -485,9 +497,10 @@ FP8C_AVX2 void quantize_run(const Storage<E>* src, int64_t blocks, Count B, floa
 }
 
 template <ElemType E, Fp8Format F, typename Count>
-FP8C_AVX2 void dequantize_run(const uint8_t* codes, const uint8_t* scales, int64_t blocks, Count B, Storage<E>* dst) {
+FP8C_AVX2 void dequantize_run(const uint8_t* codes, const uint8_t* scales, int64_t blocks, Count B, Storage<E>* dst,
+                              int64_t output_bytes) {
   const bool daz = denormals_are_zero();
-  const bool stream = E == ElemType::F32 && stream_output(dst, blocks * B * 4);
+  const bool stream = E == ElemType::F32 && stream_output(dst, std::max<int64_t>(blocks * B * 4, output_bytes));
   for (int64_t j = 0; j < blocks; ++j) {
     const uint8_t* c = codes + j * B;
     Storage<E>* d = dst + j * B;
@@ -569,11 +582,11 @@ void quantize_full_blocks(const void* src, ElemType type, Fp8Format format, int6
 }
 
 void dequantize_full_blocks(const uint8_t* codes, const uint8_t* scales, Fp8Format format, int64_t blocks,
-                            int block_size, void* dst, ElemType type) {
+                            int block_size, void* dst, ElemType type, int64_t output_bytes) {
   with_codec_types(type, format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
     with_block(block_size, [&](auto B) {
-      dequantize_run<E, decltype(f)::value>(codes, scales, blocks, B, static_cast<Storage<E>*>(dst));
+      dequantize_run<E, decltype(f)::value>(codes, scales, blocks, B, static_cast<Storage<E>*>(dst), output_bytes);
     });
   });
 }
