@@ -18,13 +18,13 @@ import datetime
 import json
 import math
 import os
-import platform
 import sys
 import time
 
 import torch
 
 import fp8comm
+from fp8comm.bench import device_label
 
 P = 4  # pieces summed by dequant_sum / dequant_sum_requantize (a 4-rank reduce-scatter)
 
@@ -94,12 +94,6 @@ def bench_size(n: int, dtype: torch.dtype, device: str, reps: int) -> list[dict]
     return rows
 
 
-def device_name(device: str) -> str:
-    if device == "cuda":
-        return torch.cuda.get_device_name()
-    return f"{platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() and fp8comm._C.has_cuda else "cpu")
@@ -125,7 +119,7 @@ def main(argv=None):
         "benchmark": "codec",
         "date": datetime.date.today().isoformat(),
         "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
-        "device": device_name(args.device),
+        "device": device_label(args.device == "cuda"),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 import fp8comm
+from fp8comm.bench import device_label
 
 OPS = ["all_reduce", "reduce_scatter", "reduce_scatter_list", "all_gather", "all_gather_list"]
 
@@ -238,7 +239,7 @@ def main(argv=None):
 
     if rank == 0:
         print(f"\n{fp8_backend} vs {'nccl' if use_cuda else 'gloo'}, {world} ranks, "
-              f"{torch.cuda.get_device_name() if use_cuda else 'CPU'}; times are medians of {reps}")
+              f"{device_label(use_cuda)}; times are medians of {reps}")
         print(f"{'op':20s} {'dtype':9s} {'size':>9s} {'plain ms':>9s} {'fp8 ms':>9s} {'speedup':>8s} "
               f"{'fp8 busbw':>10s} {'sent/uncomp':>11s} {'SQNR dB':>8s}")
         for r in rows:
@@ -248,7 +249,7 @@ def main(argv=None):
         result = {
             "benchmark": "comm", "date": datetime.date.today().isoformat(),
             "command": " ".join(["torchrun", f"--nproc_per_node={world}"] + sys.argv),
-            "device": torch.cuda.get_device_name() if use_cuda else f"CPU ({os.cpu_count()} cores)",
+            "device": device_label(use_cuda),
             "backend": fp8_backend, "baseline": "nccl" if use_cuda else "gloo", "world_size": world,
             "torch": torch.__version__, "reps": reps,
             "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None, "rows": rows,

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 import fp8comm
+from fp8comm.bench import device_label
 
 
 def timed(fn, reps, barrier=None):
@@ -52,7 +53,8 @@ def main():
     n = args.mib * (1 << 20) // 4
     m = -(-(-(-n // P)) // 32) * 32
     x = torch.randn(n)
-    lines = [f"FP32 all_reduce of {args.mib} MiB on {P} ranks; rank 0; medians of {args.reps}; ms"]
+    lines = [f"FP32 all_reduce of {args.mib} MiB on {P} ranks; rank 0; medians of {args.reps}; ms; "
+             f"{device_label(False)}, torch {torch.__version__}"]
 
     pair = P == 2 and os.environ.get("FP8COMM_PAIR_ALLREDUCE") == "1"  # opt-in, DESIGN.md, "Algorithms"
     if pair:  # one segment of the whole tensor per rank, one exchange

@@ -31,6 +31,7 @@ import time
 import torch
 import torch.nn as nn
 
+from fp8comm.bench import device_label
 from fp8comm.nn import Fp8Linear
 from fp8comm.nn.scaling import eager_cast_fp8, fused_cast_enabled
 
@@ -162,7 +163,7 @@ def main(argv=None):
         cast_rows = bench_casts(device, cast_dtypes, cast_shapes, reps)
     result = {"benchmark": "linear", "date": datetime.date.today().isoformat(),
               "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
-              "device": torch.cuda.get_device_name() if device.type == "cuda" else f"CPU ({os.cpu_count()} cores)",
+              "device": device_label(device.type == "cuda"),
               "torch": torch.__version__, "baseline": f"nn.Linear {str(dtype)[6:]}",
               "fused_cast": fused_cast_enabled(device), "rows": rows, "casts": cast_rows}
     if args.json:

@@ -13,6 +13,27 @@ import sys
 SCRIPTS = {"comm": "comm.py"}
 
 
+def device_label(cuda: bool) -> str:
+    """The device a benchmark ran on, for its results: the GPU's name, or the
+    CPU's model, core count and the codec kernels it ran (CPU results differ
+    by vendor: docs/performance.md)."""
+    import torch
+
+    if cuda:
+        return torch.cuda.get_device_name()
+    model = "CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    except OSError:
+        pass
+    from fp8comm import _C
+
+    kernels = "AVX-512" if _C.cpu_simd_enabled() and _C.cpu_avx512_enabled() else (
+        "AVX2" if _C.cpu_simd_enabled() else "scalar")
+    return f"{model} ({os.cpu_count()} cores, {kernels} codec kernels)"
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in SCRIPTS:

@@ -1,8 +1,10 @@
-"""The CPU codec's AVX2 kernels against its scalar loops: the same bytes, bit
+"""The CPU codec's SIMD kernels against its scalar loops: the same bytes, bit
 for bit, for every op, dtype, format and block size, on inputs built to hit
 every branch of the kernels (plain blocks, Inf/NaN, blocks near FLT_MAX,
 subnormals, FP8 special codes, scales too large for the fast decode, and
-denormals-are-zero mode)."""
+denormals-are-zero mode). Every test runs with the AVX2 kernels alone and, on
+a CPU with AVX-512, again with the AVX-512 ones (block size 32's quantize and
+sum + re-quantize)."""
 import pytest
 import torch
 
@@ -16,8 +18,30 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 
 
+@pytest.fixture(autouse=True, params=["avx2", "avx512"])
+def kernels(request):
+    """Each test once per SIMD level this CPU runs (the AVX-512 kernels take
+    over from the AVX2 ones where they apply)."""
+    wide = request.param == "avx512"
+    if wide and not _C.cpu_avx512_enabled() and not _avx512_supported():
+        pytest.skip("this CPU has no AVX-512 F / BW")
+    old = _C.set_cpu_avx512(wide)
+    try:
+        yield request.param
+    finally:
+        _C.set_cpu_avx512(old)
+
+
+def _avx512_supported():
+    try:
+        _C.set_cpu_avx512(_C.set_cpu_avx512(True))
+        return True
+    except RuntimeError:
+        return False
+
+
 def both_paths(fn):
-    """fn() run with the scalar loops and with the AVX2 kernels."""
+    """fn() run with the scalar loops and with the SIMD kernels."""
     results = []
     for simd in (False, True):
         old = _C.set_cpu_simd(simd)
@@ -153,6 +177,37 @@ def test_sums_with_own_addend_same_bits(num_pieces, fp8_dtype, dtype, block_size
         assert same(scalar, simd)
 
 
+@pytest.mark.parametrize("own", [False, True])
+@pytest.mark.parametrize("num_pieces", [1, 3])
+@pytest.mark.parametrize("fp8_dtype", FP8)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_plain_data_sums_same_bits(own, num_pieces, fp8_dtype, dtype):
+    """Ordinary gradients (no block with Inf/NaN, FP8 subnormals or a code
+    limit), so every group of eight blocks takes the fast kernels end to end:
+    pieces quantized from such data, summed with and without the own addend,
+    divided, re-quantized."""
+    g = torch.Generator().manual_seed(num_pieces)
+    m = 32 * 8 * 40 + 32 * 3  # 40 whole groups, then three blocks the group kernels leave to the per-block loop
+    shape = (num_pieces + 1, m // 32, 32)  # blocks of magnitudes from 2^-20 to 2^19, none near zero
+    magnitude = torch.exp2(torch.randint(-20, 20, shape[:2] + (1,), generator=g).float())
+    x = torch.randn(shape, generator=g).sign() * (0.5 + torch.rand(shape, generator=g)) * magnitude
+    x = x.reshape(num_pieces + 1, m).to(dtype)
+    S = fp8comm.codec.segment_bytes(m, 32)
+    seg = torch.empty(num_pieces * S, dtype=torch.uint8)
+    fp8comm.quantize_segments(x[:num_pieces].reshape(-1), seg, num_pieces, m, fp8_dtype=fp8_dtype)
+    kw = dict(fp8_dtype=fp8_dtype, post_div=num_pieces + 1)
+    if own:
+        kw.update(own=x[num_pieces], own_premul=0.5)
+
+    def requant():
+        out = torch.full((S,), 0xAB, dtype=torch.uint8)
+        fp8comm.dequant_sum_requantize(seg, out, num_pieces, m, **kw)
+        return out
+
+    scalar, simd = both_paths(requant)
+    assert torch.equal(scalar, simd)
+
+
 def _run(op, n, dtype):
     out = torch.full((n,), 7.0, dtype=dtype)
     op(out)
@@ -209,3 +264,10 @@ def test_switch_reports_and_restores():
     assert _C.cpu_simd_enabled() is False
     assert _C.set_cpu_simd(True) is False
     assert _C.cpu_simd_enabled() is True
+
+
+def test_avx512_switch_reports_and_restores(kernels):
+    wide = kernels == "avx512"
+    assert _C.cpu_avx512_enabled() is wide
+    assert _C.set_cpu_avx512(not wide) is wide
+    assert _C.set_cpu_avx512(wide) is (not wide)

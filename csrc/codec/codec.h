@@ -105,6 +105,11 @@ void with_codec_types(ElemType type, Fp8Format format, Fn&& fn) {
 // AVX2 and F16C, unless FP8COMM_CPU_SIMD=0). set_cpu_simd returns the old value.
 bool cpu_simd_enabled();
 bool set_cpu_simd(bool enabled);
+// Whether the default block size's quantize and sum + re-quantize take the
+// AVX-512 kernels when the SIMD kernels are on (default: when the CPU has
+// AVX-512 F and BW, unless FP8COMM_CPU_SIMD=avx2 or 0).
+bool cpu_avx512_enabled();
+bool set_cpu_avx512(bool enabled);
 
 void quantize_cpu(const void* src, ElemType type, int64_t numel, float premul, const BlockCodes& dst);
 // output_bytes: the size of the whole output when this call writes one part of

@@ -14,6 +14,7 @@
 
 #include "codec.h"
 #include "codec_cpu_avx2.h"
+#include "codec_cpu_avx512.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define FP8C_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
@@ -26,11 +27,29 @@ namespace {
 
 constexpr int kMaxBlock = kMaxCpuBlock;
 
-// FP8COMM_CPU_SIMD=0 keeps the scalar loops (the tests compare both paths).
+// FP8COMM_CPU_SIMD=0 keeps the scalar loops, =avx2 the AVX2 kernels without
+// the AVX-512 ones (the tests compare every path).
+bool simd_env_is(const char* value) {
+  const char* env = std::getenv("FP8COMM_CPU_SIMD");
+  return env != nullptr && std::strcmp(env, value) == 0;
+}
+
 std::atomic<bool>& simd_flag() {
-  static std::atomic<bool> flag{avx2::supported() && !(std::getenv("FP8COMM_CPU_SIMD") &&
-                                                       std::strcmp(std::getenv("FP8COMM_CPU_SIMD"), "0") == 0)};
+  static std::atomic<bool> flag{avx2::supported() && !simd_env_is("0")};
   return flag;
+}
+
+std::atomic<bool>& avx512_flag() {
+  static std::atomic<bool> flag{avx512::supported() && !simd_env_is("0") && !simd_env_is("avx2")};
+  return flag;
+}
+
+// Which kernels take whole blocks: read once per call.
+enum class Simd { kOff, kAvx2, kAvx512 };
+
+Simd simd_level() {
+  if (!simd_flag().load(std::memory_order_relaxed)) return Simd::kOff;
+  return avx512_flag().load(std::memory_order_relaxed) ? Simd::kAvx512 : Simd::kAvx2;
 }
 // Enough blocks per task that a task moves ~64 KiB of input.
 int64_t grain_blocks(int block_size) { return std::max<int64_t>(1, 16384 / block_size); }
@@ -93,7 +112,7 @@ FP8C_HD uint8_t requantize_run(const float* acc, Count n, uint8_t* codes) {
 // each run of whole blocks goes to the AVX2 kernel in one call.
 template <ElemType E, Fp8Format F>
 FP8C_VECTOR_CLONES void quantize_blocks(const Storage<E>* src, int64_t numel, float premul,
-                                        const BlockCodes dst, int64_t begin, int64_t end, bool simd) {
+                                        const BlockCodes dst, int64_t begin, int64_t end, Simd simd) {
   const int64_t B = dst.block_size;
   const int64_t blocks_per_segment = ceil_div(dst.capacity, B);
   for (int64_t blk = begin; blk < end;) {
@@ -107,9 +126,13 @@ FP8C_VECTOR_CLONES void quantize_blocks(const Storage<E>* src, int64_t numel, fl
     uint8_t* codes = dst.codes + r * dst.stride + j * B;
     uint8_t* scales = dst.scales + r * dst.stride + j;
     int64_t run = 1;
-    if (simd && valid == B) {
+    if (simd != Simd::kOff && valid == B) {
       run = std::min(end - blk, (seg_valid - j * B) / B);  // whole blocks left in this segment
-      avx2::quantize_full_blocks(s, E, F, run, static_cast<int>(B), premul, codes, scales);
+      if (simd == Simd::kAvx512 && B == 32) {
+        avx512::quantize_blocks32(s, E, F, run, premul, codes, scales);
+      } else {
+        avx2::quantize_full_blocks(s, E, F, run, static_cast<int>(B), premul, codes, scales);
+      }
     } else {
       *scales = valid == 32 ? quantize_run<E, F>(s, Full32{}, premul, codes)
                             : quantize_run<E, F>(s, valid, premul, codes);
@@ -227,13 +250,16 @@ FP8C_VECTOR_CLONES void dequant_sum_blocks(const BlockCodes pieces, const OwnAdd
 template <ElemType E, Fp8Format F>
 FP8C_VECTOR_CLONES void dequant_sum_requantize_blocks(const BlockCodes pieces, const OwnAddend own, int post_div,
                                                       const BlockCodes out, int64_t begin, int64_t end,
-                                                      bool simd) {
+                                                      Simd simd) {
   const int64_t B = pieces.block_size;
   const int64_t total_blocks = ceil_div(out.capacity, B);
   int64_t j = begin;
-  if (simd) {
+  if (simd != Simd::kOff) {
     const int64_t whole = std::min(end - begin, whole_blocks_from(begin, B, out.capacity, own));
-    if (whole > 0) {
+    if (whole > 0 && simd == Simd::kAvx512 && B == 32) {
+      avx512::dequant_sum_requantize_blocks32(pieces, own, post_div, begin, whole, out.codes + begin * B,
+                                              out.scales + begin);
+    } else if (whole > 0) {
       avx2::dequant_sum_requantize_full_blocks(pieces, own, post_div, begin, whole, out.codes + begin * B,
                                                out.scales + begin);
     }
@@ -265,6 +291,14 @@ bool set_cpu_simd(bool enabled) {
   return simd_flag().exchange(enabled);
 }
 
+bool cpu_avx512_enabled() { return avx512_flag().load(std::memory_order_relaxed); }
+
+bool set_cpu_avx512(bool enabled) {
+  TORCH_CHECK(!enabled || avx512::supported(),
+              "fp8comm codec: this CPU lacks AVX-512 F / BW; the AVX2 kernels are used");
+  return avx512_flag().exchange(enabled);
+}
+
 void quantize_cpu(const void* src, ElemType type, int64_t numel, float premul, const BlockCodes& dst) {
   check_block(dst.block_size);
   const int64_t total = dst.num_segments * ceil_div(dst.capacity, dst.block_size);
@@ -272,7 +306,7 @@ void quantize_cpu(const void* src, ElemType type, int64_t numel, float premul, c
     constexpr ElemType E = decltype(e)::value;
     constexpr Fp8Format F = decltype(f)::value;
     auto* s = static_cast<const Storage<E>*>(src);
-    const bool simd = cpu_simd_enabled();
+    const Simd simd = simd_level();
     at::parallel_for(0, total, grain_blocks(dst.block_size), [&](int64_t b, int64_t end) {
       quantize_blocks<E, F>(s, numel, premul, dst, b, end, simd);
     });
@@ -323,7 +357,7 @@ void dequant_sum_requantize_cpu(const BlockCodes& pieces, const OwnAddend& own, 
   const int64_t total = ceil_div(out.capacity, out.block_size);
   const int64_t addends = pieces.num_segments + (own.present ? 1 : 0);
   const int64_t grain = std::max<int64_t>(1, grain_blocks(pieces.block_size) / addends);
-  const bool simd = cpu_simd_enabled();
+  const Simd simd = simd_level();
   with_codec_types(own.type, pieces.format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
     constexpr Fp8Format F = decltype(f)::value;

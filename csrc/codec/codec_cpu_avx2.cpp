@@ -14,6 +14,8 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "codec_cpu_x86.h"
+
 namespace fp8comm {
 namespace avx2 {
 namespace {
@@ -213,15 +215,8 @@ FP8C_AVX2_INLINE bool plain_codes(const uint8_t* codes, Count B) {
   return _mm_testz_si128(special, special);
 }
 
-// The multiplier of decode8_raw for a block scale byte, or 0 when the block
-// must take the exact decode (scale too large, or DAZ set in this thread).
-template <Fp8Format F>
-FP8C_AVX2_INLINE float raw_decode_factor(uint8_t scale_byte, bool daz) {
-  const int exp = static_cast<int>(Fp8Traits<F>::kRebias) + static_cast<int>(scale_byte) - kScaleBias;
-  return daz || exp > 127 ? 0.0f : pow2f(exp);
-}
-
-FP8C_AVX2_INLINE bool denormals_are_zero() { return (_mm_getcsr() & 0x0040u) != 0; }
+using x86::denormals_are_zero;
+using x86::raw_decode_factor;
 
 // ---------------------------------------------------------------- blocks
 // The lanes a block is quantized from, as functors (a lambda would not carry
@@ -291,28 +286,11 @@ FP8C_AVX2_INLINE uint8_t quantize_block(Source x, int64_t vectors, uint8_t* code
 
 // ---------------------------------------------------------------- 8 blocks of 32
 // The default block size quantizes eight blocks at a time: their maxima come
-// out of one transposing reduction and their scales out of vector math, so no
-// block waits on a horizontal reduction and a scalar branch before it encodes.
-// Groups where any block needs more than the kNormal encode take quantize_block.
-constexpr int64_t kGroup = 8;
-
-template <bool kMax>
-FP8C_AVX2_INLINE __m256i combine(__m256i a, __m256i b) {
-  return kMax ? _mm256_max_epu32(a, b) : _mm256_min_epu32(a, b);
-}
-
-// Lane b of the result: the max (min) over the eight lanes of v[b].
-template <bool kMax>
-FP8C_AVX2_INLINE __m256i reduce_8x8(const __m256i* v) {
-  __m256i a[4], b[2];
-  for (int k = 0; k < 4; ++k) {
-    a[k] = combine<kMax>(_mm256_unpacklo_epi32(v[2 * k], v[2 * k + 1]), _mm256_unpackhi_epi32(v[2 * k], v[2 * k + 1]));
-  }
-  for (int k = 0; k < 2; ++k) {
-    b[k] = combine<kMax>(_mm256_unpacklo_epi64(a[2 * k], a[2 * k + 1]), _mm256_unpackhi_epi64(a[2 * k], a[2 * k + 1]));
-  }
-  return combine<kMax>(_mm256_permute2x128_si256(b[0], b[1], 0x20), _mm256_permute2x128_si256(b[0], b[1], 0x31));
-}
+// out of one transposing reduction and their scales out of vector math
+// (codec_cpu_x86.h), so no block waits on a horizontal reduction and a
+// scalar branch before it encodes. Groups where any block needs more than the
+// kNormal encode take quantize_block.
+constexpr int64_t kGroup = x86::kGroupBlocks;
 
 // The lanes of x from vector `by` on.
 template <typename Source>
@@ -321,18 +299,6 @@ struct Shifted {
   int64_t by;
   FP8C_AVX2_INLINE __m256 operator()(int64_t i) const { return x(by + i); }
 };
-
-// The largest scale exponent whose code_limit is the format's largest code.
-template <Fp8Format F>
-constexpr int largest_unlimited_exp() {
-  using T = Fp8Traits<F>;
-  int e = 127;
-  for (;; --e) {  // code_limit's arithmetic, for the exponent e
-    const int top = 127 - e + static_cast<int>(127 - T::kRebias);
-    const int full = (top << T::kMantBits) | ((1 << T::kMantBits) - 1);
-    if (top > static_cast<int>(T::kMaxCode >> T::kMantBits) || full >= static_cast<int>(T::kMaxCode)) return e;
-  }
-}
 
 // Eight blocks of 32 lanes x(0..31) (block b: x(4b..4b+3)) into codes and
 // scales; false (nothing written) when a block needs quantize_block.
@@ -349,33 +315,8 @@ FP8C_AVX2_INLINE bool quantize_group_normal(Source x, uint8_t* codes, uint8_t* s
       low[b] = _mm256_min_epu32(low[b], _mm256_sub_epi32(a, splat(1)));
     }
   }
-  const __m256i amax = reduce_8x8<true>(raw);
-  const __m256i lowest = _mm256_add_epi32(reduce_8x8<false>(low), splat(1));
-  // scale_exponent, eight lanes (abs bits compare as signed)
-  const __m256i bump = _mm256_cmpgt_epi32(_mm256_and_si256(amax, splat(0x7FFFFF)), splat(0x600000));
-  __m256i e = _mm256_sub_epi32(_mm256_srli_epi32(amax, 23), splat(127 + T::kMaxExp));
-  e = _mm256_max_epi32(_mm256_sub_epi32(e, bump), _mm256_set1_epi32(kMinScaleExp));
-  e = _mm256_andnot_si256(_mm256_cmpeq_epi32(amax, _mm256_setzero_si256()), e);
-  // 2^-e, a normal float for every e in [kMinScaleExp, 127)
-  const __m256 inv = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_sub_epi32(splat(127), e), 23));
-  // The kNormal conditions of quantize_block: finite, no code limit, and the
-  // smallest non-zero lane (if any) normal after scaling.
-  const __m256i scaled_low = _mm256_castps_si256(_mm256_mul_ps(_mm256_castsi256_ps(lowest), inv));
-  const __m256i low_ok = _mm256_or_si256(_mm256_cmpeq_epi32(lowest, _mm256_setzero_si256()),
-                                         _mm256_cmpgt_epi32(scaled_low, splat(T::kMinNormalBits - 1)));
-  const __m256i bad = _mm256_or_si256(
-      _mm256_or_si256(_mm256_cmpgt_epi32(amax, splat(0x7F7FFFFF)),
-                      _mm256_cmpgt_epi32(e, _mm256_set1_epi32(largest_unlimited_exp<F>()))),
-      _mm256_andnot_si256(low_ok, splat(0xFFFFFFFFu)));
-  if (!_mm256_testz_si256(bad, bad)) return false;
-  // The eight scale bytes, then each block's codes.
-  const __m256i sb = _mm256_add_epi32(e, _mm256_set1_epi32(kScaleBias));
-  const __m256i w = _mm256_packus_epi32(sb, sb);
-  const __m128i bytes = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(
-      _mm256_packus_epi16(w, w), _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4)));
-  _mm_storel_epi64(reinterpret_cast<__m128i*>(scales), bytes);
   alignas(32) float inv_of[kGroup];
-  _mm256_store_ps(inv_of, inv);
+  if (!x86::plain_scales<F>(raw, low, scales, inv_of)) return false;
   const __m256i limit = splat(T::kMaxCode);
   for (int64_t b = 0; b < kGroup; ++b) {
     encode_scaled<F, Lanes::kNormal>(Shifted<Source>{x, 4 * b}, 4, _mm256_set1_ps(inv_of[b]), limit, codes + 32 * b);

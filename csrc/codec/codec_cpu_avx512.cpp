@@ -1,0 +1,235 @@
+// The AVX-512 kernels of codec_cpu_avx512.h: the AVX2 kernels' element math
+// (codec_cpu_avx2.cpp) on sixteen lanes. A group of eight 32-element blocks
+// is sixteen vectors, loaded (or summed) into registers once, reduced to its
+// scales (codec_cpu_x86.h) and encoded from the same registers; one vpmovdb
+// packs sixteen codes. Every function carries its own target attribute, so
+// nothing compiled for AVX-512 runs on a CPU without it; the sums are a
+// multiply, then an add, as in the AVX2 and scalar loops (setup.py compiles
+// with -ffp-contract=off, so no FMA fuses them).
+#include "codec_cpu_avx512.h"
+
+#if FP8C_HAVE_AVX2_KERNELS
+#include <immintrin.h>
+
+#include "codec_cpu_x86.h"
+
+namespace fp8comm {
+namespace avx512 {
+namespace {
+
+#define FP8C_AVX512 __attribute__((target("avx512f,avx512bw,avx2,f16c")))
+#define FP8C_AVX512_INLINE inline __attribute__((target("avx512f,avx512bw,avx2,f16c"), always_inline))
+
+template <ElemType E>
+using Storage = typename Elem<E>::storage;
+
+constexpr int64_t kBlock = 32;
+constexpr int64_t kGroup = x86::kGroupBlocks;  // blocks per group
+constexpr int64_t kVectors = 2 * kGroup;       // vectors of sixteen per group
+
+FP8C_AVX512_INLINE __m512i splat(uint32_t v) { return _mm512_set1_epi32(static_cast<int>(v)); }
+
+template <ElemType E>
+FP8C_AVX512_INLINE __m512 load16(const Storage<E>* p) {
+  if constexpr (E == ElemType::F32) {
+    return _mm512_loadu_ps(p);
+  } else if constexpr (E == ElemType::BF16) {
+    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+  } else {  // the same conversion as the AVX2 kernels' _mm256_cvtph_ps
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+}
+
+// A block's two vectors -> eight lanes of its max |x| bits and of its
+// |x| bits - 1 (whose min wraps zeros to the top): x86::plain_scales' input.
+FP8C_AVX512_INLINE void block_extremes(__m512 v0, __m512 v1, __m256i& raw, __m256i& low) {
+  const __m512i a0 = _mm512_and_si512(_mm512_castps_si512(v0), splat(0x7FFFFFFF));
+  const __m512i a1 = _mm512_and_si512(_mm512_castps_si512(v1), splat(0x7FFFFFFF));
+  const __m512i r = _mm512_max_epu32(a0, a1);
+  const __m512i l = _mm512_min_epu32(_mm512_sub_epi32(a0, splat(1)), _mm512_sub_epi32(a1, splat(1)));
+  raw = _mm256_max_epu32(_mm512_castsi512_si256(r), _mm512_extracti64x4_epi64(r, 1));
+  low = _mm256_min_epu32(_mm512_castsi512_si256(l), _mm512_extracti64x4_epi64(l, 1));
+}
+
+// encode_fp8 of sixteen scaled lanes that are finite and each zero or an FP8
+// normal (the AVX2 kernels' Lanes::kNormal case): round to nearest even by
+// integer arithmetic on the bits, sign to bit 7, one byte per lane.
+template <Fp8Format F>
+FP8C_AVX512_INLINE __m128i encode16(__m512 v) {
+  using T = Fp8Traits<F>;
+  constexpr int kDrop = 23 - T::kMantBits;
+  const __m512i b = _mm512_castps_si512(v);
+  const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(b, 24), splat(0x80));
+  const __m512i a = _mm512_and_si512(b, splat(0x7FFFFFFF));
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(a, kDrop), splat(1));
+  const __m512i r = _mm512_add_epi32(_mm512_add_epi32(a, splat((1u << (kDrop - 1)) - 1u)), lsb);
+  const __m512i normal = _mm512_sub_epi32(_mm512_srli_epi32(r, kDrop), splat(T::kRebias << T::kMantBits));
+  // a zero lane's `normal` is negative: clamped to code 0
+  return _mm512_cvtepi32_epi8(_mm512_or_si512(_mm512_max_epi32(normal, _mm512_setzero_si512()), sign));
+}
+
+// The group's sixteen vectors (block b: v[2b], v[2b + 1]) into codes and
+// scales; false (nothing written) unless every block takes the plain encode.
+template <Fp8Format F>
+FP8C_AVX512_INLINE bool quantize_group(const __m512* v, uint8_t* codes, uint8_t* scales) {
+  __m256i raw[kGroup], low[kGroup];
+  for (int64_t b = 0; b < kGroup; ++b) block_extremes(v[2 * b], v[2 * b + 1], raw[b], low[b]);
+  alignas(32) float inv[kGroup];
+  if (!x86::plain_scales<F>(raw, low, scales, inv)) return false;
+  for (int64_t b = 0; b < kGroup; ++b) {
+    const __m512 s = _mm512_set1_ps(inv[b]);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + kBlock * b), encode16<F>(_mm512_mul_ps(v[2 * b], s)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + kBlock * b + 16),
+                     encode16<F>(_mm512_mul_ps(v[2 * b + 1], s)));
+  }
+  return true;
+}
+
+template <ElemType E, Fp8Format F, bool kPremul>
+FP8C_AVX512 void quantize_run(const Storage<E>* src, int64_t blocks, float premul, uint8_t* codes, uint8_t* scales) {
+  const __m512 pm = _mm512_set1_ps(premul);
+  int64_t j = 0;
+  for (; j + kGroup <= blocks; j += kGroup) {
+    __m512 v[kVectors];
+    for (int64_t i = 0; i < kVectors; ++i) {
+      v[i] = load16<E>(src + j * kBlock + 16 * i);
+      if constexpr (kPremul) v[i] = _mm512_mul_ps(v[i], pm);  // x * 1 is x: the same bytes either way
+    }
+    if (quantize_group<F>(v, codes + j * kBlock, scales + j)) continue;
+    avx2::quantize_full_blocks(src + j * kBlock, E, F, kGroup, kBlock, premul, codes + j * kBlock, scales + j);
+  }
+  if (j < blocks) {
+    avx2::quantize_full_blocks(src + j * kBlock, E, F, blocks - j, kBlock, premul, codes + j * kBlock, scales + j);
+  }
+}
+
+// ---------------------------------------------------------------- sums
+// The fast decode of sixteen codes (the AVX2 kernels' decode16_raw): code i
+// placed as the top bits of an fp32 lane, so lane = decode_fp8(code) *
+// 2^-kRebias exactly.
+template <Fp8Format F>
+FP8C_AVX512_INLINE __m512 decode16_raw(const uint8_t* p) {
+  using T = Fp8Traits<F>;
+  constexpr int kShift = T::kMantBits + 1;
+  const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m512i keep = splat(0x80000000u | (0x7Fu << (23 - T::kMantBits)));
+  return _mm512_castsi512_ps(_mm512_and_si512(_mm512_srai_epi32(_mm512_slli_epi32(c, 24), kShift), keep));
+}
+
+// Whether a block's 32 codes hold no Inf/NaN code (so decode16_raw applies).
+template <Fp8Format F>
+FP8C_AVX512_INLINE bool plain_codes(const uint8_t* codes) {
+  const __m256i em = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes)),
+                                      _mm256_set1_epi8(0x7F));
+  __m256i special;
+  if constexpr (F == Fp8Format::E4M3) {
+    special = _mm256_cmpeq_epi8(em, _mm256_set1_epi8(0x7F));
+  } else {  // 0x7C..0x7F
+    special = _mm256_cmpeq_epi8(_mm256_max_epu8(em, _mm256_set1_epi8(0x7C)), em);
+  }
+  return _mm256_testz_si256(special, special);
+}
+
+// Blocks [j, j + 8) of the sum, formed as the AVX2 kernels' sum_block forms it
+// (the own addend times its factor, or else piece 0; then the other pieces in
+// rank order; then the division), into v; false when a piece's block needs
+// the exact decode (then the AVX2 kernels take the group).
+template <ElemType E, Fp8Format F>
+FP8C_AVX512_INLINE bool sum_group(const BlockCodes& pieces, const Storage<E>* own, float own_premul, int post_div,
+                                  int64_t j, bool daz, __m512* v) {
+  constexpr int64_t kMaxFastPieces = 64;  // as the AVX2 kernels
+  if (pieces.num_segments > kMaxFastPieces) return false;
+  if (own != nullptr) {  // the own input streams from memory: ask for it two groups ahead
+    const char* ahead = reinterpret_cast<const char*>(own + (j + 2 * kGroup) * kBlock);
+    for (int64_t b = 0; b < static_cast<int64_t>(kGroup * kBlock * sizeof(Storage<E>)); b += 64) {
+      _mm_prefetch(ahead + b, _MM_HINT_T0);
+    }
+  }
+  const __m512 premul = _mm512_set1_ps(own_premul);
+  for (int64_t b = 0; b < kGroup; ++b) {
+    const int64_t blk = j + b;
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    if (own != nullptr) {
+      s0 = _mm512_mul_ps(load16<E>(own + blk * kBlock), premul);
+      s1 = _mm512_mul_ps(load16<E>(own + blk * kBlock + 16), premul);
+    }
+    for (int64_t r = 0; r < pieces.num_segments; ++r) {
+      const int64_t at = r * pieces.stride;
+      const uint8_t* c = pieces.codes + at + blk * kBlock;
+      const float factor = x86::raw_decode_factor<F>(pieces.scales[at + blk], daz);
+      if (factor == 0.0f || !plain_codes<F>(c)) return false;
+      const __m512 f = _mm512_set1_ps(factor);
+      const __m512 d0 = _mm512_mul_ps(decode16_raw<F>(c), f), d1 = _mm512_mul_ps(decode16_raw<F>(c + 16), f);
+      if (own == nullptr && r == 0) {
+        s0 = d0;
+        s1 = d1;
+      } else {
+        s0 = _mm512_add_ps(s0, d0);
+        s1 = _mm512_add_ps(s1, d1);
+      }
+    }
+    if (post_div != 1) {
+      const __m512 div = _mm512_set1_ps(static_cast<float>(post_div));
+      s0 = _mm512_div_ps(s0, div);
+      s1 = _mm512_div_ps(s1, div);
+    }
+    v[2 * b] = s0;
+    v[2 * b + 1] = s1;
+  }
+  return true;
+}
+
+template <ElemType E, Fp8Format F>
+FP8C_AVX512 void sum_requantize_run(const BlockCodes& pieces, const OwnAddend& addend, int post_div, int64_t j0,
+                                    int64_t blocks, uint8_t* codes, uint8_t* scales) {
+  const auto* own = addend.present ? static_cast<const Storage<E>*>(addend.src) : nullptr;
+  const bool daz = x86::denormals_are_zero();
+  int64_t j = j0;
+  for (; j + kGroup <= j0 + blocks; j += kGroup) {
+    uint8_t* c = codes + (j - j0) * kBlock;
+    uint8_t* s = scales + (j - j0);
+    __m512 v[kVectors];
+    if (sum_group<E, F>(pieces, own, addend.premul, post_div, j, daz, v) && quantize_group<F>(v, c, s)) continue;
+    avx2::dequant_sum_requantize_full_blocks(pieces, addend, post_div, j, kGroup, c, s);
+  }
+  if (j < j0 + blocks) {
+    avx2::dequant_sum_requantize_full_blocks(pieces, addend, post_div, j, j0 + blocks - j, codes + (j - j0) * kBlock,
+                                             scales + (j - j0));
+  }
+}
+
+}  // namespace
+
+bool supported() {
+  static const bool ok =
+      avx2::supported() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  return ok;
+}
+
+void quantize_blocks32(const void* src, ElemType type, Fp8Format format, int64_t blocks, float premul,
+                       uint8_t* codes, uint8_t* scales) {
+  with_codec_types(type, format, [&](auto e, auto f) {
+    constexpr ElemType E = decltype(e)::value;
+    constexpr Fp8Format F = decltype(f)::value;
+    auto* s = static_cast<const Storage<E>*>(src);
+    if (premul == 1.0f) {
+      quantize_run<E, F, false>(s, blocks, premul, codes, scales);
+    } else {
+      quantize_run<E, F, true>(s, blocks, premul, codes, scales);
+    }
+  });
+}
+
+void dequant_sum_requantize_blocks32(const BlockCodes& pieces, const OwnAddend& own, int post_div,
+                                     int64_t first_block, int64_t blocks, uint8_t* codes, uint8_t* scales) {
+  with_codec_types(own.type, pieces.format, [&](auto e, auto f) {
+    sum_requantize_run<decltype(e)::value, decltype(f)::value>(pieces, own, post_div, first_block, blocks, codes,
+                                                               scales);
+  });
+}
+
+}  // namespace avx512
+}  // namespace fp8comm
+
+#endif  // FP8C_HAVE_AVX2_KERNELS

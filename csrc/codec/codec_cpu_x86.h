@@ -1,0 +1,101 @@
+#pragma once
+// Vector pieces shared by the AVX2 and AVX-512 kernels (codec_cpu_avx2.cpp,
+// codec_cpu_avx512.cpp): the scales of a group of eight 32-element blocks
+// (their maxima out of one transposing reduction, the scale bytes out of
+// eight-lane integer math, the same as fp8_block_math.h's scalar scale_byte),
+// and the fast decode's factor. Include only where FP8C_HAVE_AVX2_KERNELS.
+#include <immintrin.h>
+#include <stdint.h>
+
+#include "fp8_block_math.h"
+
+namespace fp8comm {
+namespace x86 {
+
+#define FP8C_GROUP_INLINE inline __attribute__((target("avx2,f16c"), always_inline))
+
+constexpr int64_t kGroupBlocks = 8;  // blocks of 32 per group
+
+FP8C_GROUP_INLINE __m256i splat(uint32_t v) { return _mm256_set1_epi32(static_cast<int>(v)); }
+
+template <bool kMax>
+FP8C_GROUP_INLINE __m256i combine(__m256i a, __m256i b) {
+  return kMax ? _mm256_max_epu32(a, b) : _mm256_min_epu32(a, b);
+}
+
+// Lane b of the result: the max (min) over the eight lanes of v[b].
+template <bool kMax>
+FP8C_GROUP_INLINE __m256i reduce_8x8(const __m256i* v) {
+  __m256i a[4], b[2];
+  for (int k = 0; k < 4; ++k) {
+    a[k] = combine<kMax>(_mm256_unpacklo_epi32(v[2 * k], v[2 * k + 1]), _mm256_unpackhi_epi32(v[2 * k], v[2 * k + 1]));
+  }
+  for (int k = 0; k < 2; ++k) {
+    b[k] = combine<kMax>(_mm256_unpacklo_epi64(a[2 * k], a[2 * k + 1]), _mm256_unpackhi_epi64(a[2 * k], a[2 * k + 1]));
+  }
+  return combine<kMax>(_mm256_permute2x128_si256(b[0], b[1], 0x20), _mm256_permute2x128_si256(b[0], b[1], 0x31));
+}
+
+// The largest scale exponent whose code_limit is the format's largest code.
+template <Fp8Format F>
+constexpr int largest_unlimited_exp() {
+  using T = Fp8Traits<F>;
+  int e = 127;
+  for (;; --e) {  // code_limit's arithmetic, for the exponent e
+    const int top = 127 - e + static_cast<int>(127 - T::kRebias);
+    const int full = (top << T::kMantBits) | ((1 << T::kMantBits) - 1);
+    if (top > static_cast<int>(T::kMaxCode >> T::kMantBits) || full >= static_cast<int>(T::kMaxCode)) return e;
+  }
+}
+
+// From raw[b] / low[b] (per block b: eight lanes of max |x| bits, and of
+// |x| bits - 1, whose min wraps zeros to the top), the eight blocks' scale
+// bytes into scales[0, 8) and their inverse scales into inv[0, 8), when every
+// block takes the plain encode: finite, no code limit, and its smallest
+// non-zero |x| (if any) an FP8 normal after scaling. Otherwise false, and
+// nothing written.
+template <Fp8Format F>
+FP8C_GROUP_INLINE bool plain_scales(const __m256i* raw, const __m256i* low, uint8_t* scales, float* inv) {
+  using T = Fp8Traits<F>;
+  const __m256i amax = reduce_8x8<true>(raw);
+  const __m256i lowest = _mm256_add_epi32(reduce_8x8<false>(low), splat(1));
+  // scale_exponent, eight lanes (abs bits compare as signed)
+  const __m256i bump = _mm256_cmpgt_epi32(_mm256_and_si256(amax, splat(0x7FFFFF)), splat(0x600000));
+  __m256i e = _mm256_sub_epi32(_mm256_srli_epi32(amax, 23), splat(127 + T::kMaxExp));
+  e = _mm256_max_epi32(_mm256_sub_epi32(e, bump), _mm256_set1_epi32(kMinScaleExp));
+  e = _mm256_andnot_si256(_mm256_cmpeq_epi32(amax, _mm256_setzero_si256()), e);
+  // 2^-e, a normal float for every e in [kMinScaleExp, 127)
+  const __m256 inv_scale = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_sub_epi32(splat(127), e), 23));
+  const __m256i scaled_low = _mm256_castps_si256(_mm256_mul_ps(_mm256_castsi256_ps(lowest), inv_scale));
+  const __m256i low_ok = _mm256_or_si256(_mm256_cmpeq_epi32(lowest, _mm256_setzero_si256()),
+                                         _mm256_cmpgt_epi32(scaled_low, splat(T::kMinNormalBits - 1)));
+  const __m256i bad = _mm256_or_si256(
+      _mm256_or_si256(_mm256_cmpgt_epi32(amax, splat(0x7F7FFFFF)),
+                      _mm256_cmpgt_epi32(e, _mm256_set1_epi32(largest_unlimited_exp<F>()))),
+      _mm256_andnot_si256(low_ok, splat(0xFFFFFFFFu)));
+  if (!_mm256_testz_si256(bad, bad)) return false;
+  const __m256i sb = _mm256_add_epi32(e, _mm256_set1_epi32(kScaleBias));
+  const __m256i w = _mm256_packus_epi32(sb, sb);
+  const __m128i bytes = _mm256_castsi256_si128(
+      _mm256_permutevar8x32_epi32(_mm256_packus_epi16(w, w), _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4)));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(scales), bytes);
+  _mm256_storeu_ps(inv, inv_scale);
+  return true;
+}
+
+// The multiplier of the fast decode (codes placed as the top bits of fp32
+// lanes, so lane = decode_fp8(code) * 2^-kRebias) for a block scale byte, or 0
+// when the block must take the exact decode (scale too large, or DAZ set in
+// this thread).
+template <Fp8Format F>
+FP8C_GROUP_INLINE float raw_decode_factor(uint8_t scale_byte, bool daz) {
+  const int exp = static_cast<int>(Fp8Traits<F>::kRebias) + static_cast<int>(scale_byte) - kScaleBias;
+  return daz || exp > 127 ? 0.0f : pow2f(exp);
+}
+
+FP8C_GROUP_INLINE bool denormals_are_zero() { return (_mm_getcsr() & 0x0040u) != 0; }
+
+#undef FP8C_GROUP_INLINE
+
+}  // namespace x86
+}  // namespace fp8comm
