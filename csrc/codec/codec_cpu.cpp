@@ -1,7 +1,9 @@
 // The FP8 block codec on the CPU: blocks spread over threads with
 // at::parallel_for; runs of whole blocks go to the hand-written AVX2 kernels
-// (codec_cpu_avx2.cpp) when the CPU has them, everything else (tails, or no
-// AVX2) to branch-free scalar loops that the compiler vectorizes. The element
+// (codec_cpu_avx2.cpp) when the CPU has them, and for block size 32's
+// quantize and sum + re-quantize to the AVX-512 ones (codec_cpu_avx512.cpp)
+// when it has those; everything else (tails, or no AVX2) to branch-free scalar
+// loops that the compiler vectorizes. The element
 // math is fp8_block_math.h, the same header the CUDA kernels use, so every
 // path produces the same bytes.
 #include <ATen/Parallel.h>
@@ -51,6 +53,7 @@ Simd simd_level() {
   if (!simd_flag().load(std::memory_order_relaxed)) return Simd::kOff;
   return avx512_flag().load(std::memory_order_relaxed) ? Simd::kAvx512 : Simd::kAvx2;
 }
+
 // Enough blocks per task that a task moves ~64 KiB of input.
 int64_t grain_blocks(int block_size) { return std::max<int64_t>(1, 16384 / block_size); }
 
@@ -109,7 +112,7 @@ FP8C_HD uint8_t requantize_run(const float* acc, Count n, uint8_t* codes) {
 }
 
 // Blocks [begin, end) of all segments, numbered segment-major; with `simd`,
-// each run of whole blocks goes to the AVX2 kernel in one call.
+// each run of whole blocks goes to a SIMD kernel in one call.
 template <ElemType E, Fp8Format F>
 FP8C_VECTOR_CLONES void quantize_blocks(const Storage<E>* src, int64_t numel, float premul,
                                         const BlockCodes dst, int64_t begin, int64_t end, Simd simd) {
