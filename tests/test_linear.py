@@ -206,7 +206,8 @@ def _onednn_calls(capfd, fn):
     capfd.readouterr()
     with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
         fn()
-    return [line for line in capfd.readouterr().out.splitlines() if line.startswith("onednn_verbose") and ",exec," in line]
+    lines = capfd.readouterr().out.splitlines()
+    return [line for line in lines if line.startswith("onednn_verbose") and ",exec," in line]
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
