@@ -6,10 +6,14 @@
 
 #include "codec.h"
 
+// -DFP8C_HAVE_AVX2_KERNELS=0 builds the portable code alone on x86 too (how
+// the non-x86 build is checked without a non-x86 compiler).
+#ifndef FP8C_HAVE_AVX2_KERNELS
 #if defined(__x86_64__) && defined(__GNUC__)
 #define FP8C_HAVE_AVX2_KERNELS 1
 #else
 #define FP8C_HAVE_AVX2_KERNELS 0
+#endif
 #endif
 
 namespace fp8comm {
@@ -37,7 +41,14 @@ void dequant_sum_full_blocks(const BlockCodes& pieces, const OwnAddend& own, int
 void dequant_sum_requantize_full_blocks(const BlockCodes& pieces, const OwnAddend& own, int post_div,
                                         int64_t first_block, int64_t blocks, uint8_t* codes, uint8_t* scales);
 #else
+// Not x86: supported() is false, so the SIMD switch stays off and these are
+// never called; they exist so the dispatch in codec_cpu.cpp compiles anywhere.
 inline bool supported() { return false; }
+inline void quantize_full_blocks(const void*, ElemType, Fp8Format, int64_t, int, float, uint8_t*, uint8_t*) {}
+inline void dequantize_full_blocks(const uint8_t*, const uint8_t*, Fp8Format, int64_t, int, void*, ElemType, int64_t) {}
+inline void dequant_sum_full_blocks(const BlockCodes&, const OwnAddend&, int, int64_t, int64_t, void*, ElemType) {}
+inline void dequant_sum_requantize_full_blocks(const BlockCodes&, const OwnAddend&, int, int64_t, int64_t, uint8_t*,
+                                               uint8_t*) {}
 #endif
 
 }  // namespace avx2

@@ -25,7 +25,11 @@ void quantize_blocks32(const void* src, ElemType type, Fp8Format format, int64_t
 void dequant_sum_requantize_blocks32(const BlockCodes& pieces, const OwnAddend& own, int post_div,
                                      int64_t first_block, int64_t blocks, uint8_t* codes, uint8_t* scales);
 #else
+// Not x86: never called (supported() is false); see codec_cpu_avx2.h.
 inline bool supported() { return false; }
+inline void quantize_blocks32(const void*, ElemType, Fp8Format, int64_t, float, uint8_t*, uint8_t*) {}
+inline void dequant_sum_requantize_blocks32(const BlockCodes&, const OwnAddend&, int, int64_t, int64_t, uint8_t*,
+                                            uint8_t*) {}
 #endif
 
 }  // namespace avx512
