@@ -44,7 +44,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_cpu_simd", &fp8comm::set_cpu_simd, py::arg("enabled"),
         "Switch the CPU codec's AVX2 kernels on or off (same bytes either way); returns the old setting.");
   m.def("cpu_avx512_enabled", &fp8comm::cpu_avx512_enabled,
-        "Whether the CPU codec's quantize and sum + re-quantize take AVX-512 kernels (block size 32).");
+        "Whether the CPU codec's quantize and sum + re-quantize take AVX-512 kernels (block size 32) while its "
+        "SIMD kernels are on (cpu_simd_enabled).");
   m.def("set_cpu_avx512", &fp8comm::set_cpu_avx512, py::arg("enabled"),
         "Switch the CPU codec's AVX-512 kernels on or off (same bytes either way); returns the old setting.");
 

@@ -29,7 +29,7 @@ def device_label(cuda: bool) -> str:
         pass
     from fp8comm import _C
 
-    kernels = "AVX-512" if _C.cpu_simd_enabled() and _C.cpu_avx512_enabled() else (
+    kernels = "AVX-512 + AVX2" if _C.cpu_simd_enabled() and _C.cpu_avx512_enabled() else (
         "AVX2" if _C.cpu_simd_enabled() else "scalar")
     return f"{model} ({os.cpu_count()} cores, {kernels} codec kernels)"
 

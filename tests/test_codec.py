@@ -393,3 +393,22 @@ def test_ops_trace_under_torch_compile():
     x = torch.randn(300)
     compiled = torch.compile(round_trip, backend="aot_eager", fullgraph=True)
     assert torch.equal(compiled(x), round_trip(x))
+
+
+@pytest.mark.parametrize("value,expect", [("0", "False False"), ("avx2", "True False"),
+                                          ("bogus", "FP8COMM_CPU_SIMD must be")])
+def test_environment_picks_the_kernels(value, expect):
+    """FP8COMM_CPU_SIMD=0 / avx2 / anything else (an error naming the choices,
+    not a silent default). On a CPU without AVX2 the SIMD kernels stay off."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import torch, fp8comm\nfrom fp8comm import _C\n"
+            "try:\n    fp8comm.quantize(torch.randn(64))\n    print(_C.cpu_simd_enabled(), _C.cpu_avx512_enabled())\n"
+            "except RuntimeError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "FP8COMM_CPU_SIMD": value},
+                         capture_output=True, text=True, timeout=120)
+    if value == "avx2" and "False False" in out.stdout:
+        pytest.skip("this CPU has no AVX2 / F16C")
+    assert expect in out.stdout, out.stdout + out.stderr

@@ -30,9 +30,15 @@ namespace {
 constexpr int kMaxBlock = kMaxCpuBlock;
 
 // FP8COMM_CPU_SIMD=0 keeps the scalar loops, =avx2 the AVX2 kernels without
-// the AVX-512 ones (the tests compare every path).
+// the AVX-512 ones, =1 (or unset) every kernel the CPU runs (the tests
+// compare every path). Any other value is an error, not a silent default.
 bool simd_env_is(const char* value) {
   const char* env = std::getenv("FP8COMM_CPU_SIMD");
+  if (env != nullptr) {
+    const bool known = std::strcmp(env, "0") == 0 || std::strcmp(env, "1") == 0 || std::strcmp(env, "avx2") == 0;
+    TORCH_CHECK(known, "fp8comm codec: FP8COMM_CPU_SIMD must be 0 (scalar loops), avx2 (no AVX-512 kernels) or 1 "
+                       "(all kernels the CPU runs), got '", env, "'");
+  }
   return env != nullptr && std::strcmp(env, value) == 0;
 }
 

@@ -4,6 +4,8 @@
 // scalar loops for the rest). Same bytes as the scalar loops.
 #include <stdint.h>
 
+#include <cstdlib>
+
 #include "codec.h"
 
 // -DFP8C_HAVE_AVX2_KERNELS=0 builds the portable code alone on x86 too (how
@@ -42,13 +44,24 @@ void dequant_sum_requantize_full_blocks(const BlockCodes& pieces, const OwnAdden
                                         int64_t first_block, int64_t blocks, uint8_t* codes, uint8_t* scales);
 #else
 // Not x86: supported() is false, so the SIMD switch stays off and these are
-// never called; they exist so the dispatch in codec_cpu.cpp compiles anywhere.
+// never called; they exist so the dispatch in codec_cpu.cpp compiles anywhere,
+// and stop the process if that guard ever broke (rather than leave an output
+// unwritten).
 inline bool supported() { return false; }
-inline void quantize_full_blocks(const void*, ElemType, Fp8Format, int64_t, int, float, uint8_t*, uint8_t*) {}
-inline void dequantize_full_blocks(const uint8_t*, const uint8_t*, Fp8Format, int64_t, int, void*, ElemType, int64_t) {}
-inline void dequant_sum_full_blocks(const BlockCodes&, const OwnAddend&, int, int64_t, int64_t, void*, ElemType) {}
+[[noreturn]] inline void unreachable() { std::abort(); }
+inline void quantize_full_blocks(const void*, ElemType, Fp8Format, int64_t, int, float, uint8_t*, uint8_t*) {
+  unreachable();
+}
+inline void dequantize_full_blocks(const uint8_t*, const uint8_t*, Fp8Format, int64_t, int, void*, ElemType, int64_t) {
+  unreachable();
+}
+inline void dequant_sum_full_blocks(const BlockCodes&, const OwnAddend&, int, int64_t, int64_t, void*, ElemType) {
+  unreachable();
+}
 inline void dequant_sum_requantize_full_blocks(const BlockCodes&, const OwnAddend&, int, int64_t, int64_t, uint8_t*,
-                                               uint8_t*) {}
+                                               uint8_t*) {
+  unreachable();
+}
 #endif
 
 }  // namespace avx2

@@ -27,9 +27,13 @@ void dequant_sum_requantize_blocks32(const BlockCodes& pieces, const OwnAddend& 
 #else
 // Not x86: never called (supported() is false); see codec_cpu_avx2.h.
 inline bool supported() { return false; }
-inline void quantize_blocks32(const void*, ElemType, Fp8Format, int64_t, float, uint8_t*, uint8_t*) {}
+inline void quantize_blocks32(const void*, ElemType, Fp8Format, int64_t, float, uint8_t*, uint8_t*) {
+  avx2::unreachable();
+}
 inline void dequant_sum_requantize_blocks32(const BlockCodes&, const OwnAddend&, int, int64_t, int64_t, uint8_t*,
-                                            uint8_t*) {}
+                                            uint8_t*) {
+  avx2::unreachable();
+}
 #endif
 
 }  // namespace avx512

@@ -3,9 +3,10 @@
 forward      y  = x  @ W^T     (E4M3 x E4M3)
 grad_input   dx = dy @ W       (E5M2 x E4M3 tensorwise, E4M3 x E4M3 rowwise)
 grad_weight  dW = dy^T @ x
-all through torch._scaled_mm with current scaling (config.py); outputs in the
-input's dtype, weight gradients in the weight's dtype. The bias is added in
-high precision, so its gradient is exactly nn.Linear's.
+all through torch._scaled_mm with current scaling (config.py; on the CPU, as
+its emulated kernel computes it: scaled_mm_cpu); outputs in the input's dtype,
+weight gradients in the weight's dtype. The bias is added in high precision,
+so its gradient is exactly nn.Linear's.
 
 Casts run in the fused operator of scaling.py (amax, scale, cast and the
 transpose a backward GEMM needs, in one pass). What backward keeps, all FP8
@@ -88,31 +89,41 @@ def _mm(a, b, scale_a, scale_b, out_dtype, rowwise: bool):
     return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
 
 
-def scaled_mm_cpu(a, b, scale_a, scale_b, out_dtype):
-    """torch._scaled_mm on the CPU through torch's own emulated kernel (FP8
-    operands widened exactly to FP32, scaled, FP32 GEMM).
+def _torch_emulates_scaled_mm_on_cpu() -> bool:
+    """Whether torch runs a CPU _scaled_mm through its emulated kernel. On CPUs
+    with AMX (Intel Sapphire Rapids and later) it sends FP8 operands to oneDNN
+    instead (torch's _scaled_mm_out_cpu), whose FP8 matmul there is a
+    reference loop. Unknown (a torch without the probe): assume AMX."""
+    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return probe is not None and not probe()
 
-    On CPUs with AMX-INT8 (Intel Sapphire Rapids and later) torch routes an FP8
-    _scaled_mm to oneDNN instead, whose FP8 matmul there is a reference loop:
-    measured on such a Xeon (2 cores, torch 2.13.0+cpu), 256x256x256 took 512 ms
+
+_CPU_SCALED_MM_IS_EMULATED = _torch_emulates_scaled_mm_on_cpu()
+
+
+def scaled_mm_cpu(a, b, scale_a, scale_b, out_dtype):
+    """a @ b of FP8 operands on the CPU, as torch's emulated _scaled_mm
+    computes it: operands widened exactly to FP32 and scaled, an FP32 GEMM,
+    the result cast to out_dtype.
+
+    Where torch takes that kernel itself, this is torch._scaled_mm. On CPUs
+    with AMX torch's _scaled_mm goes to oneDNN's reference FP8 loop instead:
+    on a 2-core Xeon with AMX (torch 2.13.0+cpu) 256x256x256 took 512 ms
     against 0.96 ms emulated, 1024x256x768 6.0 s against 5.8 ms, with the same
-    result bit for bit. So oneDNN is switched off for the call. The switch is
-    process-global; it is restored at once and nothing else in the call uses it.
-    A graph cannot hold that switch, so under torch.compile the emulated
-    kernel's own steps are traced instead (the same ops, the same bits:
-    tests/test_linear.py).
+    result. There, and under torch.compile, the emulated kernel's steps run
+    here (no global switch, nothing for other threads to see);
+    tests/test_linear.py checks them against torch._scaled_mm bit for bit.
     """
-    if torch.compiler.is_compiling():
-        wide_a = a.contiguous().to(torch.float32) * scale_a
-        wide_b = b.contiguous().to(torch.float32) * scale_b
-        return torch.matmul(wide_a, wide_b).to(out_dtype)
-    if not torch._C._get_mkldnn_enabled():
+    if _CPU_SCALED_MM_IS_EMULATED and not torch.compiler.is_compiling():
         return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
-    torch._C._set_mkldnn_enabled(False)
-    try:
-        return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
-    finally:
-        torch._C._set_mkldnn_enabled(True)
+    return emulated_scaled_mm(a, b, scale_a, scale_b, out_dtype)
+
+
+def emulated_scaled_mm(a, b, scale_a, scale_b, out_dtype):
+    """The steps of torch's emulated CPU _scaled_mm (_scaled_mm_out_cpu_emulated)."""
+    wide_a = a.contiguous().to(torch.float32) * scale_a
+    wide_b = b.contiguous().to(torch.float32) * scale_b
+    return torch.matmul(wide_a, wide_b).to(out_dtype)
 
 
 class _Fp8Matmul(torch.autograd.Function):
