@@ -39,7 +39,7 @@ void with_block(int block_size, Fn&& fn) {
   }
 }
 
-FP8C_AVX2_INLINE __m256i splat(uint32_t v) { return _mm256_set1_epi32(static_cast<int>(v)); }
+using x86::splat;
 
 // ---------------------------------------------------------------- element I/O
 template <ElemType E>
@@ -200,21 +200,7 @@ FP8C_AVX2_INLINE void decode16_raw(const uint8_t* p, __m256& lo, __m256& hi) {
   hi = _mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(_mm256_shuffle_epi8(c, to_hi), kShift), keep));
 }
 
-// Whether a block's codes hold no Inf/NaN code (so decode8_raw applies).
-template <Fp8Format F, typename Count>
-FP8C_AVX2_INLINE bool plain_codes(const uint8_t* codes, Count B) {
-  __m128i special = _mm_setzero_si128();
-  for (int64_t i = 0; i < B; i += 16) {
-    const __m128i em = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i)), _mm_set1_epi8(0x7F));
-    if constexpr (F == Fp8Format::E4M3) {
-      special = _mm_or_si128(special, _mm_cmpeq_epi8(em, _mm_set1_epi8(0x7F)));
-    } else {  // 0x7C..0x7F
-      special = _mm_or_si128(special, _mm_cmpeq_epi8(_mm_max_epu8(em, _mm_set1_epi8(0x7C)), em));
-    }
-  }
-  return _mm_testz_si128(special, special);
-}
-
+using x86::plain_codes;
 using x86::denormals_are_zero;
 using x86::raw_decode_factor;
 

@@ -117,20 +117,6 @@ FP8C_AVX512_INLINE __m512 decode16_raw(const uint8_t* p) {
   return _mm512_castsi512_ps(_mm512_and_si512(_mm512_srai_epi32(_mm512_slli_epi32(c, 24), kShift), keep));
 }
 
-// Whether a block's 32 codes hold no Inf/NaN code (so decode16_raw applies).
-template <Fp8Format F>
-FP8C_AVX512_INLINE bool plain_codes(const uint8_t* codes) {
-  const __m256i em = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes)),
-                                      _mm256_set1_epi8(0x7F));
-  __m256i special;
-  if constexpr (F == Fp8Format::E4M3) {
-    special = _mm256_cmpeq_epi8(em, _mm256_set1_epi8(0x7F));
-  } else {  // 0x7C..0x7F
-    special = _mm256_cmpeq_epi8(_mm256_max_epu8(em, _mm256_set1_epi8(0x7C)), em);
-  }
-  return _mm256_testz_si256(special, special);
-}
-
 // Blocks [j, j + 8) of the sum, formed as the AVX2 kernels' sum_block forms it
 // (the own addend times its factor, or else piece 0; then the other pieces in
 // rank order; then the division), into v; false when a piece's block needs
@@ -158,7 +144,7 @@ FP8C_AVX512_INLINE bool sum_group(const BlockCodes& pieces, const Storage<E>* ow
       const int64_t at = r * pieces.stride;
       const uint8_t* c = pieces.codes + at + blk * kBlock;
       const float factor = x86::raw_decode_factor<F>(pieces.scales[at + blk], daz);
-      if (factor == 0.0f || !plain_codes<F>(c)) return false;
+      if (factor == 0.0f || !x86::plain_codes<F>(c, kBlock)) return false;
       const __m512 f = _mm512_set1_ps(factor);
       const __m512 d0 = _mm512_mul_ps(decode16_raw<F>(c), f), d1 = _mm512_mul_ps(decode16_raw<F>(c + 16), f);
       if (own == nullptr && r == 0) {

@@ -3,7 +3,7 @@
 // codec_cpu_avx512.cpp): the scales of a group of eight 32-element blocks
 // (their maxima out of one transposing reduction, the scale bytes out of
 // eight-lane integer math, the same as fp8_block_math.h's scalar scale_byte),
-// and the fast decode's factor. Include only where FP8C_HAVE_AVX2_KERNELS.
+// and the fast decode's factor and precondition. Include only where FP8C_HAVE_AVX2_KERNELS.
 #include <immintrin.h>
 #include <stdint.h>
 
@@ -91,6 +91,21 @@ template <Fp8Format F>
 FP8C_GROUP_INLINE float raw_decode_factor(uint8_t scale_byte, bool daz) {
   const int exp = static_cast<int>(Fp8Traits<F>::kRebias) + static_cast<int>(scale_byte) - kScaleBias;
   return daz || exp > 127 ? 0.0f : pow2f(exp);
+}
+
+// Whether a block's codes hold no Inf/NaN code (so the fast decode applies).
+template <Fp8Format F, typename Count>
+FP8C_GROUP_INLINE bool plain_codes(const uint8_t* codes, Count B) {
+  __m128i special = _mm_setzero_si128();
+  for (int64_t i = 0; i < B; i += 16) {
+    const __m128i em = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i)), _mm_set1_epi8(0x7F));
+    if constexpr (F == Fp8Format::E4M3) {
+      special = _mm_or_si128(special, _mm_cmpeq_epi8(em, _mm_set1_epi8(0x7F)));
+    } else {  // 0x7C..0x7F
+      special = _mm_or_si128(special, _mm_cmpeq_epi8(_mm_max_epu8(em, _mm_set1_epi8(0x7C)), em));
+    }
+  }
+  return _mm_testz_si128(special, special);
 }
 
 FP8C_GROUP_INLINE bool denormals_are_zero() { return (_mm_getcsr() & 0x0040u) != 0; }
