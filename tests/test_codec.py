@@ -412,3 +412,35 @@ def test_environment_picks_the_kernels(value, expect):
     if value == "avx2" and "False False" in out.stdout:
         pytest.skip("this CPU has no AVX2 / F16C")
     assert expect in out.stdout, out.stdout + out.stderr
+
+
+def _cpu_flags():
+    """The CPU's feature flags as Linux reports them, or None where there are none to read."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return None
+
+
+def test_default_kernels_follow_the_cpu_flags():
+    """With FP8COMM_CPU_SIMD=1 the codec runs exactly the kernels the CPU's
+    flags allow: AVX2 with avx2 and f16c, AVX-512 with avx512f and avx512bw
+    besides. (The SIMD tests skip a level when the codec refuses to switch it
+    on; this holds that refusal to what the CPU truly lacks.)"""
+    import os
+    import subprocess
+    import sys
+
+    flags = _cpu_flags()
+    if flags is None:
+        pytest.skip("no /proc/cpuinfo flags to compare with")
+    avx2 = {"avx2", "f16c"} <= flags
+    avx512 = avx2 and {"avx512f", "avx512bw"} <= flags
+    code = "from fp8comm import _C\nprint(_C.cpu_simd_enabled(), _C.cpu_avx512_enabled())\n"
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "FP8COMM_CPU_SIMD": "1"},
+                         capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == [str(avx2), str(avx512)], out.stdout + out.stderr

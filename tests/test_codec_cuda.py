@@ -166,3 +166,50 @@ def test_hypothesis_cuda_equals_cpu(n, log_scale, dtype, fp8_dtype, block_size, 
         res[device] = (buf, summed, *fp8comm.quantize(x.to(device), **kw))
     for a, b in zip(res["cpu"], res["cuda"]):
         assert torch.equal(bits(a), bits(b))
+
+
+CANONICAL_NAN = {torch.float32: 0x7FC00000, torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
+# NaN inputs: quiet with a payload, either sign, signalling, all ones
+NAN_INPUTS = {torch.float32: [0x7FC00001, 0xFFC12345, 0x7F800001, 0xFF800001, 0xFFFFFFFF],
+              torch.bfloat16: [0x7FC1, 0xFFC1, 0x7F81, 0xFF81, 0xFFFF],
+              torch.float16: [0x7E01, 0xFE01, 0x7C01, 0xFC01, 0xFFFF]}
+
+
+@pytest.mark.parametrize("fp8_dtype", FP8)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_nan_outputs_are_the_canonical_nan(dtype, fp8_dtype):
+    """CUDA arithmetic makes 0x7FFFFFFF of every NaN, x86 keeps signs and
+    payloads; both write the one canonical NaN of the output dtype
+    (fp8_block_math.h): every code decoded (NaN codes of both signs), the
+    opposite codes summed (E5M2: Inf - Inf), NaN own inputs of every kind."""
+    block_size, m = 32, 512
+    g = torch.Generator().manual_seed(0)
+    S = fp8comm.segment_bytes(m, block_size)
+    buf = wire(2, m, block_size, "cpu")
+    for r in range(2):
+        buf[r * S:r * S + 16] = torch.randint(120, 135, (16,), generator=g, dtype=torch.uint8)
+        codes = torch.randint(0, 256, (m,), generator=g, dtype=torch.uint8)
+        codes[:256] = torch.arange(256, dtype=torch.int32).to(torch.uint8) ^ (0x80 * r)
+        buf[r * S + 16:(r + 1) * S] = codes
+    own = torch.randn(m, generator=g).to(dtype)
+    wide = torch.tensor(NAN_INPUTS[dtype], dtype=torch.int64)
+    if dtype != torch.float32:
+        wide = wide - ((wide >= 0x8000).long() << 16)  # as int16
+    patterns = wide.to(torch.int32 if dtype == torch.float32 else torch.int16)  # int32 wraps
+    at = torch.arange(3, m, 7)
+    own.view(patterns.dtype)[at] = patterns[torch.arange(at.numel()) % patterns.numel()]
+    kw = dict(block_size=block_size, fp8_dtype=fp8_dtype)
+    out = {}
+    for device in ("cpu", "cuda"):
+        deq = torch.empty(2 * m, dtype=dtype, device=device)
+        fp8comm.dequantize_segments(buf.to(device), deq, 2, m, **kw)
+        summed = torch.empty(m, dtype=dtype, device=device)
+        fp8comm.dequant_sum(buf.to(device), summed, 2, m, post_div=2, own=own.to(device), **kw)
+        req = wire(1, m, block_size, device)
+        fp8comm.dequant_sum_requantize(buf.to(device), req, 2, m, own=own.to(device), **kw)
+        out[device] = (deq, summed, req)
+    for a, b in zip(out["cpu"], out["cuda"]):
+        assert torch.equal(bits(a), bits(b))
+    for values in out["cuda"][:2]:
+        nan = torch.isnan(values.cpu())
+        assert nan.any() and (bits(values)[nan] == CANONICAL_NAN[dtype]).all()

@@ -4,40 +4,48 @@ every branch of the kernels (plain blocks, Inf/NaN, blocks near FLT_MAX,
 subnormals, FP8 special codes, scales too large for the fast decode, and
 denormals-are-zero mode). Every test runs with the AVX2 kernels alone and, on
 a CPU with AVX-512, again with the AVX-512 ones (block size 32's quantize and
-sum + re-quantize)."""
+sum + re-quantize). What the CPU runs is detected (the codec refuses to switch
+on kernels the CPU lacks), never assumed; FP8COMM_CPU_SIMD does not hide a
+level from these tests."""
 import pytest
 import torch
 
 import fp8comm
 from fp8comm import _C
 
-pytestmark = pytest.mark.skipif(not _C.cpu_simd_enabled(), reason="this CPU has no AVX2 / F16C")
-
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 
 
+def _can_switch_on(setter):
+    """Whether the codec runs these kernels on this CPU; the old setting is restored."""
+    try:
+        old = setter(True)
+    except RuntimeError:
+        return False
+    setter(old)
+    return True
+
+
+HAS_AVX2 = _can_switch_on(_C.set_cpu_simd)
+HAS_AVX512 = HAS_AVX2 and _can_switch_on(_C.set_cpu_avx512)
+
+pytestmark = pytest.mark.skipif(not HAS_AVX2, reason="this CPU lacks AVX2 / F16C: the codec has no SIMD kernels here")
+
+
 @pytest.fixture(autouse=True, params=["avx2", "avx512"])
 def kernels(request):
     """Each test once per SIMD level this CPU runs (the AVX-512 kernels take
-    over from the AVX2 ones where they apply)."""
+    over from the AVX2 ones where they apply); the settings are restored."""
     wide = request.param == "avx512"
-    if wide and not _C.cpu_avx512_enabled() and not _avx512_supported():
-        pytest.skip("this CPU has no AVX-512 F / BW")
-    old = _C.set_cpu_avx512(wide)
+    if wide and not HAS_AVX512:
+        pytest.skip("this CPU lacks AVX-512 F / BW: the AVX2 kernels are its widest")
+    old_avx512 = _C.set_cpu_avx512(wide)
     try:
         yield request.param
     finally:
-        _C.set_cpu_avx512(old)
-
-
-def _avx512_supported():
-    try:
-        _C.set_cpu_avx512(_C.set_cpu_avx512(True))
-        return True
-    except RuntimeError:
-        return False
+        _C.set_cpu_avx512(old_avx512)
 
 
 def both_paths(fn):
@@ -53,13 +61,12 @@ def both_paths(fn):
 
 
 def same(a, b):
-    """Bitwise equal, except that a NaN may be any NaN: which one a sum of NaNs
-    yields is up to the compiler. (Wire bytes hold one NaN code, so they are
-    compared bit for bit.)"""
+    """Bitwise equal, NaNs included: every path writes the one canonical NaN
+    of the output dtype (tests/test_codec_nan.py), and wire bytes the one NaN
+    code."""
     if a.dtype not in INT_VIEW:
         return torch.equal(a, b)
-    nan = torch.isnan(a)
-    return torch.equal(nan, torch.isnan(b)) and torch.equal(a.view(INT_VIEW[a.dtype])[~nan], b.view(INT_VIEW[b.dtype])[~nan])
+    return a.dtype == b.dtype and torch.equal(a.view(INT_VIEW[a.dtype]), b.view(INT_VIEW[b.dtype]))
 
 
 def inputs(n, dtype, seed):
@@ -262,15 +269,30 @@ def test_large_float32_decode_same_bits(fp8_dtype):
 
 
 def test_switch_reports_and_restores():
-    assert _C.set_cpu_simd(False) is True
-    assert _C.cpu_simd_enabled() is False
-    assert _C.set_cpu_simd(True) is False
-    assert _C.cpu_simd_enabled() is True
+    old = _C.cpu_simd_enabled()
+    try:
+        assert _C.set_cpu_simd(False) is old
+        assert _C.cpu_simd_enabled() is False
+        assert _C.set_cpu_simd(True) is False
+        assert _C.cpu_simd_enabled() is True
+    finally:
+        _C.set_cpu_simd(old)
 
 
 def test_avx512_switch_reports_and_restores(kernels):
+    """Each switch returns the old setting. Where the CPU lacks AVX-512,
+    switching it on is refused with an error that names the call, what it
+    needs and what to do, and nothing changes."""
     wide = kernels == "avx512"
     assert _C.cpu_avx512_enabled() is wide
-    assert _C.set_cpu_avx512(not wide) is wide
-    assert _C.set_cpu_avx512(wide) is (not wide)
+    if HAS_AVX512:
+        assert _C.set_cpu_avx512(not wide) is wide
+        assert _C.set_cpu_avx512(wide) is (not wide)
+        return
+    with pytest.raises(RuntimeError, match=r"set_cpu_avx512\(True\) needs a CPU with AVX-512 F and BW.*"
+                                           r"the AVX2 kernels stay in use.*Switch it on only where the CPU has them"):
+        _C.set_cpu_avx512(True)
+    assert _C.cpu_avx512_enabled() is False
+    assert _C.set_cpu_avx512(False) is False
+    assert _C.cpu_avx512_enabled() is False
 

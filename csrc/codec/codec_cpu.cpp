@@ -296,7 +296,10 @@ void check_block(int block_size) {
 bool cpu_simd_enabled() { return simd_flag().load(std::memory_order_relaxed); }
 
 bool set_cpu_simd(bool enabled) {
-  TORCH_CHECK(!enabled || avx2::supported(), "fp8comm codec: this CPU lacks AVX2 / F16C; the scalar loops are used");
+  TORCH_CHECK(!enabled || avx2::supported(),
+              "fp8comm codec: set_cpu_simd(True) needs a CPU with AVX2 and F16C, and this one lacks them; the scalar "
+              "loops stay in use (same bytes). Switch it on only where the CPU has them (catch this error to "
+              "find out).");
   return simd_flag().exchange(enabled);
 }
 
@@ -304,7 +307,9 @@ bool cpu_avx512_enabled() { return avx512_flag().load(std::memory_order_relaxed)
 
 bool set_cpu_avx512(bool enabled) {
   TORCH_CHECK(!enabled || avx512::supported(),
-              "fp8comm codec: this CPU lacks AVX-512 F / BW; the AVX2 kernels are used");
+              "fp8comm codec: set_cpu_avx512(True) needs a CPU with AVX-512 F and BW (and AVX2, F16C), and this one "
+              "lacks them; the AVX2 kernels stay in use (same bytes). Switch it on only where the CPU has them "
+              "(catch this error to find out).");
   return avx512_flag().exchange(enabled);
 }
 

@@ -60,24 +60,26 @@ FP8C_AVX2_INLINE __m128i narrow16(__m256i v) {
   return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
 }
 
+// Every NaN lane -> kCanonicalNanF32 (an unordered compare and a blend). As a
+// 16-bit store's input it converts to that dtype's canonical NaN: its high
+// half is kCanonicalNanBf16, and F16C narrows it to kCanonicalNanF16.
+FP8C_AVX2_INLINE __m256 canonical_nan8(__m256 v) {
+  return _mm256_blendv_ps(v, _mm256_castsi256_ps(splat(kCanonicalNanF32)), _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+}
+
+// Elem<E>::store of eight lanes.
 template <ElemType E>
 FP8C_AVX2_INLINE void store8(Storage<E>* p, __m256 v) {
+  v = canonical_nan8(v);
   if constexpr (E == ElemType::F32) {
     _mm256_storeu_ps(p, v);
-  } else if constexpr (E == ElemType::BF16) {  // float_to_bf16
+  } else if constexpr (E == ElemType::BF16) {  // float_to_bf16's rounding (no NaN but the canonical one is left)
     const __m256i u = _mm256_castps_si256(v);
     const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), splat(1));
     const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, splat(0x7FFF)), lsb), 16);
-    const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), splat(0x40));
-    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, splat(0x7FFFFFFF)), splat(0x7F800000));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), narrow16(_mm256_blendv_epi8(rounded, quiet, nan)));
-  } else {  // float_to_f16: F16C rounds to nearest even like it; NaN written as float_to_f16 writes it
-    const __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m256i u = _mm256_castps_si256(v);
-    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, splat(0x7FFFFFFF)), splat(0x7F800000));
-    const __m256i quiet = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u, 16), splat(0x8000)), splat(0x7E00));
-    const __m128i nan16 = narrow16(_mm256_and_si256(nan, splat(0xFFFF)));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm_blendv_epi8(h, narrow16(quiet), nan16));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), narrow16(rounded));
+  } else {  // float_to_f16: F16C rounds to nearest even like it
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
 }
 
@@ -340,8 +342,9 @@ FP8C_AVX2_INLINE void store_f32(float* p, __m256 v, bool stream) {
 }
 
 // acc[0, B) <- (own + the pieces' block j, added in rank order) / post_div;
-// `own` (element type E) is null or holds the whole block.
-template <ElemType E, Fp8Format F, typename Count>
+// `own` (element type E) is null or holds the whole block. kOutput: acc is a
+// float32 output, so its NaNs are written as Elem<F32>::store writes them.
+template <ElemType E, Fp8Format F, bool kOutput, typename Count>
 FP8C_AVX2_INLINE void sum_block(const BlockCodes& pieces, const Storage<E>* own, float own_premul, Count B,
                                 int post_div, int64_t j, bool daz, float* acc) {
   const __m256 div = _mm256_set1_ps(static_cast<float>(post_div));
@@ -386,6 +389,10 @@ FP8C_AVX2_INLINE void sum_block(const BlockCodes& pieces, const Storage<E>* own,
         s0 = _mm256_div_ps(s0, div);
         s1 = _mm256_div_ps(s1, div);
       }
+      if constexpr (kOutput) {
+        s0 = canonical_nan8(s0);
+        s1 = canonical_nan8(s1);
+      }
       _mm256_storeu_ps(acc + i, s0);
       _mm256_storeu_ps(acc + i + 8, s1);
     }
@@ -401,6 +408,7 @@ FP8C_AVX2_INLINE void sum_block(const BlockCodes& pieces, const Storage<E>* own,
       s = _mm256_add_ps(s, _mm256_mul_ps(decode8<F>(pieces.codes + at + j * B + i), scale));
     }
     if (post_div != 1) s = _mm256_div_ps(s, div);
+    if constexpr (kOutput) s = canonical_nan8(s);
     _mm256_storeu_ps(acc + i, s);
   }
 }
@@ -434,7 +442,7 @@ FP8C_AVX2 void dequantize_run(const uint8_t* codes, const uint8_t* scales, int64
     const float factor = raw_decode_factor<F>(scales[j], daz);
     if (factor != 0.0f && plain_codes<F>(c, B)) {
       const __m256 f = _mm256_set1_ps(factor);
-      if constexpr (E == ElemType::F32) {
+      if constexpr (E == ElemType::F32) {  // finite codes times a factor <= 2^127: no NaN, stored as they are
         for (int64_t i = 0; i < B; i += 8) store_f32(d + i, _mm256_mul_ps(decode8_raw<F>(c + i), f), stream);
         continue;
       }
@@ -454,11 +462,11 @@ FP8C_AVX2 void dequant_sum_run(const BlockCodes& pieces, const Storage<E>* own, 
   const bool daz = denormals_are_zero();
   if constexpr (E == ElemType::F32) {  // the sum is the output: no staging (streaming stores measured slower)
     for (int64_t j = j0; j < j0 + blocks; ++j) {
-      sum_block<E, F>(pieces, own, own_premul, B, post_div, j, daz, dst + (j - j0) * B);
+      sum_block<E, F, true>(pieces, own, own_premul, B, post_div, j, daz, dst + (j - j0) * B);
     }
   } else {
     for (int64_t j = j0; j < j0 + blocks; ++j) {
-      sum_block<E, F>(pieces, own, own_premul, B, post_div, j, daz, acc);
+      sum_block<E, F, false>(pieces, own, own_premul, B, post_div, j, daz, acc);
       for (int64_t i = 0; i < B; i += 8) store8<E>(dst + (j - j0) * B + i, _mm256_load_ps(acc + i));
     }
   }
@@ -472,7 +480,9 @@ FP8C_AVX2 void dequant_sum_requantize_run(const BlockCodes& pieces, const Storag
   int64_t j = j0;
   if constexpr (std::is_same_v<Count, Block32>) {  // eight blocks summed, then quantized as a group
     for (; j + kGroup <= j0 + blocks; j += kGroup) {
-      for (int64_t b = 0; b < kGroup; ++b) sum_block<E, F>(pieces, own, own_premul, B, post_div, j + b, daz, acc + b * B);
+      for (int64_t b = 0; b < kGroup; ++b) {
+        sum_block<E, F, false>(pieces, own, own_premul, B, post_div, j + b, daz, acc + b * B);
+      }
       if (quantize_group_normal<F>(Accumulated{acc}, codes + (j - j0) * B, scales + (j - j0))) continue;
       for (int64_t b = 0; b < kGroup; ++b) {
         scales[j - j0 + b] = quantize_block<F>(Accumulated{acc + b * B}, B / 8, codes + (j - j0 + b) * B);
@@ -480,7 +490,7 @@ FP8C_AVX2 void dequant_sum_requantize_run(const BlockCodes& pieces, const Storag
     }
   }
   for (; j < j0 + blocks; ++j) {
-    sum_block<E, F>(pieces, own, own_premul, B, post_div, j, daz, acc);
+    sum_block<E, F, false>(pieces, own, own_premul, B, post_div, j, daz, acc);
     scales[j - j0] = quantize_block<F>(Accumulated{acc}, B / 8, codes + (j - j0) * B);
   }
 }

@@ -172,14 +172,24 @@ FP8C_HD float decode_fp8(uint8_t c) {
   return bits_float(bits | sign);
 }
 
+// ---------------------------------------------------------------- element outputs
+// The one NaN each element output holds (Elem<E>::store writes it for every NaN):
+// positive, quiet, zero payload, because which NaN arithmetic yields differs by
+// device (CUDA: 0x7FFFFFFF; x86 keeps a sign and payload, Inf - Inf is -NaN).
+constexpr uint32_t kCanonicalNanF32 = 0x7FC00000u;
+constexpr uint16_t kCanonicalNanBf16 = 0x7FC0u;
+constexpr uint16_t kCanonicalNanF16 = 0x7E00u;
+
+FP8C_HD bool is_nan_bits(uint32_t u) { return (u & 0x7FFFFFFFu) > 0x7F800000u; }
+
 // ---------------------------------------------------------------- 16-bit floats
 FP8C_HD float bf16_to_float(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
 
+// float -> bfloat16, round to nearest even; every NaN -> kCanonicalNanBf16.
 FP8C_HD uint16_t float_to_bf16(float f) {
   const uint32_t u = float_bits(f);
   const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-  const bool nan = (u & 0x7FFFFFFFu) > 0x7F800000u;
-  return static_cast<uint16_t>(nan ? ((u >> 16) | 0x40u) : rounded);
+  return static_cast<uint16_t>(is_nan_bits(u) ? kCanonicalNanBf16 : rounded);
 }
 
 // IEEE half -> float, exact (subnormals renormalized by an exact subtraction).
@@ -195,19 +205,20 @@ FP8C_HD float f16_to_float(uint16_t h) {
   return bits_float(o | (static_cast<uint32_t>(h & 0x8000u) << 16));
 }
 
-// float -> IEEE half, round to nearest even; overflow -> Inf; NaN -> quiet NaN.
+// float -> IEEE half, round to nearest even; overflow -> Inf; every NaN ->
+// kCanonicalNanF16.
 FP8C_HD uint16_t float_to_f16(float f) {
   const uint32_t u = float_bits(f);
   const uint32_t sign = (u >> 16) & 0x8000u;
   const uint32_t a = u & 0x7FFFFFFFu;
-  const uint32_t big = a > 0x7F800000u ? 0x7E00u : 0x7C00u;  // NaN / Inf or overflow
   // Subnormal half: align the 10 mantissa bits at the bottom with a magic add.
   const uint32_t denorm_magic = ((127u - 15u) + (23u - 10u) + 1u) << 23;
   const uint32_t sub = float_bits(bits_float(a) + bits_float(denorm_magic)) - denorm_magic;
   const uint32_t normal = (a + ((15u - 127u) << 23) + 0xFFFu + ((a >> 13) & 1u)) >> 13;
   uint32_t o = a < (113u << 23) ? sub : normal;
-  o = a >= ((127u + 16u) << 23) ? big : o;
-  return static_cast<uint16_t>(o | sign);
+  o = a >= ((127u + 16u) << 23) ? 0x7C00u : o;  // Inf, or too large for a half
+  o |= sign;
+  return static_cast<uint16_t>(a > 0x7F800000u ? kCanonicalNanF16 : o);
 }
 
 template <ElemType E>
@@ -216,7 +227,7 @@ template <>
 struct Elem<ElemType::F32> {
   using storage = float;
   static FP8C_HD float load(float x) { return x; }
-  static FP8C_HD float store(float x) { return x; }
+  static FP8C_HD float store(float x) { return is_nan_bits(float_bits(x)) ? bits_float(kCanonicalNanF32) : x; }
 };
 template <>
 struct Elem<ElemType::BF16> {
