@@ -4,9 +4,11 @@
 #include <torch/csrc/utils/pybind.h>
 #include <torch/extension.h>
 
+#include "backend/fp8_work.h"
 #include "backend/registry.h"
 #include "backend/segment_header.h"
 #include "codec/codec.h"
+#include "testing/nccl_like_backend.h"
 
 namespace {
 
@@ -33,12 +35,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def(
       "wire_segment_bytes",
       [](int64_t segment_numel, int64_t block_size, const std::string& device) {
-        return fp8comm::header_bytes(c10::Device(device_type_of(device))) +
-               fp8comm::segment_bytes(segment_numel, block_size);
+        const int64_t header = device_type_of(device) == c10::DeviceType::CPU ? sizeof(fp8comm::SegmentHeader) : 0;
+        return header + fp8comm::segment_bytes(segment_numel, block_size);
       },
       py::arg("segment_numel"), py::arg("block_size") = 32, py::arg("device") = "cpu",
-      "Bytes the backend sends for one segment of segment_numel elements: the CPU's 16-byte header (its "
-      "collective and size, checked by the receiver), then [scales][codes].");
+      "Bytes the backend sends for one segment of segment_numel elements over the device's default transport "
+      "(gloo on cpu: a 16-byte header naming the collective and size, checked by the receiver; nccl on cuda: "
+      "none), then [scales][codes].");
   m.def("cpu_simd_enabled", &fp8comm::cpu_simd_enabled,
         "Whether the CPU codec runs whole blocks through its AVX2 kernels.");
   m.def("set_cpu_simd", &fp8comm::set_cpu_simd, py::arg("enabled"),
@@ -64,6 +67,23 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
             return std::make_pair(inner->getGroupUid(), inner->getGroupDesc());
           },
           py::arg("device"), "(group name, group description) as the inner backend knows them.")
+      .def(
+          "wire_segment_bytes",
+          [](ProcessGroupFP8& pg, int64_t segment_numel, const std::string& device) {
+            return pg.wireSegmentBytes(device_type_of(device), segment_numel);
+          },
+          py::arg("segment_numel"), py::arg("device"),
+          "Bytes this group sends for one segment of segment_numel elements over its transport for `device`.")
+      .def(
+          "transport_traits",
+          [](ProcessGroupFP8& pg, const std::string& device) {
+            const fp8comm::TransportTraits t = pg.traitsFor(device_type_of(device));
+            return py::dict(py::arg("segment_headers") = t.segment_headers,
+                            py::arg("gather_by_all_to_all") = t.gather_by_all_to_all,
+                            py::arg("chunked_all_reduce") = t.chunked_all_reduce,
+                            py::arg("reduces_avg_and_premul") = t.reduces_avg_and_premul);
+          },
+          py::arg("device"), "What the algorithms know of the transport for `device` (transport_traits.h).")
       .def_property_readonly("block_size", [](ProcessGroupFP8& pg) { return pg.options().block_size; })
       .def_property_readonly("fp8_format",
                              [](ProcessGroupFP8& pg) {
@@ -77,6 +97,22 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         if (pg.options().compress_allgather) ops.push_back("all_gather");
         return ops;
       });
+
+  // ---- for tests (fp8comm.testing): NCCL's contracts on CPU processes
+  py::class_<fp8comm::NcclLikeBackend, c10d::Backend, c10::intrusive_ptr<fp8comm::NcclLikeBackend>>(
+      m, "NcclLikeBackend", "ProcessGroupGloo behaving as ProcessGroupNCCL does (csrc/testing/nccl_like_backend.h).")
+      .def(py::init([](const c10::intrusive_ptr<c10d::Backend>& gloo) {
+             return c10::make_intrusive<fp8comm::NcclLikeBackend>(gloo);
+           }),
+           py::arg("gloo"));
+  m.def(
+      "_work_over",
+      [](const std::string& op, const std::vector<c10::intrusive_ptr<c10d::Work>>& inner) {
+        return c10::intrusive_ptr<c10d::Work>(
+            c10::make_intrusive<fp8comm::FP8Work>(-1, c10d::OpType::UNKNOWN, op, std::vector<at::Tensor>{}, inner));
+      },
+      py::arg("op"), py::arg("inner"),
+      "The Work of a compressed CPU call whose phases are `inner` (tests of its error and timeout reporting).");
 
   m.def(
       "attach_or_create",

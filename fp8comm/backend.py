@@ -5,6 +5,9 @@ gloo backends, then wraps it in the C++ ProcessGroupFP8 (DESIGN.md, "Layers").
 """
 from __future__ import annotations
 
+import json
+import os
+
 import torch.distributed as dist
 
 from . import _C
@@ -44,9 +47,48 @@ def _nccl_transport(opts):
     return dist.ProcessGroupNCCL(opts.store, opts.group_rank, opts.group_size, nccl_opts)
 
 
-def _create(device: str, dist_backend_opts, pg_options):
+def _wire_fingerprint(options: Options) -> dict:
+    """What every rank of a group must agree on: each changes the bytes or the
+    calls on the wire, and device segments carry no header to catch a mismatch."""
+    return {
+        "block_size": options.block_size,
+        "fp8_dtype": options.fp8_dtype,
+        "min_numel": options.min_numel,
+        "compress": ",".join(options.compress) or "none",
+        "FP8COMM_PAIR_ALLREDUCE": os.environ.get("FP8COMM_PAIR_ALLREDUCE", "") == "1",
+        "FP8COMM_CPU_CHUNK_ELEMENTS": os.environ.get("FP8COMM_CPU_CHUNK_ELEMENTS", ""),
+    }
+
+
+def _check_same_options_on_every_rank(dist_backend_opts, options: Options) -> None:
+    """Every rank publishes its fingerprint through the group's store and reads
+    all the others', so a mismatch raises on every rank, naming the option."""
+    store, rank, size = dist_backend_opts.store, dist_backend_opts.group_rank, dist_backend_opts.group_size
+    # One generation per group creation on this store: keys of an earlier
+    # group created over the same store are never read.
+    generation = (store.add("fp8comm/options/creations", 1) - 1) // size
+    prefix = f"fp8comm/options/{generation}/"
+    store.set(prefix + str(rank), json.dumps(_wire_fingerprint(options), sort_keys=True))
+    by_rank = [json.loads(store.get(prefix + str(r))) for r in range(size)]
+    differing = [key for key in by_rank[rank] if any(other.get(key) != by_rank[rank][key] for other in by_rank)]
+    if differing:
+        details = "; ".join(
+            f"{key}: " + ", ".join(f"rank {r} has {fp.get(key)!r}" for r, fp in enumerate(by_rank)) for key in differing
+        )
+        raise ValueError(
+            f"fp8comm: the ranks of this process group resolved different options ({details}). Every rank must "
+            "pass the same fp8comm.Options and set the same FP8COMM_* environment variables."
+        )
+
+
+def _create(device: str, dist_backend_opts, pg_options, make_transport=None):
+    """make_transport(dist_backend_opts) builds the inner backend; by default
+    torch's gloo for "cpu" and NCCL for "cuda"."""
     options = _options_of(pg_options)
-    inner = _gloo_transport(dist_backend_opts) if device == "cpu" else _nccl_transport(dist_backend_opts)
+    _check_same_options_on_every_rank(dist_backend_opts, options)
+    if make_transport is None:
+        make_transport = _gloo_transport if device == "cpu" else _nccl_transport
+    inner = make_transport(dist_backend_opts)
     # torch only does this for backends it names "gloo" / "nccl".
     inner._set_sequence_number_for_group()
     return _C.attach_or_create(

@@ -1,4 +1,4 @@
-"""fp8gloo with 2, 3 and 4 real processes: every compressed collective in every
+"""fp8gloo and fp8ncclsim with 2, 3 and 4 real processes: every compressed collective in every
 form against an FP64 reference (SQNR) and across ranks (bitwise).
 
 Every test also checks that the call really was compressed: the group's stats
@@ -15,9 +15,13 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 UNCOMPRESSED_SQNR_DB = 45.0
 
 
-@pytest.fixture(scope="module", params=[2, 3, 4])
+# fp8gloo, and fp8ncclsim: the same algorithms on the path fp8nccl takes
+# (NCCL's traits and return contract over gloo, fp8comm/testing.py).
+@pytest.fixture(scope="module", params=[(backend, world) for backend in ("fp8gloo", "fp8ncclsim") for world in (2, 3, 4)],
+                ids=lambda p: f"{p[0]}-{p[1]}")
 def pool(request):
-    p = DistPool(request.param, backend="fp8gloo", pg_options={"min_numel": 1024})
+    backend, world = request.param
+    p = DistPool(world, backend=backend, pg_options={"min_numel": 1024})
     yield p
     p.close()
 

@@ -1,4 +1,4 @@
-"""fp8gloo: exact passthrough, non-finite values, async Works and futures,
+"""fp8gloo and fp8ncclsim (fp8nccl's path on the CPU): exact passthrough, non-finite values, async Works and futures,
 stats, and DDP / FSDP2 training — with real processes."""
 import pytest
 import torch
@@ -31,9 +31,11 @@ PASSTHROUGH_CASES = [
 ]
 
 
-@pytest.fixture(scope="module", params=[2, 3])
+@pytest.fixture(scope="module", params=[(backend, world) for backend in ("fp8gloo", "fp8ncclsim") for world in (2, 3)],
+                ids=lambda p: f"{p[0]}-{p[1]}")
 def pool(request):
-    p = DistPool(request.param, backend="fp8gloo", pg_options={"min_numel": 4096})
+    backend, world = request.param
+    p = DistPool(world, backend=backend, pg_options={"min_numel": 4096})
     yield p
     p.close()
 

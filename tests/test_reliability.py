@@ -1,4 +1,4 @@
-"""Reliability of fp8gloo (issue 6): dead peers, mismatched calls, leaks, load
+"""Reliability of fp8gloo and fp8ncclsim (fp8nccl's path on the CPU): dead peers, mismatched calls, leaks, load
 and fuzz. Every test has a hard deadline: a hang fails it, it never hangs CI."""
 import os
 
@@ -15,21 +15,26 @@ GROUP_TIMEOUT_S = 10.0
 SLACK_S = 15.0  # process scheduling on a loaded 2-core CI machine
 
 
+INNER = {"fp8gloo": "gloo", "fp8ncclsim": "nccl"}
+
+
+@pytest.mark.parametrize("backend", ["fp8gloo", "fp8ncclsim"])
 @pytest.mark.parametrize("when,kind", [("before", "compressed"), ("during", "compressed"),
                                        ("before", "premul_passthrough")])
-def test_dead_peer_raises_on_every_survivor_within_the_timeout(when, kind):
+def test_dead_peer_raises_on_every_survivor_within_the_timeout(when, kind, backend):
     """Every survivor raises an error naming the op within the timeout, and the
     failed call leaves its tensor as it was: the compressed algorithm writes the
-    tensor only after its last phase, and the PREMUL_SUM emulation over gloo
-    sums a scaled copy."""
-    pool = DistPool(3, backend="fp8gloo", timeout_s=GROUP_TIMEOUT_S)
+    tensor only after its last phase, and the PREMUL_SUM emulation (fp8gloo's,
+    or the NCCL-like transport's of fp8ncclsim) sums a scaled copy."""
+    pool = DistPool(3, backend=backend, timeout_s=GROUP_TIMEOUT_S)
     answers = pool.run_with_deaths(rs.peer_dies, when, kind, timeout=GROUP_TIMEOUT_S + SLACK_S + 60)
     assert 1 not in answers  # the victim is gone
     assert set(answers) == {0, 2}
     for rank, (error, seconds, untouched) in answers.items():
         assert error is not None, f"rank {rank} finished without noticing the dead peer"
         if kind == "compressed":
-            assert "fp8comm all_reduce" in error and "compressed algorithm failed in the inner gloo backend" in error
+            assert "fp8comm all_reduce" in error, error
+            assert f"compressed algorithm failed in the inner {INNER[backend]} backend" in error, error
         else:  # gloo's own error, from the exact SUM
             assert "Connection" in error or "closed" in error.lower() or "Timed out" in error, error
         assert seconds <= GROUP_TIMEOUT_S + SLACK_S
@@ -39,8 +44,9 @@ def test_dead_peer_raises_on_every_survivor_within_the_timeout(when, kind):
 STUCK_TIMEOUT_S = 5.0
 
 
+@pytest.mark.parametrize("backend", ["fp8gloo", "fp8ncclsim"])
 @pytest.mark.parametrize("kind", ["compressed", "passthrough"])
-def test_stuck_peer_times_out_on_every_rank(kind):
+def test_stuck_peer_times_out_on_every_rank(kind, backend):
     """A peer sleeps instead of calling. The others, with a 5 s group timeout,
     raise within the timeout (+ slack); then the sleeper calls and raises too:
     every process answers, nobody is left hanging.
@@ -48,7 +54,7 @@ def test_stuck_peer_times_out_on_every_rank(kind):
     With async_op=True on the CPU a compressed collective runs in the calling
     thread, so the timeout is raised by the call itself, naming the op; a
     passthrough op is gloo's own async Work, whose timeout is raised by wait()."""
-    pool = DistPool(3, backend="fp8gloo", timeout_s=STUCK_TIMEOUT_S)
+    pool = DistPool(3, backend=backend, timeout_s=STUCK_TIMEOUT_S)
     answers = pool.run_with_deaths(rs.peer_stuck, kind, timeout=60)
     assert set(answers) == {0, 1, 2}, answers  # nobody hung (run_with_deaths raises on a hang)
     for rank in (0, 2):

@@ -16,15 +16,16 @@
 
 namespace fp8comm {
 
-// A wire segment of m elements: the header (CPU only, segment_header.h), then
-// the codec's [scales][codes]. Both are multiples of 16 bytes, so the codes of
-// every segment stay 16-byte aligned.
-int64_t ProcessGroupFP8::wireSegmentBytes(const at::Device& device, int64_t m) const {
-  return header_bytes(device) + segment_bytes(m, options_.block_size);
+// A wire segment of m elements: the header (where the transport's traits
+// want one, segment_header.h), then the codec's [scales][codes]. Both are
+// multiples of 16 bytes, so the codes of every segment stay 16-byte aligned.
+int64_t ProcessGroupFP8::wireSegmentBytes(c10::DeviceType device_type, int64_t m) const {
+  return traitsFor(device_type).headerBytes() + segment_bytes(m, options_.block_size);
 }
 
-BlockCodes ProcessGroupFP8::wire(const at::Tensor& bytes, int64_t num_segments, int64_t segment_numel) const {
-  const int64_t header = header_bytes(bytes.device());
+BlockCodes ProcessGroupFP8::wire(const Transport& t, const at::Tensor& bytes, int64_t num_segments,
+                                 int64_t segment_numel) const {
+  const int64_t header = t.traits().headerBytes();
   BlockCodes codes = wire_segments(static_cast<uint8_t*>(bytes.data_ptr()) + header, num_segments, segment_numel,
                                    options_.block_size, options_.format);
   codes.stride = header + codes.stride;
@@ -33,16 +34,17 @@ BlockCodes ProcessGroupFP8::wire(const at::Tensor& bytes, int64_t num_segments, 
 
 namespace {
 
-// The header every segment of `bytes` carries (nothing on CUDA).
-void frame(const at::Tensor& bytes, int64_t count, int64_t stride, Phase phase, const FP8Options& o, int64_t n) {
-  if (header_bytes(bytes.device()) == 0) return;
+// The header every segment of `bytes` carries, where the transport has them.
+void frame(const TransportTraits& traits, const at::Tensor& bytes, int64_t count, int64_t stride, Phase phase,
+           const FP8Options& o, int64_t n) {
+  if (!traits.segment_headers) return;
   write_headers(static_cast<uint8_t*>(bytes.data_ptr()), count, stride, SegmentHeader(phase, o.format, o.block_size, n));
 }
 
 // Checks the headers of the segments of `bytes`; segment i came from rank senders[i].
-void check_frames(const at::Tensor& bytes, const std::vector<int64_t>& senders, int64_t stride, Phase phase,
-                  const FP8Options& o, int64_t n, const char* op) {
-  if (header_bytes(bytes.device()) == 0) return;
+void check_frames(const TransportTraits& traits, const at::Tensor& bytes, const std::vector<int64_t>& senders,
+                  int64_t stride, Phase phase, const FP8Options& o, int64_t n, const char* op) {
+  if (!traits.segment_headers) return;
   check_headers(static_cast<const uint8_t*>(bytes.data_ptr()), stride, senders,
                 SegmentHeader(phase, o.format, o.block_size, n), op);
 }
@@ -111,19 +113,20 @@ bool ProcessGroupFP8::allreduceByPair(const at::Tensor& like) const {
 }
 
 std::vector<ProcessGroupFP8::Chunk> ProcessGroupFP8::allreduceChunks(const at::Tensor& like, int64_t n) const {
-  const at::Device device = like.device();
+  const TransportTraits traits = traitsFor(like.device().type());
   const int64_t P = size_;
   const int64_t B = options_.block_size;
   const int64_t parts = allreduceByPair(like) ? 1 : P;
   const int64_t unit = parts * B;
-  const int64_t chunk = device.is_cpu() ? ceil_div(cpu_chunk_elements(), unit) * unit : ceil_div(n, unit) * unit;
+  const int64_t chunk =
+      traits.chunked_all_reduce ? ceil_div(cpu_chunk_elements(), unit) * unit : ceil_div(n, unit) * unit;
   std::vector<Chunk> chunks;
   int64_t bytes = 0;
   for (int64_t offset = 0; offset < n; offset += chunk) {
     const int64_t numel = std::min(chunk, n - offset);
     // Segments are whole blocks, so each starts 16-byte aligned in the tensor.
     const int64_t m = ceil_div(ceil_div(numel, parts), B) * B;
-    const int64_t S = wireSegmentBytes(device, m);
+    const int64_t S = traits.headerBytes() + segment_bytes(m, B);
     chunks.push_back({offset, numel, m, S, bytes});
     bytes += P * S;
   }
@@ -197,27 +200,27 @@ void ProcessGroupFP8::allreduceCompressed(Transport& transport, const at::Tensor
     const Chunk& c = chunks[k];
     at::Tensor out = slice(send, c, P - 1), in = slice(recv, c, P - 1);
     quantize_for_peers(chunk_of(c), rank_, P, c.m, c.S, red.premul, red.premul_tensor, out,
-                       [&](const at::Tensor& bytes, int64_t count) { return wire(bytes, count, c.m); });
-    frame(out, P - 1, c.S, Phase::kAllReduceScatter, options_, n);
+                       [&](const at::Tensor& bytes, int64_t count) { return wire(transport, bytes, count, c.m); });
+    frame(transport.traits(), out, P - 1, c.S, Phase::kAllReduceScatter, options_, n);
     exchange[k] = transport.startExchange(in, out, c.S);
   };
   auto reduce = [&](int64_t k) {
     const Chunk& c = chunks[k];
     transport.wait(exchange.take(k), "all_to_all");
-    check_frames(slice(recv, c, P - 1), peers, c.S, Phase::kAllReduceScatter, options_, n, op);
+    check_frames(transport.traits(), slice(recv, c, P - 1), peers, c.S, Phase::kAllReduceScatter, options_, n, op);
     at::Tensor all = slice(gathered, c, P);
     at::Tensor reduced = all.narrow(0, transport.gatherSlot(rank_) * c.S, c.S);
     const OwnInput own{segments_of(chunk_of(c), rank_, 1, c.m), red.premul, red.premul_tensor};
-    dequant_sum_requantize_into(wire(slice(recv, c, P - 1), P - 1, c.m), own, red.post_div, wire(reduced, 1, c.m),
+    dequant_sum_requantize_into(wire(transport, slice(recv, c, P - 1), P - 1, c.m), own, red.post_div, wire(transport, reduced, 1, c.m),
                                 tensor.device());
-    frame(reduced, 1, c.S, Phase::kAllReduceGather, options_, n);
+    frame(transport.traits(), reduced, 1, c.S, Phase::kAllReduceGather, options_, n);
     at::Tensor room = scratch.narrow(0, (k % 2) * scratch_bytes, scratch_bytes);
     all_gather[k] = transport.startAllGather(all, c.S, room);
   };
   auto gathered_ok = [&](int64_t k) {
     const Chunk& c = chunks[k];
     transport.wait(all_gather.take(k), "all_gather");
-    check_frames(slice(gathered, c, P), gathered_from, c.S, Phase::kAllReduceGather, options_, n, op);
+    check_frames(transport.traits(), slice(gathered, c, P), gathered_from, c.S, Phase::kAllReduceGather, options_, n, op);
   };
   // Quantize chunk k while chunk k-1's exchange and chunk k-2's all_gather are
   // on the wire; chunk k-2's scratch is free again before k's is written.
@@ -257,21 +260,21 @@ void ProcessGroupFP8::allreducePair(Transport& transport, const at::Tensor& tens
   auto received = [&](int64_t k) {
     const Chunk& c = chunks[k];
     transport.wait(exchange.take(k), "all_to_all");
-    check_frames(slot(c, peer), {peer}, c.S, Phase::kAllReducePair, options_, n, op);
+    check_frames(transport.traits(), slot(c, peer), {peer}, c.S, Phase::kAllReducePair, options_, n, op);
   };
   // Quantize chunk k while chunk k-1 is on the wire.
   for (int64_t k = 0; k < C; ++k) {
     const Chunk& c = chunks[k];
     at::Tensor mine = slot(c, rank_), theirs = slot(c, peer);
-    quantize_into(chunk_of(c), red.premul, red.premul_tensor, wire(mine, 1, c.m));
-    frame(mine, 1, c.S, Phase::kAllReducePair, options_, n);
+    quantize_into(chunk_of(c), red.premul, red.premul_tensor, wire(transport, mine, 1, c.m));
+    frame(transport.traits(), mine, 1, c.S, Phase::kAllReducePair, options_, n);
     exchange[k] = transport.startExchange(theirs, mine, c.S);
     if (k >= 1) received(k - 1);
   }
   received(C - 1);
   // As allreduceCompressed: the tensor is written only once every chunk is through.
   for (const Chunk& c : chunks) {
-    dequant_sum_into(wire(pairs.narrow(0, c.at, 2 * c.S), 2, c.m), OwnInput{}, red.post_div, chunk_of(c));
+    dequant_sum_into(wire(transport, pairs.narrow(0, c.at, 2 * c.S), 2, c.m), OwnInput{}, red.post_div, chunk_of(c));
   }
 }
 
@@ -301,7 +304,7 @@ void ProcessGroupFP8::decodeGathered(const Transport& transport, const at::Tenso
     }
     const at::Tensor dst = out(r, count);
     if (dst.numel() > 0) {
-      dequantize_into(wire(all.narrow(0, transport.gatherSlot(r) * S, count * S), count, m), dst, output_bytes);
+      dequantize_into(wire(transport, all.narrow(0, transport.gatherSlot(r) * S, count * S), count, m), dst, output_bytes);
     }
     r += count;
   }
@@ -314,9 +317,9 @@ void ProcessGroupFP8::reduceScatterCompressed(Transport& transport, const at::Te
                                               const char* op) {
   const int64_t P = size_;
   const int64_t k = output.numel();
-  const int64_t S = wireSegmentBytes(output.device(), k);
+  const int64_t S = wireSegmentBytes(output.device().type(), k);
   at::Tensor send = workspace_.bytes(Workspace::kSend, (P - 1) * S, output);
-  auto wire_of = [&](const at::Tensor& bytes, int64_t count) { return wire(bytes, count, k); };
+  auto wire_of = [&](const at::Tensor& bytes, int64_t count) { return wire(transport, bytes, count, k); };
   at::Tensor own;
   if (input_segments.size() == 1) {  // one flat input of P * k elements
     quantize_for_peers(input_segments[0], rank_, P, k, S, red.premul, red.premul_tensor, send, wire_of);
@@ -330,11 +333,11 @@ void ProcessGroupFP8::reduceScatterCompressed(Transport& transport, const at::Te
   }
   // The sum reads own[i] before it writes output[i]; any other overlap reads a copy.
   if (at::get_overlap_status(own, output) == at::MemOverlapStatus::Partial) own = own.clone();
-  frame(send, P - 1, S, Phase::kReduceScatter, options_, k);
+  frame(transport.traits(), send, P - 1, S, Phase::kReduceScatter, options_, k);
   at::Tensor recv = workspace_.bytes(Workspace::kRecv, (P - 1) * S, output);
   transport.wait(transport.startExchange(recv, send, S), "all_to_all");
-  check_frames(recv, peers_of(rank_, P), S, Phase::kReduceScatter, options_, k, op);
-  dequant_sum_into(wire(recv, P - 1, k), OwnInput{own, red.premul, red.premul_tensor}, red.post_div, output);
+  check_frames(transport.traits(), recv, peers_of(rank_, P), S, Phase::kReduceScatter, options_, k, op);
+  dequant_sum_into(wire(transport, recv, P - 1, k), OwnInput{own, red.premul, red.premul_tensor}, red.post_div, output);
 }
 
 // Every rank decodes every segment, its own included, so all outputs agree.
@@ -342,14 +345,14 @@ void ProcessGroupFP8::allgatherCompressed(Transport& transport, const std::vecto
                                           const at::Tensor& input, const char* op) {
   const int64_t P = size_;
   const int64_t k = input.numel();
-  const int64_t S = wireSegmentBytes(input.device(), k);
+  const int64_t S = wireSegmentBytes(input.device().type(), k);
   at::Tensor all = workspace_.bytes(Workspace::kGathered, P * S, input);
   at::Tensor mine = all.narrow(0, transport.gatherSlot(rank_) * S, S);
-  quantize_into(input, 1.0f, std::nullopt, wire(mine, 1, k));
-  frame(mine, 1, S, Phase::kAllGather, options_, k);
+  quantize_into(input, 1.0f, std::nullopt, wire(transport, mine, 1, k));
+  frame(transport.traits(), mine, 1, S, Phase::kAllGather, options_, k);
   at::Tensor scratch = workspace_.bytes(Workspace::kSend, transport.gatherScratchBytes(S), input);
   transport.wait(transport.startAllGather(all, S, scratch), "all_gather");
-  check_frames(all, gatheredFrom(transport), S, Phase::kAllGather, options_, k, op);
+  check_frames(transport.traits(), all, gatheredFrom(transport), S, Phase::kAllGather, options_, k, op);
   if (output_segments.size() == 1) {  // one flat output of P * k elements
     decodeGathered(transport, all, k, S, P, output_segments[0].nbytes(), [&](int64_t r, int64_t count) {
       return segments_of(output_segments[0], r, count, k);

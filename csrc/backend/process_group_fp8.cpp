@@ -8,6 +8,7 @@
 
 #include "../codec/codec_tensor.h"
 #include "algorithm_parts.h"
+#include "premul.h"
 
 namespace fp8comm {
 namespace {
@@ -88,29 +89,18 @@ bool avg_or_premul(const c10d::ReduceOp& op) {
 // complex tensors when the transport (gloo) lacks them.
 bool emulable(const at::Tensor& t) { return t.is_floating_point() || t.is_complex(); }
 
-const c10d::NCCLPreMulSumSupplement* premul_supplement(const c10d::ReduceOp& op) {
-  if (op.op_ != c10d::ReduceOp::PREMUL_SUM) return nullptr;
-  return dynamic_cast<const c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
-}
-
-// t times the PREMUL_SUM factor, as a new tensor, computed in t's own dtype
-// (the double factor is kept as a double; a tensor factor is cast to t's
-// dtype), as NCCL applies it. Used on the exact passthrough path.
-at::Tensor premultiplied(const char* op_name, const at::Tensor& t, const c10d::ReduceOp& op) {
-  const auto* supplement = premul_supplement(op);
-  TORCH_CHECK(supplement != nullptr, "fp8comm ", op_name, ": PREMUL_SUM without a factor");
-  if (supplement->tensor_factor.defined()) {
-    return t * supplement->tensor_factor.to(t.device(), t.scalar_type()).reshape({});
-  }
-  return t.mul(at::Scalar(supplement->double_factor));
-}
-
 void check_dense(const char* op, const at::Tensor& t) {
   TORCH_CHECK(t.layout() == at::kStrided, "fp8comm ", op, ": expected a dense (strided) tensor, got layout ",
               t.layout());
 }
 
 at::Tensor contiguous_or_self(const at::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
+
+// Waits for a Work an inner backend returned. None means the call was
+// synchronous (ProcessGroupNCCL with asyncOp false) and is already ordered.
+void wait_for(const c10::intrusive_ptr<c10d::Work>& work) {
+  if (work) work->wait();
+}
 
 // Writes `result` back into the user's tensor when the algorithm worked on a copy.
 void write_back(const at::Tensor& user, const at::Tensor& result) {
@@ -132,7 +122,23 @@ void ProcessGroupFP8::addTransport(c10::DeviceType device_type, c10::intrusive_p
   std::lock_guard<std::mutex> lock(mutex_);
   TORCH_CHECK(inner_.count(device_type) == 0, "fp8comm: this process group already has a transport for ",
               device_type);
+  traits_[device_type] = TransportTraits::of(*inner, device_type);
   inner_[device_type] = std::move(inner);
+}
+
+TransportTraits ProcessGroupFP8::traitsFor(c10::DeviceType device_type) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = traits_.find(device_type);
+  TORCH_CHECK(it != traits_.end(), "fp8comm: this process group has no transport for ", device_type);
+  return it->second;
+}
+
+// A Work for the caller: `work` as the inner backend returned it, or, where
+// it returned none (a synchronous call, already ordered), a completed one.
+c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::passed(c10::intrusive_ptr<c10d::Work> work, c10d::OpType type,
+                                                       const char* op, std::vector<at::Tensor> outputs) const {
+  if (work) return work;
+  return c10::make_intrusive<FP8Work>(rank_, type, op, std::move(outputs));
 }
 
 bool ProcessGroupFP8::hasTransport(c10::DeviceType device_type) const {
@@ -187,12 +193,18 @@ std::optional<ProcessGroupFP8::Reduction> ProcessGroupFP8::reductionFor(const c1
     case c10d::ReduceOp::PREMUL_SUM: {
       const auto* supplement = premul_supplement(op);
       if (supplement == nullptr) return std::nullopt;
-      if (supplement->tensor_factor.defined()) {
-        TORCH_CHECK(supplement->tensor_factor.numel() == 1, "fp8comm: PREMUL_SUM factor must have one element");
+      const at::Tensor& factor = supplement->tensor_factor;
+      if (factor.defined()) {
+        TORCH_CHECK(factor.numel() == 1, "fp8comm: PREMUL_SUM factor must have one element, got ", factor.numel());
+        if (factor.is_cpu()) {
+          // Read on the host: copying it to a device would sync the host with it.
+          red.premul = factor.to(at::kFloat).item<float>();
+          return red;
+        }
         // Read by the algorithm on its stream, after this call returns on
         // CUDA: withFactor() hands it to the Work, which keeps it alive and
         // marks it in use by that stream.
-        red.premul_tensor = supplement->tensor_factor.to(t.device(), at::kFloat).reshape({1}).contiguous();
+        red.premul_tensor = factor.to(t.device(), at::kFloat).reshape({1}).contiguous();
       } else {
         red.premul = static_cast<float>(supplement->double_factor);  // the compressed path scales in FP32
       }
@@ -219,8 +231,7 @@ void ProcessGroupFP8::record(const char* op, bool compressed, int64_t bytes_sent
 }
 
 bool ProcessGroupFP8::transportLacksAvgAndPremul(const at::Device& device) const {
-  auto inner = transport(device.type());
-  return inner && inner->getBackendName() == "gloo";
+  return hasTransport(device.type()) && !traitsFor(device.type()).reduces_avg_and_premul;
 }
 
 void ProcessGroupFP8::checkReduceOpSupported(const char* op, const c10d::ReduceOp& reduce_op,
@@ -253,9 +264,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allreduce(std::vector<at::Tensor
     record(op, false, plain, plain);
     return work;
   }
-  auto work = run(c10d::OpType::ALLREDUCE, tensor.device(), opts.asyncOp, withFactor({tensor}, opts.reduceOp, red),
-                  {tensor}, [&] {
-                    Transport transport(inner, rank_, size_, opts.timeout, op);
+  auto work = run(c10d::OpType::ALLREDUCE, op, tensor.device(), opts.asyncOp, opts.timeout,
+                  withFactor({tensor}, opts.reduceOp, red), {tensor}, [&](Transport& transport) {
                     at::Tensor buffer = contiguous_or_self(tensor);
                     allreduceCompressed(transport, buffer, *red, op);
                     write_back(tensor, buffer);
@@ -273,17 +283,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allreducePassthrough(std::vector
   auto inner = innerFor(tensors[0].device(), op);
   const bool emulate =
       avg_or_premul(opts.reduceOp) && emulable(tensors[0]) && transportLacksAvgAndPremul(tensors[0].device());
-  if (!emulate) return inner->allreduce(tensors, opts);
+  if (!emulate) return passed(inner->allreduce(tensors, opts), c10d::OpType::ALLREDUCE, op, tensors);
   at::Tensor& t = tensors[0];
   std::vector<at::Tensor> copy{opts.reduceOp.op_ == c10d::ReduceOp::PREMUL_SUM
                                    ? premultiplied(op, t, opts.reduceOp).contiguous()
                                    : t.clone(at::MemoryFormat::Contiguous)};
   c10d::AllreduceOptions sum = opts;
   sum.reduceOp = c10d::ReduceOp::SUM;
-  inner->allreduce(copy, sum)->wait();
+  wait_for(inner->allreduce(copy, sum));
   if (opts.reduceOp.op_ == c10d::ReduceOp::AVG) copy[0].div_(size_);
   t.copy_(copy[0]);
-  return c10::make_intrusive<FP8Work>(rank_, c10d::OpType::ALLREDUCE, tensors);
+  return c10::make_intrusive<FP8Work>(rank_, c10d::OpType::ALLREDUCE, op, tensors);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allreduce_coalesced(std::vector<at::Tensor>& tensors,
@@ -321,22 +331,21 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allreduce_coalesced(std::vector<
       }
       c10d::AllreduceCoalescedOptions sum = opts;
       sum.reduceOp = c10d::ReduceOp::SUM;
-      inner->allreduce_coalesced(copies, sum)->wait();
+      wait_for(inner->allreduce_coalesced(copies, sum));
       for (size_t i = 0; i < tensors.size(); ++i) {
         if (opts.reduceOp.op_ == c10d::ReduceOp::AVG) copies[i].div_(size_);
         tensors[i].copy_(copies[i]);
       }
-      work = c10::make_intrusive<FP8Work>(rank_, c10d::OpType::ALLREDUCE_COALESCED, tensors);
+      work = c10::make_intrusive<FP8Work>(rank_, c10d::OpType::ALLREDUCE_COALESCED, op, tensors);
     } else {
-      work = inner->allreduce_coalesced(tensors, opts);
+      work = passed(inner->allreduce_coalesced(tensors, opts), c10d::OpType::ALLREDUCE_COALESCED, op, tensors);
     }
     record(op, false, plain, plain);
     return work;
   }
   // One compressed all_reduce of the concatenation, like a DDP bucket.
-  auto work = run(c10d::OpType::ALLREDUCE_COALESCED, tensors[0].device(), opts.asyncOp,
-                  withFactor(tensors, opts.reduceOp, red), tensors, [&] {
-                    Transport transport(inner, rank_, size_, opts.timeout, op);
+  auto work = run(c10d::OpType::ALLREDUCE_COALESCED, op, tensors[0].device(), opts.asyncOp, opts.timeout,
+                  withFactor(tensors, opts.reduceOp, red), tensors, [&](Transport& transport) {
                     std::vector<at::Tensor> flat_views;
                     for (const auto& t : tensors) flat_views.push_back(t.reshape({-1}));
                     at::Tensor flat = at::cat(flat_views);
@@ -370,17 +379,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::reduceScatterBasePassthrough(at:
                                                                             const char* op) {
   auto inner = innerFor(input.device(), op);
   const bool emulate = avg_or_premul(opts.reduceOp) && emulable(input) && transportLacksAvgAndPremul(input.device());
-  if (!emulate) return inner->_reduce_scatter_base(output, input, opts);
+  if (!emulate) {
+    return passed(inner->_reduce_scatter_base(output, input, opts), c10d::OpType::_REDUCE_SCATTER_BASE, op, {output});
+  }
   at::Tensor scaled = opts.reduceOp.op_ == c10d::ReduceOp::PREMUL_SUM
                           ? premultiplied(op, input, opts.reduceOp).contiguous()
                           : contiguous_or_self(input);
   at::Tensor result = at::empty(output.sizes(), output.options());
   c10d::ReduceScatterOptions sum = opts;
   sum.reduceOp = c10d::ReduceOp::SUM;
-  inner->_reduce_scatter_base(result, scaled, sum)->wait();
+  wait_for(inner->_reduce_scatter_base(result, scaled, sum));
   if (opts.reduceOp.op_ == c10d::ReduceOp::AVG) result.div_(size_);
   output.copy_(result);
-  return c10::make_intrusive<FP8Work>(rank_, c10d::OpType::_REDUCE_SCATTER_BASE, std::vector<at::Tensor>{output});
+  return c10::make_intrusive<FP8Work>(rank_, c10d::OpType::_REDUCE_SCATTER_BASE, op, std::vector<at::Tensor>{output});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
@@ -402,14 +413,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::reduceScatterBase(at::Tensor& ou
     return work;
   }
   check_dense(op, output);
-  auto work = run(c10d::OpType::_REDUCE_SCATTER_BASE, input.device(), opts.asyncOp,
-                  withFactor({input, output}, opts.reduceOp, red), {output}, [&] {
-                    Transport transport(inner, rank_, size_, opts.timeout, op);
+  auto work = run(c10d::OpType::_REDUCE_SCATTER_BASE, op, input.device(), opts.asyncOp, opts.timeout,
+                  withFactor({input, output}, opts.reduceOp, red), {output}, [&](Transport& transport) {
                     at::Tensor out = contiguous_or_self(output);
                     reduceScatterCompressed(transport, out, {contiguous_or_self(input)}, *red, op);
                     write_back(output, out);
                   });
-  record(op, true, (P - 1) * wireSegmentBytes(output.device(), output.numel()), plain);
+  record(op, true, (P - 1) * wireSegmentBytes(output.device().type(), output.numel()), plain);
   return work;
 }
 
@@ -440,26 +450,25 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::reduce_scatter(std::vector<at::T
       std::vector<at::Tensor> flat_inputs;
       for (const auto& in : inputs[0]) flat_inputs.push_back(in.reshape({-1}));
       at::Tensor flat = at::cat(flat_inputs);
-      reduceScatterBasePassthrough(output, flat, opts, op)->wait();
-      work = c10::make_intrusive<FP8Work>(rank_, c10d::OpType::REDUCE_SCATTER, outputs);
+      wait_for(reduceScatterBasePassthrough(output, flat, opts, op));
+      work = c10::make_intrusive<FP8Work>(rank_, c10d::OpType::REDUCE_SCATTER, op, outputs);
     } else {
-      work = inner->reduce_scatter(outputs, inputs, opts);
+      work = passed(inner->reduce_scatter(outputs, inputs, opts), c10d::OpType::REDUCE_SCATTER, op, outputs);
     }
     record(op, false, plain, plain);
     return work;
   }
   std::vector<at::Tensor> user = inputs[0];
   user.push_back(output);
-  auto work = run(c10d::OpType::REDUCE_SCATTER, output.device(), opts.asyncOp,
-                  withFactor(user, opts.reduceOp, red), outputs, [&] {
-                    Transport transport(inner, rank_, size_, opts.timeout, op);
+  auto work = run(c10d::OpType::REDUCE_SCATTER, op, output.device(), opts.asyncOp, opts.timeout,
+                  withFactor(user, opts.reduceOp, red), outputs, [&](Transport& transport) {
                     std::vector<at::Tensor> segments;
                     for (const auto& in : inputs[0]) segments.push_back(contiguous_or_self(in));
                     at::Tensor out = contiguous_or_self(output);
                     reduceScatterCompressed(transport, out, segments, *red, op);
                     write_back(output, out);
                   });
-  record(op, true, (P - 1) * wireSegmentBytes(output.device(), output.numel()), plain);
+  record(op, true, (P - 1) * wireSegmentBytes(output.device().type(), output.numel()), plain);
   return work;
 }
 
@@ -487,15 +496,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::reduce_scatter_tensor_coalesced(
   if (!any && !emulate) {
     auto work = inner->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
     for (const auto& out : outputs) record(op, false, (size_ - 1) * bytes_of(out), (size_ - 1) * bytes_of(out));
-    return work;
+    return passed(std::move(work), c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, op, outputs);
   }
   std::vector<at::Tensor> user = inputs;
   user.insert(user.end(), outputs.begin(), outputs.end());
+  // Each pair runs after the previous one on this call's stream; its Work is
+  // kept, so that its errors are this call's.
   c10d::ReduceScatterOptions one = opts;
-  one.asyncOp = false;  // each step runs on this call's stream
-  return run(c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, inputs[0].device(), opts.asyncOp,
-             withFactor(user, opts.reduceOp, red), outputs, [&] {
-               for (size_t i = 0; i < inputs.size(); ++i) reduceScatterBase(outputs[i], inputs[i], one, op)->wait();
+  one.asyncOp = true;
+  return run(c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, op, inputs[0].device(), opts.asyncOp, opts.timeout,
+             withFactor(user, opts.reduceOp, red), outputs, [&](Transport& transport) {
+               for (size_t i = 0; i < inputs.size(); ++i) {
+                 transport.wait(reduceScatterBase(outputs[i], inputs[i], one, op), "reduce_scatter");
+               }
              });
 }
 
@@ -524,16 +537,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allgatherBase(at::Tensor& output
     at::Tensor in = as_bytes_if_fp8(input);
     auto work = inner->_allgather_base(out, in, opts);
     record(op, false, plain, plain);
-    return work;
+    return passed(std::move(work), c10d::OpType::_ALLGATHER_BASE, op, {output});
   }
   check_dense(op, output);
-  auto work = run(c10d::OpType::_ALLGATHER_BASE, input.device(), opts.asyncOp, {input, output}, {output}, [&] {
-    Transport transport(inner, rank_, size_, opts.timeout, op);
+  auto work = run(c10d::OpType::_ALLGATHER_BASE, op, input.device(), opts.asyncOp, opts.timeout, {input, output},
+                  {output}, [&](Transport& transport) {
     at::Tensor out = contiguous_or_self(output);
     allgatherCompressed(transport, {out}, contiguous_or_self(input), op);
     write_back(output, out);
   });
-  record(op, true, (P - 1) * wireSegmentBytes(input.device(), input.numel()), plain);
+  record(op, true, (P - 1) * wireSegmentBytes(input.device().type(), input.numel()), plain);
   return work;
 }
 
@@ -560,18 +573,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allgather(std::vector<std::vecto
     auto ins = as_bytes_if_fp8(inputs);
     auto work = inner->allgather(outs, ins, opts);
     record(op, false, plain, plain);
-    return work;
+    return passed(std::move(work), c10d::OpType::ALLGATHER, op, outputs[0]);
   }
   std::vector<at::Tensor> user = outputs[0];
   user.push_back(input);
-  auto work = run(c10d::OpType::ALLGATHER, input.device(), opts.asyncOp, user, outputs[0], [&] {
-    Transport transport(inner, rank_, size_, opts.timeout, op);
+  auto work = run(c10d::OpType::ALLGATHER, op, input.device(), opts.asyncOp, opts.timeout, user, outputs[0],
+                  [&](Transport& transport) {
     std::vector<at::Tensor> outs;
     for (const auto& out : outputs[0]) outs.push_back(contiguous_or_self(out));
     allgatherCompressed(transport, outs, contiguous_or_self(input), op);
     for (size_t r = 0; r < outs.size(); ++r) write_back(outputs[0][r], outs[r]);
   });
-  record(op, true, (P - 1) * wireSegmentBytes(input.device(), input.numel()), plain);
+  record(op, true, (P - 1) * wireSegmentBytes(input.device().type(), input.numel()), plain);
   return work;
 }
 
@@ -596,15 +609,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allgather_into_tensor_coalesced(
     auto ins = as_bytes_if_fp8(inputs);
     auto work = inner->allgather_into_tensor_coalesced(outs, ins, opts);
     for (const auto& in : inputs) record(op, false, (size_ - 1) * bytes_of(in), (size_ - 1) * bytes_of(in));
-    return work;
+    return passed(std::move(work), c10d::OpType::ALLGATHER_COALESCED, op, outputs);
   }
   std::vector<at::Tensor> user = inputs;
   user.insert(user.end(), outputs.begin(), outputs.end());
   c10d::AllgatherOptions one = opts;
-  one.asyncOp = false;
-  return run(c10d::OpType::ALLGATHER_COALESCED, inputs[0].device(), opts.asyncOp, user, outputs, [&] {
-    for (size_t i = 0; i < inputs.size(); ++i) allgatherBase(outputs[i], inputs[i], one, op)->wait();
-  });
+  one.asyncOp = true;
+  return run(c10d::OpType::ALLGATHER_COALESCED, op, inputs[0].device(), opts.asyncOp, opts.timeout, user, outputs,
+             [&](Transport& transport) {
+               for (size_t i = 0; i < inputs.size(); ++i) {
+                 transport.wait(allgatherBase(outputs[i], inputs[i], one, op), "all_gather");
+               }
+             });
 }
 
 // ------------------------------------------------------------ exact passthrough
@@ -614,7 +630,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::broadcast(std::vector<at::Tensor
   auto ts = as_bytes_if_fp8(tensors);
   auto work = innerFor(tensors.at(0).device(), "broadcast")->broadcast(ts, opts);
   record("broadcast", false, 0, 0);
-  return work;
+  return passed(std::move(work), c10d::OpType::BROADCAST, "broadcast", tensors);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::reduce(std::vector<at::Tensor>& tensors,
@@ -623,7 +639,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::reduce(std::vector<at::Tensor>& 
   check_writable("reduce", tensors, "a tensor");
   auto work = innerFor(tensors.at(0).device(), "reduce")->reduce(tensors, opts);
   record("reduce", false, 0, 0);
-  return work;
+  return passed(std::move(work), c10d::OpType::REDUCE, "reduce", tensors);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
@@ -635,7 +651,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allgather_coalesced(std::vector<
   auto ins = as_bytes_if_fp8(inputs);
   auto work = innerFor(inputs.at(0).device(), "all_gather_coalesced")->allgather_coalesced(outs, ins, opts);
   record("all_gather_coalesced", false, plain, plain);
-  return work;
+  return passed(std::move(work), c10d::OpType::ALLGATHER_COALESCED, "all_gather_coalesced", {});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::gather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -646,7 +662,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::gather(std::vector<std::vector<a
   auto ins = as_bytes_if_fp8(inputs);
   auto work = innerFor(inputs.at(0).device(), "gather")->gather(outs, ins, opts);
   record("gather", false, 0, 0);
-  return work;
+  return passed(std::move(work), c10d::OpType::GATHER, "gather", {});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::scatter(std::vector<at::Tensor>& outputs,
@@ -657,7 +673,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::scatter(std::vector<at::Tensor>&
   auto ins = as_bytes_if_fp8(inputs);
   auto work = innerFor(outputs.at(0).device(), "scatter")->scatter(outs, ins, opts);
   record("scatter", false, 0, 0);
-  return work;
+  return passed(std::move(work), c10d::OpType::SCATTER, "scatter", outputs);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::alltoall_base(at::Tensor& output, at::Tensor& input,
@@ -671,7 +687,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::alltoall_base(at::Tensor& output
   auto work =
       innerFor(input.device(), "all_to_all")->alltoall_base(out, in, output_split_sizes, input_split_sizes, opts);
   record("all_to_all", false, plain, plain);
-  return work;
+  return passed(std::move(work), c10d::OpType::ALLTOALL_BASE, "all_to_all", {output});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::alltoall(std::vector<at::Tensor>& outputs,
@@ -683,14 +699,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::alltoall(std::vector<at::Tensor>
   auto ins = as_bytes_if_fp8(inputs);
   auto work = innerFor(inputs.at(0).device(), "all_to_all")->alltoall(outs, ins, opts);
   record("all_to_all", false, plain, plain);
-  return work;
+  return passed(std::move(work), c10d::OpType::ALLTOALL, "all_to_all", outputs);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
   auto ts = as_bytes_if_fp8(tensors);
   auto work = innerFor(tensors.at(0).device(), "send")->send(ts, dst_rank, tag);
   record("send", false, bytes_of(tensors), bytes_of(tensors));
-  return work;
+  return passed(std::move(work), c10d::OpType::SEND, "send", tensors);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
@@ -698,7 +714,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::recv(std::vector<at::Tensor>& te
   auto ts = as_bytes_if_fp8(tensors);
   auto work = innerFor(tensors.at(0).device(), "recv")->recv(ts, src_rank, tag);
   record("recv", false, 0, 0);
-  return work;
+  return passed(std::move(work), c10d::OpType::RECV, "recv", tensors);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
@@ -706,13 +722,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::recvAnysource(std::vector<at::Te
   auto ts = as_bytes_if_fp8(tensors);
   auto work = innerFor(tensors.at(0).device(), "recv")->recvAnysource(ts, tag);
   record("recv", false, 0, 0);
-  return work;
+  return passed(std::move(work), c10d::OpType::RECVANYSOURCE, "recv", tensors);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::barrier(const c10d::BarrierOptions& opts) {
   auto work = opts.device ? innerFor(*opts.device, "barrier")->barrier(opts) : defaultInner("barrier")->barrier(opts);
   record("barrier", false, 0, 0);
-  return work;
+  return passed(std::move(work), c10d::OpType::BARRIER, "barrier", {});
 }
 
 void ProcessGroupFP8::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
@@ -759,7 +775,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::endCoalescing() {
     if (last) last->wait();
     last = work;
   }
-  if (!last) last = c10::make_intrusive<FP8Work>(rank_, c10d::OpType::COALESCED, std::vector<at::Tensor>{});
+  if (!last) last = c10::make_intrusive<FP8Work>(rank_, c10d::OpType::COALESCED, "coalesced", std::vector<at::Tensor>{});
   return last;
 }
 

@@ -16,6 +16,7 @@
 #include "../codec/codec.h"
 #include "options.h"
 #include "stats.h"
+#include "transport_traits.h"
 #include "workspace.h"
 
 namespace fp8comm {
@@ -28,6 +29,10 @@ class ProcessGroupFP8 : public c10d::Backend {
   void addTransport(c10::DeviceType device_type, c10::intrusive_ptr<c10d::Backend> inner);
   bool hasTransport(c10::DeviceType device_type) const;
   c10::intrusive_ptr<c10d::Backend> transport(c10::DeviceType device_type) const;
+  // What the algorithms know of that transport (transport_traits.h).
+  TransportTraits traitsFor(c10::DeviceType device_type) const;
+  // Bytes one wire segment of m elements takes over that transport.
+  int64_t wireSegmentBytes(c10::DeviceType device_type, int64_t m) const;
 
   const FP8Options& options() const { return options_; }
   Stats& stats() { return stats_; }
@@ -107,11 +112,12 @@ class ProcessGroupFP8 : public c10d::Backend {
   static std::vector<at::Tensor> withFactor(std::vector<at::Tensor> tensors, const c10d::ReduceOp& op,
                                             const std::optional<Reduction>& red);
 
-  // Runs `body` (the compressed algorithm) inline on the CPU or on the side
-  // stream of a CUDA device, and returns its Work.
+  // Runs `body(Transport&)` (the compressed algorithm) inline on the CPU or
+  // on the side stream of a CUDA device, one call at a time, and returns its
+  // Work, which holds the inner Works of its phases.
   template <typename Body>
-  c10::intrusive_ptr<c10d::Work> run(c10d::OpType op, const at::Device& device, bool async_op,
-                                     const std::vector<at::Tensor>& user_tensors,
+  c10::intrusive_ptr<c10d::Work> run(c10d::OpType op_type, const char* op, const at::Device& device, bool async_op,
+                                     std::chrono::milliseconds timeout, const std::vector<at::Tensor>& user_tensors,
                                      std::vector<at::Tensor> outputs, Body&& body);
   c10::Stream sideStream(const at::Device& device);
 
@@ -132,7 +138,6 @@ class ProcessGroupFP8 : public c10d::Backend {
   // What the algorithms send: a wire segment of m elements on `device`, the
   // chunks of an all_reduce, and the bytes this rank sends for one (stats).
   struct Chunk;
-  int64_t wireSegmentBytes(const at::Device& device, int64_t m) const;
   // (`like`: the tensor's device and dtype)
   std::vector<Chunk> allreduceChunks(const at::Tensor& like, int64_t numel) const;
   int64_t allreduceWireBytes(const at::Tensor& like, int64_t numel) const;
@@ -155,18 +160,20 @@ class ProcessGroupFP8 : public c10d::Backend {
   void checkAllgatherBase(const char* op, const at::Tensor& output, const at::Tensor& input) const;
   bool transportLacksAvgAndPremul(const at::Device& device) const;
 
-  BlockCodes wire(const at::Tensor& bytes, int64_t num_segments, int64_t segment_numel) const;
+  c10::intrusive_ptr<c10d::Work> passed(c10::intrusive_ptr<c10d::Work> work, c10d::OpType type, const char* op,
+                                        std::vector<at::Tensor> outputs) const;
+  BlockCodes wire(const Transport& t, const at::Tensor& bytes, int64_t num_segments, int64_t segment_numel) const;
   void record(const char* op, bool compressed, int64_t bytes_sent, int64_t bytes_uncompressed);
 
   const FP8Options options_;
   Stats stats_;
   mutable std::mutex mutex_;
   std::map<c10::DeviceType, c10::intrusive_ptr<c10d::Backend>> inner_;
+  std::map<c10::DeviceType, TransportTraits> traits_;
   std::map<c10::DeviceIndex, c10::Stream> side_streams_;
   std::vector<c10::intrusive_ptr<c10d::Backend>> coalescing_;
-  // CPU collectives run in the calling thread and share the workspace: one at
-  // a time (recursive: coalesced calls run their parts through run() again).
-  std::recursive_mutex cpu_mutex_;
+  // Held by run(): one compressed call at a time (CPU ones also share the workspace).
+  std::recursive_mutex call_mutex_;
   Workspace workspace_;
 };
 

@@ -1,11 +1,14 @@
 #pragma once
-// The 16 bytes in front of every wire segment of a CPU collective: which
+// The 16 bytes in front of every wire segment of a host-memory transport
+// (TransportTraits::segment_headers: gloo on the CPU): which
 // phase of which collective it belongs to, the format, and the collective's
 // size. The receiving rank checks them before it reads a piece, so ranks that
 // called with different sizes or options get an error naming the rank, not a
 // silently wrong result (gloo accepts a message shorter than the buffer
-// posted for it). CUDA segments carry none: checking them would block the
-// host; NCCL's own behaviour, and TORCH_DISTRIBUTED_DEBUG=DETAIL, apply there.
+// posted for it). Device-memory segments carry none: checking them would
+// block the host; there the options fingerprint that every rank checks at
+// group creation (fp8comm/backend.py), NCCL's own behaviour and
+// TORCH_DISTRIBUTED_DEBUG=DETAIL apply.
 #include <c10/core/Device.h>
 
 #include <stdint.h>
@@ -31,9 +34,6 @@ struct SegmentHeader {
       : phase(p), format(static_cast<uint8_t>(f)), block_size(static_cast<uint16_t>(block)), numel(n) {}
 };
 static_assert(sizeof(SegmentHeader) == 16, "the header is 16 bytes on the wire");
-
-// Header bytes in front of each segment of tensors on `device`.
-inline int64_t header_bytes(const c10::Device& device) { return device.is_cpu() ? 16 : 0; }
 
 // Writes `h` in front of `count` segments, `stride` bytes apart from `base`.
 void write_headers(uint8_t* base, int64_t count, int64_t stride, const SegmentHeader& h);

@@ -1,0 +1,99 @@
+#pragma once
+// A transport for tests: torch's ProcessGroupGloo made to behave as
+// ProcessGroupNCCL does wherever a backend that wraps it can tell, so that CI
+// runs fp8nccl's exact algorithm path on CPU processes (fp8comm.testing
+// registers it as the "fp8ncclsim" backend).
+//
+// - It is named "nccl", so ProcessGroupFP8 gives it NCCL's traits
+//   (transport_traits.h): no segment headers, in-place _allgather_base, one
+//   all_reduce chunk, AVG and PREMUL_SUM reduced by the transport.
+// - A synchronous call (asyncOp false) returns no Work, as
+//   ProcessGroupNCCL does: its op is done (or has raised) when it returns.
+// - An asynchronous call returns gloo's Work: wait(), exception(),
+//   isSuccess() and its future report the peer's death or the timeout, as
+//   WorkNCCL does under TORCH_NCCL_BLOCKING_WAIT.
+// - AVG and PREMUL_SUM are reduced as an exact SUM of premultiplied copies,
+//   divided for AVG, written to the outputs once the SUM is through.
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+namespace fp8comm {
+
+class NcclLikeBackend : public c10d::Backend {
+ public:
+  explicit NcclLikeBackend(c10::intrusive_ptr<c10d::Backend> gloo);
+
+  const std::string getBackendName() const override { return "nccl"; }
+  c10::intrusive_ptr<c10d::Backend> inner() const { return gloo_; }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_split_sizes,
+                                               std::vector<int64_t>& input_split_sizes,
+                                               const c10d::AllToAllOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts = {}) override;
+
+  void setTimeout(std::chrono::milliseconds timeout) override { gloo_->setTimeout(timeout); }
+  void abort() override { gloo_->abort(); }
+  void shutdown() override { gloo_->shutdown(); }
+  void setGroupUid(const std::string& pg_uid) override;
+  void setSequenceNumberForGroup() override { gloo_->setSequenceNumberForGroup(); }
+  uint64_t getSequenceNumberForGroup() override { return gloo_->getSequenceNumberForGroup(); }
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks = false) override {
+    gloo_->monitoredBarrier(opts, wait_all_ranks);
+  }
+
+ private:
+  // What ProcessGroupNCCL returns for a call with `async_op`: the Work, or
+  // none once the op is through.
+  c10::intrusive_ptr<c10d::Work> returned(c10::intrusive_ptr<c10d::Work> work, bool async_op) const;
+  // A completed Work for calls this class finished itself.
+  c10::intrusive_ptr<c10d::Work> done(bool async_op, c10d::OpType type, std::vector<at::Tensor> outputs) const;
+  // Inputs as the SUM reads them: premultiplied copies for PREMUL_SUM, the
+  // inputs themselves otherwise.
+  static std::vector<at::Tensor> sumInputs(const char* op, const std::vector<at::Tensor>& inputs,
+                                           const c10d::ReduceOp& reduce_op);
+  // Writes the SUM's results into the outputs, divided by the group size for AVG.
+  void writeResults(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& sums,
+                    const c10d::ReduceOp& reduce_op) const;
+
+  c10::intrusive_ptr<c10d::Backend> gloo_;
+};
+
+}  // namespace fp8comm
