@@ -16,6 +16,7 @@
 
 #include "chunk_io_cuda.cuh"
 #include "codec.h"
+#include "launch_cuda.cuh"
 
 namespace fp8comm {
 namespace {
@@ -47,7 +48,10 @@ __device__ __forceinline__ void store_chunk(Storage<E>* p, int valid, const floa
       q[k] = w;
     }
   } else {
-    for (int t = 0; t < valid; ++t) p[t] = Elem<E>::store(v[t]);
+#pragma unroll
+    for (int t = 0; t < kChunk; ++t) {
+      if (t < valid) p[t] = Elem<E>::store(v[t]);  // static indices: v stays in registers
+    }
   }
 }
 
@@ -242,10 +246,11 @@ int launch_quantize(const Source& source, const BlockCodes& dst, cudaStream_t st
   if (total_blocks == 0) return 0;
   const int lanes = dst.block_size / kChunk;
   if (lanes <= 32 && (lanes & (lanes - 1)) == 0) {
-    quantize_shuffle_kernel<Source, F>
-        <<<grid_for(total_blocks * lanes), kThreads, 0, stream>>>(source, dst, total_blocks, lanes);
+    FP8C_LAUNCH(grid_for(total_blocks * lanes), kThreads, 0, stream, quantize_shuffle_kernel<Source, F>)(
+        source, dst, total_blocks, lanes);
   } else {
-    quantize_warp_kernel<Source, F><<<grid_for(total_blocks * 32), kThreads, 0, stream>>>(source, dst, total_blocks);
+    FP8C_LAUNCH(grid_for(total_blocks * 32), kThreads, 0, stream, quantize_warp_kernel<Source, F>)(
+        source, dst, total_blocks);
   }
   return static_cast<int>(cudaGetLastError());
 }
@@ -323,7 +328,7 @@ int dequantize_cuda(const BlockCodes& src, void* dst, ElemType type, int64_t num
   return with_types(type, src.format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
     constexpr Fp8Format F = decltype(f)::value;
-    dequantize_kernel<E, F><<<grid_for(total), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+    FP8C_LAUNCH(grid_for(total), kThreads, 0, static_cast<cudaStream_t>(stream), dequantize_kernel<E, F>)(
         src, static_cast<Storage<E>*>(dst), numel, chunks_per_segment);
     return static_cast<int>(cudaGetLastError());
   });
@@ -336,9 +341,8 @@ int dequant_sum_cuda(const BlockCodes& pieces, const OwnAddend& own, int post_di
   return with_types(type, pieces.format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
     constexpr Fp8Format F = decltype(f)::value;
-    dequant_sum_kernel<E, F><<<grid_for((numel + kChunk - 1) / kChunk), kThreads, 0,
-                                static_cast<cudaStream_t>(stream)>>>(pieces, own, post_div,
-                                                                     static_cast<Storage<E>*>(dst), numel);
+    FP8C_LAUNCH(grid_for((numel + kChunk - 1) / kChunk), kThreads, 0, static_cast<cudaStream_t>(stream),
+                dequant_sum_kernel<E, F>)(pieces, own, post_div, static_cast<Storage<E>*>(dst), numel);
     return static_cast<int>(cudaGetLastError());
   });
 }

@@ -23,6 +23,7 @@
 #include <type_traits>
 
 #include "../codec/chunk_io_cuda.cuh"
+#include "../codec/launch_cuda.cuh"
 #include "cast.h"
 
 namespace fp8comm {
@@ -273,30 +274,30 @@ int launch(const CastArgs& a, cudaStream_t stream) {
     if (amax == nullptr) {
       err = cudaMemsetAsync(a.workspace, 0, sizeof(uint32_t), stream);
       if (err != cudaSuccess) return static_cast<int>(err);
-      amax_flat_kernel<E><<<grid_for(chunks, kThreads, cap), kThreads, 0, stream>>>(src, n, a.workspace);
+      FP8C_LAUNCH(grid_for(chunks, kThreads, cap), kThreads, 0, stream, amax_flat_kernel<E>)(src, n, a.workspace);
       amax = reinterpret_cast<const float*>(a.workspace);
     }
     if (a.data_t != nullptr) {
-      cast_tile_kernel<E, F, false><<<grid_for(g.total, 1, cap), kThreads, 0, stream>>>(
+      FP8C_LAUNCH(grid_for(g.total, 1, cap), kThreads, 0, stream, cast_tile_kernel<E, F, false>)(
           src, g, amax, nullptr, nullptr, a.data, a.inv_scale, a.data_t, a.inv_scale_t);
     } else {
-      cast_flat_kernel<E, F><<<grid_for(chunks, kThreads, cap), kThreads, 0, stream>>>(src, n, amax, a.data,
-                                                                                        a.inv_scale);
+      FP8C_LAUNCH(grid_for(chunks, kThreads, cap), kThreads, 0, stream, cast_flat_kernel<E, F>)(src, n, amax, a.data,
+                                                                                               a.inv_scale);
     }
     return static_cast<int>(cudaGetLastError());
   }
   if (a.data_t == nullptr) {
-    cast_rows_kernel<E, F><<<grid_for(a.rows, kThreads / 32, cap), kThreads, 0, stream>>>(src, a.rows, a.cols,
-                                                                                           a.data, a.inv_scale);
+    FP8C_LAUNCH(grid_for(a.rows, kThreads / 32, cap), kThreads, 0, stream, cast_rows_kernel<E, F>)(
+        src, a.rows, a.cols, a.data, a.inv_scale);
     return static_cast<int>(cudaGetLastError());
   }
   uint32_t* row_amax = a.workspace;
   uint32_t* col_amax = a.workspace + a.rows;
   err = cudaMemsetAsync(a.workspace, 0, sizeof(uint32_t) * (a.rows + a.cols), stream);
   if (err != cudaSuccess) return static_cast<int>(err);
-  amax_tile_kernel<E><<<grid_for(g.total, 1, cap), kThreads, 0, stream>>>(
+  FP8C_LAUNCH(grid_for(g.total, 1, cap), kThreads, 0, stream, amax_tile_kernel<E>)(
       src, g, a.data != nullptr ? row_amax : nullptr, col_amax);
-  cast_tile_kernel<E, F, true><<<grid_for(g.total, 1, cap), kThreads, 0, stream>>>(
+  FP8C_LAUNCH(grid_for(g.total, 1, cap), kThreads, 0, stream, cast_tile_kernel<E, F, true>)(
       src, g, nullptr, row_amax, col_amax, a.data, a.inv_scale, a.data_t, a.inv_scale_t);
   return static_cast<int>(cudaGetLastError());
 }
