@@ -1,0 +1,103 @@
+"""How setup.py builds fp8comm._C: with the CUDA kernels or CPU-only.
+
+Kept apart from setup.py so the decision is a pure function that tests can
+call without running setup() (tests/test_build_config.py); setup.py loads this
+file by its path. It imports nothing outside the standard library.
+
+The CUDA build needs a CUDA torch and an nvcc whose major version equals
+torch's CUDA major version: torch.utils.cpp_extension refuses to build with a
+mismatched major version, which would fail the whole install. In that case the
+CPU-only extension is built instead, with a warning that says how to get the
+CUDA one.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from typing import Mapping, NamedTuple
+
+# Hopper SASS plus compute_90 PTX, so GPUs newer than Hopper can JIT the kernels
+# (SASS alone has no image for them).
+DEFAULT_ARCH_LIST = "9.0+PTX"
+WARNING_PREFIX = "fp8comm setup: WARNING:"
+
+_NVCC_RELEASE = re.compile(r"release (\d+)\.(\d+)")
+
+
+class BuildPlan(NamedTuple):
+    cuda: bool  # build the CUDAExtension (else the CppExtension, CPU only)
+    arch_list: str | None  # TORCH_CUDA_ARCH_LIST for the CUDA build; None for CPU
+    reason: str  # one line: why this plan
+    warnings: tuple[str, ...] = ()  # each starts with WARNING_PREFIX
+
+
+def parse_nvcc_version(text: str) -> tuple[int, int] | None:
+    """(major, minor) from `nvcc --version` output ("... release 12.4, V12.4.131"), or None."""
+    m = _NVCC_RELEASE.search(text or "")
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def nvcc_version(cuda_home: str | None) -> tuple[int, int] | None:
+    """(major, minor) of CUDA_HOME's nvcc, or None when there is none or it does not answer."""
+    if not cuda_home:
+        return None
+    for name in ("nvcc", "nvcc.exe"):
+        path = os.path.join(cuda_home, "bin", name)
+        if os.path.isfile(path):
+            try:
+                out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60)
+            except (OSError, subprocess.SubprocessError):
+                return None
+            return parse_nvcc_version(out.stdout + out.stderr)
+    return None
+
+
+def _major(version: str) -> int | None:
+    m = re.match(r"\s*(\d+)", version or "")
+    return int(m.group(1)) if m else None
+
+
+def decide(
+    torch_cuda: str | None,
+    cuda_home: str | None,
+    nvcc: tuple[int, int] | None,
+    env: Mapping[str, str],
+) -> BuildPlan:
+    """The build plan.
+
+    torch_cuda: torch.version.cuda ("12.8"; None for a CPU torch).
+    cuda_home: torch.utils.cpp_extension.CUDA_HOME (None when no toolkit was found).
+    nvcc: nvcc_version(cuda_home).
+    env: the environment (FP8COMM_FORCE_CPU, TORCH_CUDA_ARCH_LIST).
+    """
+    if env.get("FP8COMM_FORCE_CPU", "0") == "1":
+        return BuildPlan(False, None, "FP8COMM_FORCE_CPU=1: CPU-only build")
+    if torch_cuda is None:
+        return BuildPlan(False, None, "torch is a CPU build: CPU-only build")
+    how = (
+        f"install a CUDA {_major(torch_cuda)}.x toolkit and set CUDA_HOME to it, "
+        "or set FP8COMM_FORCE_CPU=1 to build CPU-only without this warning"
+    )
+    if not cuda_home:
+        return BuildPlan(False, None, "no CUDA toolkit found: CPU-only build", (
+            f"{WARNING_PREFIX} torch has CUDA {torch_cuda} but no CUDA toolkit (nvcc) was found, so fp8comm "
+            f"is built WITHOUT its CUDA kernels (fp8comm._C.has_cuda is False). To build them, {how}.",
+        ))
+    if nvcc is None:
+        return BuildPlan(False, None, "nvcc did not report a version: CPU-only build", (
+            f"{WARNING_PREFIX} {os.path.join(cuda_home, 'bin', 'nvcc')} is missing or did not report its "
+            f"version, so fp8comm is built WITHOUT its CUDA kernels (fp8comm._C.has_cuda is False). "
+            f"To build them, {how}.",
+        ))
+    if nvcc[0] != _major(torch_cuda):
+        return BuildPlan(False, None, "nvcc and torch's CUDA differ in major version: CPU-only build", (
+            f"{WARNING_PREFIX} nvcc {nvcc[0]}.{nvcc[1]} (CUDA_HOME={cuda_home}) does not match the CUDA "
+            f"{torch_cuda} that torch was built with (major versions differ, which torch.utils.cpp_extension "
+            f"refuses), so fp8comm is built WITHOUT its CUDA kernels (fp8comm._C.has_cuda is False). "
+            f"To build them, {how}.",
+        ))
+    user_arch = (env.get("TORCH_CUDA_ARCH_LIST") or "").strip()
+    arch = user_arch or DEFAULT_ARCH_LIST
+    why = "TORCH_CUDA_ARCH_LIST from the environment" if user_arch else "default TORCH_CUDA_ARCH_LIST"
+    return BuildPlan(True, arch, f"CUDA build: torch CUDA {torch_cuda}, nvcc {nvcc[0]}.{nvcc[1]}, {why} {arch!r}")
