@@ -31,6 +31,17 @@ def transport_facts():
     return be.transport_traits("cpu"), inner_work is None, outer_work is None
 
 
+def one_at_a_time(group, kind: str, outs, xs):
+    """The pairs (outs[i], xs[i]) as separate calls, into new outputs."""
+    singles = [torch.empty_like(o) for o in outs]
+    for out, x in zip(singles, xs):
+        if kind == "reduce_scatter":
+            dist.reduce_scatter_tensor(out, x, group=group)
+        else:
+            dist.all_gather_into_tensor(out, x, group=group)
+    return singles
+
+
 def coalesced_mix(kind: str):
     """A coalesced reduce_scatter or all_gather whose pairs are compressed,
     passed through (under min_numel) and compressed again. Returns (the
@@ -48,12 +59,7 @@ def coalesced_mix(kind: str):
             else:
                 dist.all_gather_into_tensor(out, x, group=c.group)
     stats = fp8comm.get_stats(c.group)
-    singles = [torch.empty_like(o) for o in outs]
-    for out, x in zip(singles, xs):
-        if kind == "reduce_scatter":
-            dist.reduce_scatter_tensor(out, x, group=c.group)
-        else:
-            dist.all_gather_into_tensor(out, x, group=c.group)
+    singles = one_at_a_time(c.group, kind, outs, xs)
     return outs, singles, stats
 
 
@@ -77,12 +83,7 @@ def coalesced_mix_direct(kind: str, async_op: bool):
         work = be.allgather_into_tensor_coalesced(outs, xs, opts)
     assert work is not None, "ProcessGroupFP8 returned no Work"
     work.wait()
-    singles = [torch.empty_like(o) for o in outs]
-    for out, x in zip(singles, xs):
-        if kind == "reduce_scatter":
-            dist.reduce_scatter_tensor(out, x, group=c.group)
-        else:
-            dist.all_gather_into_tensor(out, x, group=c.group)
+    singles = one_at_a_time(c.group, kind, outs, xs)
     return outs, singles
 
 
