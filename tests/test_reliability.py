@@ -149,7 +149,9 @@ def test_soak_mixed_collectives():
             assert counts.get(kind, 0) > 0 or ops < 400, (kind, counts)
         # After the first two fifths (warm-up: allocator pools and glibc's growing mmap threshold, the
         # workspace; in CI the first fifth alone still rose by ~20-30 MiB), no growth beyond 32 MiB.
-        assert marks[-1]["rss_kib"] <= marks[1]["rss_kib"] + 32 * 1024
+        # A leak raises every later mark; freed buffers that glibc has not returned yet can raise a
+        # single one, so the lower of the last two marks counts.
+        assert min(m["rss_kib"] for m in marks[-2:]) <= marks[1]["rss_kib"] + 32 * 1024, marks
         assert marks[-1]["fds"] <= marks[0]["fds"] + 2 and marks[-1]["threads"] <= marks[0]["threads"] + 2
     for _, _, _, _, digests in results[1:]:  # cross-rank agreement of every all_reduce / all_gather result
         assert digests == results[0][4]
