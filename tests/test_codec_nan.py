@@ -17,6 +17,7 @@ import torch
 import fp8comm
 from codec_reference import dequantize as ref_dequantize
 from codec_reference import quantize as ref_quantize
+from cpu_kernels import HAS_AVX2, HAS_AVX512
 from fp8comm import _C
 
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
@@ -31,21 +32,6 @@ NAN_INPUTS = {
     torch.bfloat16: [0x7FC1, 0xFFC1, 0x7F81, 0xFF81, 0x7FBF, 0x7FFF, 0xFFFF, 0xFFC0],
     torch.float16: [0x7E01, 0xFE01, 0x7C01, 0xFC01, 0x7DFF, 0x7FFF, 0xFFFF, 0xFE00],
 }
-
-
-def _can_switch_on(setter):
-    """Whether the codec runs a SIMD level on this CPU: it refuses to switch
-    on what the CPU lacks. The old setting is restored."""
-    try:
-        old = setter(True)
-    except RuntimeError:
-        return False
-    setter(old)
-    return True
-
-
-HAS_AVX2 = _can_switch_on(_C.set_cpu_simd)
-HAS_AVX512 = HAS_AVX2 and _can_switch_on(_C.set_cpu_avx512)
 
 
 @pytest.fixture(autouse=True, params=["scalar", "avx2", "avx512"])

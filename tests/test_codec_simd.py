@@ -11,25 +11,13 @@ import pytest
 import torch
 
 import fp8comm
+from cpu_kernels import HAS_AVX2, HAS_AVX512
 from fp8comm import _C
 
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 
-
-def _can_switch_on(setter):
-    """Whether the codec runs these kernels on this CPU; the old setting is restored."""
-    try:
-        old = setter(True)
-    except RuntimeError:
-        return False
-    setter(old)
-    return True
-
-
-HAS_AVX2 = _can_switch_on(_C.set_cpu_simd)
-HAS_AVX512 = HAS_AVX2 and _can_switch_on(_C.set_cpu_avx512)
 
 pytestmark = pytest.mark.skipif(not HAS_AVX2, reason="this CPU lacks AVX2 / F16C: the codec has no SIMD kernels here")
 
