@@ -2,6 +2,7 @@
 load, fuzz. They run on every rank of a DistPool."""
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import math
 import os
@@ -96,7 +97,18 @@ def mismatched_dtype():
     return x.dtype, sqnr_db(ref, x)
 
 
+def _release_freed_heap():
+    """Hands glibc's freed-but-cached heap pages back to the kernel, so that
+    RSS counts live memory: without it, which sizes happened to be freed
+    last decides how much cached heap RSS still shows."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: RSS includes the allocator's cache
+        pass
+
+
 def resources() -> dict:
+    _release_freed_heap()
     with open("/proc/self/status") as f:
         status = dict(line.split(":", 1) for line in f if ":" in line)
     return {

@@ -147,10 +147,9 @@ def test_soak_mixed_collectives():
         for kind in ("all_reduce_fp8", "all_reduce_exact", "reduce_scatter_tensor_fp8", "all_gather_tensor_fp8",
                      "all_gather_tensor_exact", "small_exact"):
             assert counts.get(kind, 0) > 0 or ops < 400, (kind, counts)
-        # After the first two fifths (warm-up: allocator pools and glibc's growing mmap threshold, the
-        # workspace; in CI the first fifth alone still rose by ~20-30 MiB), no growth beyond 32 MiB.
-        # A leak raises every later mark; freed buffers that glibc has not returned yet can raise a
-        # single one, so the lower of the last two marks counts.
+        # RSS is read after malloc_trim (live memory, not glibc's cache of freed sizes). After the
+        # first two fifths (warm-up: the workspace, allocator pools), no growth beyond 32 MiB; a
+        # leak raises every later mark, so the lower of the last two counts.
         assert min(m["rss_kib"] for m in marks[-2:]) <= marks[1]["rss_kib"] + 32 * 1024, marks
         assert marks[-1]["fds"] <= marks[0]["fds"] + 2 and marks[-1]["threads"] <= marks[0]["threads"] + 2
     for _, _, _, _, digests in results[1:]:  # cross-rank agreement of every all_reduce / all_gather result
