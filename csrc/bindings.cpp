@@ -6,7 +6,6 @@
 
 #include "backend/fp8_work.h"
 #include "backend/registry.h"
-#include "backend/segment_header.h"
 #include "codec/codec.h"
 #include "testing/nccl_like_backend.h"
 
@@ -32,16 +31,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("segment_bytes", &fp8comm::segment_bytes, py::arg("segment_numel"), py::arg("block_size"),
         "Bytes of one wire segment [scales][codes] holding segment_numel elements.");
 
-  m.def(
-      "wire_segment_bytes",
-      [](int64_t segment_numel, int64_t block_size, const std::string& device) {
-        const int64_t header = device_type_of(device) == c10::DeviceType::CPU ? sizeof(fp8comm::SegmentHeader) : 0;
-        return header + fp8comm::segment_bytes(segment_numel, block_size);
-      },
-      py::arg("segment_numel"), py::arg("block_size") = 32, py::arg("device") = "cpu",
-      "Bytes the backend sends for one segment of segment_numel elements over the device's default transport "
-      "(gloo on cpu: a 16-byte header naming the collective and size, checked by the receiver; nccl on cuda: "
-      "none), then [scales][codes].");
   m.def("cpu_simd_enabled", &fp8comm::cpu_simd_enabled,
         "Whether the CPU codec runs whole blocks through its AVX2 kernels.");
   m.def("set_cpu_simd", &fp8comm::set_cpu_simd, py::arg("enabled"),
@@ -70,17 +59,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(
           "wire_segment_bytes",
           [](ProcessGroupFP8& pg, int64_t segment_numel, const std::string& device) {
-            return pg.wireSegmentBytes(device_type_of(device), segment_numel);
+            return pg.wire_layout(device_type_of(device)).segment_bytes(segment_numel);
           },
           py::arg("segment_numel"), py::arg("device"),
           "Bytes this group sends for one segment of segment_numel elements over its transport for `device`.")
       .def(
           "transport_traits",
           [](ProcessGroupFP8& pg, const std::string& device) {
-            const fp8comm::TransportTraits t = pg.traitsFor(device_type_of(device));
+            const fp8comm::TransportTraits t = pg.traits_for(device_type_of(device));
             return py::dict(py::arg("segment_headers") = t.segment_headers,
                             py::arg("gather_by_all_to_all") = t.gather_by_all_to_all,
-                            py::arg("chunked_all_reduce") = t.chunked_all_reduce,
                             py::arg("reduces_avg_and_premul") = t.reduces_avg_and_premul);
           },
           py::arg("device"), "What the algorithms know of the transport for `device` (transport_traits.h).")

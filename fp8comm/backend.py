@@ -6,7 +6,6 @@ gloo backends, then wraps it in the C++ ProcessGroupFP8 (DESIGN.md, "Layers").
 from __future__ import annotations
 
 import json
-import os
 
 import torch.distributed as dist
 
@@ -55,8 +54,6 @@ def _wire_fingerprint(options: Options) -> dict:
         "fp8_dtype": options.fp8_dtype,
         "min_numel": options.min_numel,
         "compress": ",".join(options.compress) or "none",
-        "FP8COMM_PAIR_ALLREDUCE": os.environ.get("FP8COMM_PAIR_ALLREDUCE", "") == "1",
-        "FP8COMM_CPU_CHUNK_ELEMENTS": os.environ.get("FP8COMM_CPU_CHUNK_ELEMENTS", ""),
     }
 
 

@@ -20,7 +20,8 @@ def _backend(c):
 
 def transport_facts():
     """(the transport's traits, what its synchronous all_reduce returned, what
-    ProcessGroupFP8's synchronous passthrough all_reduce returned)."""
+    ProcessGroupFP8's synchronous passthrough all_reduce returned, the wire
+    bytes of a 5000-element segment over it)."""
     c = ctx()
     be = _backend(c)
     opts = dist.AllreduceOptions()
@@ -28,7 +29,7 @@ def transport_facts():
     inner_work = be.transport("cpu").allreduce([torch.ones(4, dtype=torch.int64)], opts)
     outer_work = be.allreduce([torch.ones(4, dtype=torch.int64)], opts)
     outer_work.wait()
-    return be.transport_traits("cpu"), inner_work is None, outer_work is None
+    return be.transport_traits("cpu"), inner_work is None, outer_work is None, be.wire_segment_bytes(5000, "cpu")
 
 
 def one_at_a_time(group, kind: str, outs, xs):
@@ -137,6 +138,8 @@ def options_disagree(backend: str, option: str, env_rank0: dict | None = None):
     kw = {"min_numel": 1024, "compress": "all_reduce,reduce_scatter", "block_size": 32, "fp8_dtype": "e4m3"}
     if differs and option:
         kw[option] = {"min_numel": 2048, "compress": "all", "block_size": 64, "fp8_dtype": "e5m2"}[option]
+    for name in env_rank0 or {}:  # an option the environment sets is left unset on every rank
+        kw.pop(name.removeprefix("FP8COMM_").lower(), None)
     saved = dict(os.environ)
     if differs and env_rank0:
         os.environ.update(env_rank0)

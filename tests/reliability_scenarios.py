@@ -512,13 +512,7 @@ def bound_violations(op: str, ys: list, out: torch.Tensor, div: int, block: int,
     else:
         exact = sum(y.double() for y in ys) / div
         slack = 4 * P * 2.0**-24 * sum(y.double().abs() for y in ys) / div  # FP32 summation
-        if op == "all_reduce" and P == 2 and dtype in (torch.float32, torch.complex64) and \
-                os.environ.get("FP8COMM_PAIR_ALLREDUCE") == "1":
-            # Two ranks, FP32: each input quantized once, whole; the FP32 sum of
-            # the decoded pieces is the result (DESIGN.md, "Algorithms").
-            bound = sum(segment_half_ulps(y, max(m, 1), block, fp8_dtype) for y in ys) / div
-            ref = exact
-        elif op == "all_reduce":
+        if op == "all_reduce":
             seg = math.ceil(math.ceil(m / P) / block) * block  # the algorithm's segment length
             first = sum(segment_half_ulps(y, seg, block, fp8_dtype) for y in ys) / div
             # The FP32 sum s of the decoded pieces is re-quantized: at most half an

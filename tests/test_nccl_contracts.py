@@ -15,10 +15,8 @@ import nccl_scenarios as ns
 from dist_harness import DistPool
 
 BACKENDS = ["fp8gloo", "fp8ncclsim"]
-NCCL_TRAITS = {"segment_headers": False, "gather_by_all_to_all": False, "chunked_all_reduce": False,
-               "reduces_avg_and_premul": True}
-GLOO_TRAITS = {"segment_headers": True, "gather_by_all_to_all": True, "chunked_all_reduce": True,
-               "reduces_avg_and_premul": False}
+NCCL_TRAITS = {"segment_headers": False, "gather_by_all_to_all": False, "reduces_avg_and_premul": True}
+GLOO_TRAITS = {"segment_headers": True, "gather_by_all_to_all": True, "reduces_avg_and_premul": False}
 
 
 @pytest.fixture(scope="module", params=[(b, w) for b in BACKENDS for w in (2, 3)], ids=lambda p: f"{p[0]}-{p[1]}")
@@ -36,11 +34,14 @@ def same_bits(a, b):
 
 def test_traits_and_null_works(pool):
     """fp8ncclsim's transport has NCCL's traits and returns no Work for a
-    synchronous call; ProcessGroupFP8 itself always returns one."""
-    for traits, inner_returned_none, outer_returned_none in pool.run(ns.transport_facts):
-        assert traits == (NCCL_TRAITS if pool.backend == "fp8ncclsim" else GLOO_TRAITS)
-        assert inner_returned_none == (pool.backend == "fp8ncclsim")
+    synchronous call; ProcessGroupFP8 itself always returns one. Segments in
+    host memory carry a 16-byte header (segment_header.h); NCCL's none."""
+    for traits, inner_returned_none, outer_returned_none, segment in pool.run(ns.transport_facts):
+        nccl = pool.backend == "fp8ncclsim"
+        assert traits == (NCCL_TRAITS if nccl else GLOO_TRAITS)
+        assert inner_returned_none == nccl
         assert not outer_returned_none
+        assert segment == (0 if nccl else 16) + fp8comm.segment_bytes(5000, 32)
 
 
 @pytest.mark.parametrize("kind", ["reduce_scatter", "all_gather"])

@@ -12,8 +12,7 @@ CASES = [
     ("block_size", None, "block_size: rank 0 has 64, rank 1 has 32"),
     ("fp8_dtype", None, "fp8_dtype: rank 0 has 'e5m2', rank 1 has 'e4m3'"),
     ("compress", None, "compress: rank 0 has 'all_reduce,reduce_scatter,all_gather', rank 1 has"),
-    ("", {"FP8COMM_PAIR_ALLREDUCE": "1"}, "FP8COMM_PAIR_ALLREDUCE: rank 0 has True, rank 1 has False"),
-    ("", {"FP8COMM_CPU_CHUNK_ELEMENTS": "65536"}, "FP8COMM_CPU_CHUNK_ELEMENTS: rank 0 has '65536', rank 1 has ''"),
+    ("", {"FP8COMM_MIN_NUMEL": "4096"}, "min_numel: rank 0 has 4096, rank 1 has 16384"),
 ]
 
 

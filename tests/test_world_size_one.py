@@ -28,7 +28,7 @@ def once(x):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("n", [1, 1000, (1 << 21) + 77])  # the last one is two CPU chunks
+@pytest.mark.parametrize("n", [1, 1000, (1 << 21) + 77])  # the last one spans several codec threads
 def test_all_reduce_quantizes_once(dtype, n):
     x = torch.randn(n).to(dtype)
     y = x.clone()

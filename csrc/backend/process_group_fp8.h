@@ -4,6 +4,10 @@
 // untouched, to an inner transport backend — torch's ProcessGroupNCCL for CUDA
 // tensors ("fp8nccl"), ProcessGroupGloo for CPU tensors ("fp8gloo").
 //
+// Per call it checks the arguments, decides from the collectives table
+// (collectives.h) and the options whether to compress, and runs either the
+// compressed algorithm (csrc/algorithms/) or the inner backend's own call.
+//
 // One object may hold one transport per device type: with
 // "cpu:fp8gloo,cuda:fp8nccl" torch gives both devices the same CUSTOM backend
 // object, so this class dispatches on the tensors' device.
@@ -11,13 +15,13 @@
 
 #include <map>
 #include <mutex>
-#include <optional>
 
-#include "../codec/codec.h"
+#include "../algorithms/transport.h"
+#include "../algorithms/wire_layout.h"
+#include "../algorithms/workspace.h"
+#include "collectives.h"
 #include "options.h"
 #include "stats.h"
-#include "transport_traits.h"
-#include "workspace.h"
 
 namespace fp8comm {
 
@@ -26,13 +30,12 @@ class ProcessGroupFP8 : public c10d::Backend {
   ProcessGroupFP8(int rank, int size, FP8Options options);
 
   // Adds the transport for tensors of `device_type`; one per device type.
-  void addTransport(c10::DeviceType device_type, c10::intrusive_ptr<c10d::Backend> inner);
-  bool hasTransport(c10::DeviceType device_type) const;
+  void add_transport(c10::DeviceType device_type, c10::intrusive_ptr<c10d::Backend> inner);
+  bool has_transport(c10::DeviceType device_type) const;
   c10::intrusive_ptr<c10d::Backend> transport(c10::DeviceType device_type) const;
-  // What the algorithms know of that transport (transport_traits.h).
-  TransportTraits traitsFor(c10::DeviceType device_type) const;
-  // Bytes one wire segment of m elements takes over that transport.
-  int64_t wireSegmentBytes(c10::DeviceType device_type, int64_t m) const;
+  // What the algorithms know of that transport, and how they lay out FP8 data on it.
+  TransportTraits traits_for(c10::DeviceType device_type) const;
+  WireLayout wire_layout(c10::DeviceType device_type) const;
 
   const FP8Options& options() const { return options_; }
   Stats& stats() { return stats_; }
@@ -50,7 +53,7 @@ class ProcessGroupFP8 : public c10d::Backend {
   uint64_t getSequenceNumberForGroup() override;
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks = false) override;
 
-  // ---- compressed when the op, dtype and size allow; else exact passthrough
+  // ---- compressed when the op, dtype and size allow; else exact passthrough (compressible_ops.cpp)
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts = {}) override;
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
@@ -72,7 +75,7 @@ class ProcessGroupFP8 : public c10d::Backend {
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::AllgatherOptions& opts = {}) override;
 
-  // ---- always exact passthrough
+  // ---- always exact passthrough (exact_ops.cpp)
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts = {}) override;
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
@@ -98,72 +101,42 @@ class ProcessGroupFP8 : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts = {}) override;
 
  private:
-  struct Reduction;  // how SUM / AVG / PREMUL_SUM map onto the codec
-  class Transport;   // the inner backend as the algorithms use it
+  // The transport for tensors on `device`, with the group identity synced;
+  // `op` names the call in the error when there is none.
+  c10::intrusive_ptr<c10d::Backend> inner_for(const at::Device& device, const char* op);
+  c10::intrusive_ptr<c10d::Backend> default_inner(const char* op);
+  // Whether `c` on tensors like `t`, `per_rank_numel` elements per rank, is compressed.
+  bool compresses(const Collective& c, const at::Tensor& t, int64_t per_rank_numel) const;
 
-  // The transport for tensors on `device`, with the group identity synced.
-  c10::intrusive_ptr<c10d::Backend> innerFor(const at::Device& device, const char* op);
-  c10::intrusive_ptr<c10d::Backend> defaultInner(const char* op);
-  // Whether a collective on `per_rank_numel` elements of `t`'s dtype is compressed.
-  bool compressible(const at::Tensor& t, int64_t per_rank_numel, bool op_enabled) const;
-  std::optional<Reduction> reductionFor(const c10d::ReduceOp& op, const at::Tensor& t) const;
-  // `tensors` plus the PREMUL_SUM factor tensors a compressed call reads on
-  // its stream, so that run() keeps them alive and in use until it is done.
-  static std::vector<at::Tensor> withFactor(std::vector<at::Tensor> tensors, const c10d::ReduceOp& op,
-                                            const std::optional<Reduction>& red);
-
-  // Runs `body(Transport&)` (the compressed algorithm) inline on the CPU or
-  // on the side stream of a CUDA device, one call at a time, and returns its
-  // Work, which holds the inner Works of its phases.
+  // Runs `body(Transport&)` (a compressed algorithm) inline on the CPU or on
+  // the side stream of a CUDA device, one call at a time, and returns its
+  // Work, which holds the inner Works of its phases (run_compressed.h).
   template <typename Body>
-  c10::intrusive_ptr<c10d::Work> run(c10d::OpType op_type, const char* op, const at::Device& device, bool async_op,
+  c10::intrusive_ptr<c10d::Work> run(const Collective& c, const at::Device& device, bool async_op,
                                      std::chrono::milliseconds timeout, const std::vector<at::Tensor>& user_tensors,
                                      std::vector<at::Tensor> outputs, Body&& body);
-  c10::Stream sideStream(const at::Device& device);
+  c10::Stream side_stream(const at::Device& device);
 
-  // The compressed algorithms (DESIGN.md, "Algorithms"); tensors contiguous.
-  // `op` names the entry point in errors.
-  void allreduceCompressed(Transport& t, const at::Tensor& tensor, const Reduction& red, const char* op);
-  void allreducePair(Transport& t, const at::Tensor& tensor, const Reduction& red, const char* op);
-  bool allreduceByPair(const at::Tensor& like) const;
-  void reduceScatterCompressed(Transport& t, const at::Tensor& output,
-                               const std::vector<at::Tensor>& input_segments, const Reduction& red,
-                               const char* op);
-  void allgatherCompressed(Transport& t, const std::vector<at::Tensor>& output_segments,
-                           const at::Tensor& input, const char* op);
-  std::vector<int64_t> gatheredFrom(const Transport& t) const;
-  template <typename Out>
-  void decodeGathered(const Transport& t, const at::Tensor& all, int64_t m, int64_t S, int64_t max_run,
-                      int64_t output_bytes, Out&& out) const;
-  // What the algorithms send: a wire segment of m elements on `device`, the
-  // chunks of an all_reduce, and the bytes this rank sends for one (stats).
-  struct Chunk;
-  // (`like`: the tensor's device and dtype)
-  std::vector<Chunk> allreduceChunks(const at::Tensor& like, int64_t numel) const;
-  int64_t allreduceWireBytes(const at::Tensor& like, int64_t numel) const;
-
-  // Exact forwarding, emulating AVG / PREMUL_SUM where the transport lacks them.
-  c10::intrusive_ptr<c10d::Work> allreducePassthrough(std::vector<at::Tensor>& tensors,
-                                                      const c10d::AllreduceOptions& opts);
-  c10::intrusive_ptr<c10d::Work> reduceScatterBasePassthrough(at::Tensor& output, at::Tensor& input,
-                                                              const c10d::ReduceScatterOptions& opts, const char* op);
-  // The tensor forms, counted in stats under `op` (the entry point called).
-  c10::intrusive_ptr<c10d::Work> reduceScatterBase(at::Tensor& output, at::Tensor& input,
-                                                   const c10d::ReduceScatterOptions& opts, const char* op);
-  c10::intrusive_ptr<c10d::Work> allgatherBase(at::Tensor& output, at::Tensor& input,
-                                               const c10d::AllgatherOptions& opts, const char* op);
-  // Every check of one (output, input) pair that can be made on this rank.
-  void checkReduceScatterBase(const char* op, const at::Tensor& output, const at::Tensor& input,
-                              const c10d::ReduceScatterOptions& opts);
-  // AVG / PREMUL_SUM of tensors the gloo transport cannot emulate them for: a clear error.
-  void checkReduceOpSupported(const char* op, const c10d::ReduceOp& reduce_op, const at::Tensor& t) const;
-  void checkAllgatherBase(const char* op, const at::Tensor& output, const at::Tensor& input) const;
-  bool transportLacksAvgAndPremul(const at::Device& device) const;
-
-  c10::intrusive_ptr<c10d::Work> passed(c10::intrusive_ptr<c10d::Work> work, c10d::OpType type, const char* op,
+  // A Work for the caller: `work` as the inner backend returned it, or, where
+  // it returned none (a synchronous call, already ordered), a completed one.
+  c10::intrusive_ptr<c10d::Work> passed(c10::intrusive_ptr<c10d::Work> work, const Collective& c,
                                         std::vector<at::Tensor> outputs) const;
-  BlockCodes wire(const Transport& t, const at::Tensor& bytes, int64_t num_segments, int64_t segment_numel) const;
-  void record(const char* op, bool compressed, int64_t bytes_sent, int64_t bytes_uncompressed);
+  // Stats: `payload` bytes as the collectives table counts them; a
+  // compressed call sent `wire` bytes instead of the plain volume.
+  void record_passthrough(const Collective& c, int64_t payload);
+  void record_compressed(const Collective& c, int64_t payload, int64_t wire);
+
+  // The tensor forms, also run per pair by their coalesced forms (named `c`).
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor(const Collective& c, at::Tensor& output, at::Tensor& input,
+                                                       const c10d::ReduceScatterOptions& opts);
+  c10::intrusive_ptr<c10d::Work> all_gather_into_tensor(const Collective& c, at::Tensor& output, at::Tensor& input,
+                                                        const c10d::AllgatherOptions& opts);
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_exact(const Collective& c, at::Tensor& output,
+                                                             at::Tensor& input, const c10d::ReduceScatterOptions& opts);
+  // Every check of one (output, input) pair that can be made on this rank.
+  void check_reduce_scatter_tensor(const Collective& c, const at::Tensor& output, const at::Tensor& input,
+                                   const c10d::ReduceScatterOptions& opts);
+  void check_all_gather_into_tensor(const Collective& c, const at::Tensor& output, const at::Tensor& input) const;
 
   const FP8Options options_;
   Stats stats_;

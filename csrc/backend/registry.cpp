@@ -44,13 +44,13 @@ c10::intrusive_ptr<ProcessGroupFP8> attach_or_create(const c10::intrusive_ptr<c1
     auto existing = found->second.backend.lock();
     auto existing_store = found->second.group_store.lock();
     if (existing && existing_store && existing_store.get() == group_store.get() &&
-        !existing->hasTransport(device_type)) {
-      existing->addTransport(device_type, std::move(inner));
+        !existing->has_transport(device_type)) {
+      existing->add_transport(device_type, std::move(inner));
       return existing;
     }
   }
   auto backend = c10::make_intrusive<ProcessGroupFP8>(rank, size, options);
-  backend->addTransport(device_type, std::move(inner));
+  backend->add_transport(device_type, std::move(inner));
   entries.erase(group_id);
   entries.emplace(group_id, Entry{c10::weak_intrusive_ptr<ProcessGroupFP8>(backend),
                                   c10::weak_intrusive_ptr<c10d::Store>(group_store)});

@@ -112,10 +112,7 @@ bool cpu_avx512_enabled();
 bool set_cpu_avx512(bool enabled);
 
 void quantize_cpu(const void* src, ElemType type, int64_t numel, float premul, const BlockCodes& dst);
-// output_bytes: the size of the whole output when this call writes one part of
-// it (the backend decodes a large all_reduce in pieces); large float32 outputs
-// are written with streaming stores, chosen by that size, not the part's.
-void dequantize_cpu(const BlockCodes& src, void* dst, ElemType type, int64_t numel, int64_t output_bytes = 0);
+void dequantize_cpu(const BlockCodes& src, void* dst, ElemType type, int64_t numel);
 void dequant_sum_cpu(const BlockCodes& pieces, const OwnAddend& own, int post_div, void* dst, ElemType type,
                      int64_t numel);
 void dequant_sum_requantize_cpu(const BlockCodes& pieces, const OwnAddend& own, int post_div, const BlockCodes& out);

@@ -327,7 +327,7 @@ void quantize_cpu(const void* src, ElemType type, int64_t numel, float premul, c
   });
 }
 
-void dequantize_cpu(const BlockCodes& src, void* dst, ElemType type, int64_t numel, int64_t output_bytes) {
+void dequantize_cpu(const BlockCodes& src, void* dst, ElemType type, int64_t numel) {
   check_block(src.block_size);
   const int64_t total = src.num_segments * ceil_div(src.segment_numel, src.block_size);
   with_codec_types(type, src.format, [&](auto e, auto f) {
@@ -335,6 +335,7 @@ void dequantize_cpu(const BlockCodes& src, void* dst, ElemType type, int64_t num
     constexpr Fp8Format F = decltype(f)::value;
     auto* d = static_cast<Storage<E>*>(dst);
     const bool simd = cpu_simd_enabled();
+    const int64_t output_bytes = numel * static_cast<int64_t>(sizeof(Storage<E>));
     at::parallel_for(0, total, grain_blocks(src.block_size), [&](int64_t b, int64_t end) {
       dequantize_blocks<E, F>(src, d, numel, b, end, simd, output_bytes);
     });

@@ -312,24 +312,14 @@ FP8C_AVX2_INLINE bool quantize_group_normal(Source x, uint8_t* codes, uint8_t* s
   return true;
 }
 
-// Decoded FP32 outputs this large are written with streaming stores: they
-// cannot stay in cache anyway, and a streaming store skips reading the line it
-// overwrites (16M elements: 3.3 -> 2.5 ms on a Zen 4 VM, 8.9 -> 3.3 ms on a
-// Xeon VM). The size is the whole output's when the caller decodes it in parts
-// (dequantize_cpu's output_bytes: a 64 MiB all_reduce decodes 4 MiB pieces),
-// else this thread's run. Bytes written are the same either way.
-// FP8COMM_CPU_STREAM_BYTES overrides the 8 MiB (for measuring).
-int64_t stream_bytes() {
-  static const int64_t bytes = [] {
-    const char* env = std::getenv("FP8COMM_CPU_STREAM_BYTES");
-    const long long v = env ? std::atoll(env) : 0;
-    return v > 0 ? static_cast<int64_t>(v) : int64_t{8} << 20;
-  }();
-  return bytes;
-}
+// Decoded FP32 outputs of at least kStreamBytes are written with streaming
+// stores: they cannot stay in cache anyway, and a streaming store skips
+// reading the line it overwrites. The size is the whole call's output, not
+// one thread's part of it. The bytes written are the same either way.
+constexpr int64_t kStreamBytes = int64_t{8} << 20;
 
 FP8C_AVX2_INLINE bool stream_output(const void* dst, int64_t bytes) {
-  return bytes >= stream_bytes() && reinterpret_cast<uintptr_t>(dst) % 32 == 0;
+  return bytes >= kStreamBytes && reinterpret_cast<uintptr_t>(dst) % 32 == 0;
 }
 
 // Eight floats to p (32-byte aligned when streaming).

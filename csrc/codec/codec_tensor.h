@@ -22,8 +22,7 @@ void check_block_size(int64_t block_size, const char* what);
 // on that device) replaces premul when given.
 void quantize_into(const at::Tensor& src, float premul, const std::optional<at::Tensor>& premul_tensor,
                    const BlockCodes& dst);
-// output_bytes: the whole output's size when dst is one part of it (codec.h).
-void dequantize_into(const BlockCodes& src, const at::Tensor& dst, int64_t output_bytes = 0);
+void dequantize_into(const BlockCodes& src, const at::Tensor& dst);
 
 // The own addend of a sum (codec.h, OwnAddend) as a tensor: `src` undefined
 // for none, else contiguous on the sum's device; premul_tensor as above.

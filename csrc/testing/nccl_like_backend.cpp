@@ -1,7 +1,7 @@
 #include "nccl_like_backend.h"
 
 #include "../backend/fp8_work.h"
-#include "../backend/premul.h"
+#include "../algorithms/premul.h"
 
 namespace fp8comm {
 namespace {

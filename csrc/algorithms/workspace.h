@@ -1,9 +1,9 @@
 #pragma once
-// Reusable CPU wire buffers. A fresh multi-MiB allocation page-faults on first
-// touch (~5 ms per 16 MiB here), as much as moving the bytes over loopback, so
-// the CPU algorithms reuse one buffer per role. CUDA buffers come from the
-// caching allocator instead. Buffers above kMaxCachedBytes are not kept (a
-// group holds at most 4 x 256 MiB, for collectives of ~1 GiB of FP32).
+// Reusable CPU wire buffers, one per role: a fresh multi-MiB allocation
+// page-faults on first touch, which costs as much as moving its bytes over
+// loopback. CUDA buffers come from the caching allocator instead, allocated
+// on the stream the algorithm runs on. Buffers above kMaxCachedBytes are not
+// kept, so a group caches at most kSlots of them.
 #include <ATen/ATen.h>
 
 #include <array>
@@ -12,7 +12,7 @@ namespace fp8comm {
 
 class Workspace {
  public:
-  enum Slot { kSend = 0, kRecv, kReduced, kGathered, kSlots };
+  enum Slot { kSend = 0, kRecv, kGathered, kGatherScratch, kSlots };
   static constexpr int64_t kMaxCachedBytes = int64_t{256} << 20;
 
   // A contiguous uint8 tensor of `bytes` bytes on `like`'s device. CPU

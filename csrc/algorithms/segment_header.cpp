@@ -9,11 +9,10 @@ namespace {
 
 const char* phase_name(Phase p) {
   switch (p) {
-    case Phase::kAllReduceScatter: return "the reduce phase of an all_reduce";
-    case Phase::kAllReduceGather: return "the gather phase of an all_reduce";
-    case Phase::kReduceScatter: return "a reduce_scatter";
-    case Phase::kAllGather: return "an all_gather";
-    case Phase::kAllReducePair: return "a two-rank all_reduce";
+    case Phase::kAllReducePieces: return "the reduce phase of an all_reduce";
+    case Phase::kAllReduceSums: return "the gather phase of an all_reduce";
+    case Phase::kReduceScatterPieces: return "a reduce_scatter";
+    case Phase::kAllGatherInputs: return "an all_gather";
   }
   return "an unknown phase";
 }

@@ -8,25 +8,20 @@
 
 #include <string>
 
-#include "segment_header.h"
 
 namespace fp8comm {
 
 struct TransportTraits {
   // Each wire segment starts with a 16-byte header that the receiver checks
-  // on the host (segment_header.h): only where the bytes live in host memory.
+  // on the host (wire_layout.h): only where the bytes live in host memory.
   bool segment_headers = false;
   // all_gather runs as an all_to_all with a zero split for this rank, its own
   // segment in the last slot (gloo moves those bytes faster); else one
   // in-place _allgather_base (NCCL).
   bool gather_by_all_to_all = false;
-  // all_reduce is cut into fixed-size chunks (compressed_algorithms.cpp).
-  bool chunked_all_reduce = false;
   // The transport reduces AVG and PREMUL_SUM itself; else fp8comm emulates
   // them around an exact SUM for passthrough calls.
   bool reduces_avg_and_premul = false;
-
-  int64_t headerBytes() const { return segment_headers ? int64_t{sizeof(SegmentHeader)} : 0; }
 
   // The traits of torch's gloo on the CPU or on CUDA, and of NCCL (or a
   // transport that behaves as NCCL does). Any other transport: an error.
@@ -37,7 +32,6 @@ struct TransportTraits {
       const bool host = device == c10::DeviceType::CPU;
       t.segment_headers = host;
       t.gather_by_all_to_all = true;
-      t.chunked_all_reduce = host;
       t.reduces_avg_and_premul = false;
     } else if (name == "nccl") {
       t.reduces_avg_and_premul = true;

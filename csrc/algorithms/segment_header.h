@@ -1,8 +1,7 @@
 #pragma once
 // The 16 bytes in front of every wire segment of a host-memory transport
-// (TransportTraits::segment_headers: gloo on the CPU): which
-// phase of which collective it belongs to, the format, and the collective's
-// size. The receiving rank checks them before it reads a piece, so ranks that
+// (TransportTraits::segment_headers: gloo on the CPU): what the segment
+// carries, the format, and the collective's size. The receiving rank checks them before it reads a piece, so ranks that
 // called with different sizes or options get an error naming the rank, not a
 // silently wrong result (gloo accepts a message shorter than the buffer
 // posted for it). Device-memory segments carry none: checking them would
@@ -15,12 +14,17 @@
 
 #include <vector>
 
-#include "../codec/codec.h"
+#include "../codec/fp8_block_math.h"
 
 namespace fp8comm {
 
-enum class Phase : uint8_t { kAllReduceScatter = 1, kAllReduceGather = 2, kReduceScatter = 3, kAllGather = 4,
-                            kAllReducePair = 5 };
+// What a segment carries, named by collective and step (DESIGN.md, "Algorithms").
+enum class Phase : uint8_t {
+  kAllReducePieces = 1,      // a rank's quantized piece of a segment, sent to the segment's owner
+  kAllReduceSums = 2,        // an owner's re-quantized sum, sent to every rank
+  kReduceScatterPieces = 3,  // a rank's quantized piece of a segment, sent to its owner
+  kAllGatherInputs = 4,      // a rank's quantized input, sent to every rank
+};
 
 struct SegmentHeader {
   static constexpr uint32_t kMagic = 0x38435046u;  // "FPC8"

@@ -1,0 +1,37 @@
+#pragma once
+// The compressed collectives (DESIGN.md, "Algorithms"), written once over a
+// Transport so the logic CI runs on gloo is the logic that runs on NCCL.
+// Tensors are contiguous; each algorithm writes its output only once every
+// phase is through, so a call that fails leaves it as it was
+// (docs/reliability.md). CUDA buffers are allocated inside the algorithm, on
+// the stream it runs on; CPU ones come from the Workspace.
+//
+// Each comes with the bytes this rank sends for it (stats).
+#include <ATen/ATen.h>
+
+#include <vector>
+
+#include "reduction.h"
+#include "transport.h"
+#include "wire_layout.h"
+#include "workspace.h"
+
+namespace fp8comm {
+
+// `tensor` <- the reduction of every rank's `tensor`, bitwise the same on every rank.
+void all_reduce(Transport& t, const WireLayout& wire, Workspace& ws, const at::Tensor& tensor, const Reduction& red);
+int64_t all_reduce_bytes_sent(int64_t group_size, const WireLayout& wire, int64_t numel);
+
+// `output` <- the reduction of segment `rank` of every rank's input, given as
+// one flat tensor of P * k elements or as P tensors of k.
+void reduce_scatter(Transport& t, const WireLayout& wire, Workspace& ws, const at::Tensor& output,
+                    const std::vector<at::Tensor>& input_segments, const Reduction& red);
+int64_t reduce_scatter_bytes_sent(int64_t group_size, const WireLayout& wire, int64_t output_numel);
+
+// Segment r of the output <- rank r's input (decoded from FP8 on every rank,
+// its own included), given as one flat tensor of P * k elements or as P of k.
+void all_gather(Transport& t, const WireLayout& wire, Workspace& ws, const std::vector<at::Tensor>& output_segments,
+                const at::Tensor& input);
+int64_t all_gather_bytes_sent(int64_t group_size, const WireLayout& wire, int64_t input_numel);
+
+}  // namespace fp8comm

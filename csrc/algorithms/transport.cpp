@@ -1,0 +1,80 @@
+#include "transport.h"
+
+#include <string>
+#include <utility>
+
+namespace fp8comm {
+
+Transport::Transport(c10::intrusive_ptr<c10d::Backend> inner, const TransportTraits& traits, int64_t rank,
+                     int64_t size, std::chrono::milliseconds timeout, const char* op)
+    : inner_(std::move(inner)), traits_(traits), rank_(rank), size_(size), timeout_(timeout), op_(op) {}
+
+Transport::Pending Transport::start_exchange(at::Tensor& recv, at::Tensor& send, int64_t S) {
+  if (size_ == 1) return {};
+  // Two vectors: ProcessGroupGloo moves each split list into its work.
+  std::vector<int64_t> recv_splits(size_, S), send_splits(size_, S);
+  recv_splits[rank_] = send_splits[rank_] = 0;
+  c10d::AllToAllOptions opts;
+  opts.timeout = timeout_;
+  opts.asyncOp = true;
+  return inner_->alltoall_base(recv, send, recv_splits, send_splits, opts);
+}
+
+int64_t Transport::gather_slot(int64_t r) const {
+  if (!traits_.gather_by_all_to_all || r < rank_) return r;
+  return r == rank_ ? size_ - 1 : r - 1;
+}
+
+std::vector<int64_t> Transport::gathered_from() const {
+  std::vector<int64_t> from(size_, -1);
+  for (int64_t r = 0; r < size_; ++r) {
+    if (r != rank_) from[gather_slot(r)] = r;
+  }
+  return from;
+}
+
+std::vector<int64_t> Transport::peers() const {
+  std::vector<int64_t> peers;
+  for (int64_t r = 0; r < size_; ++r) {
+    if (r != rank_) peers.push_back(r);
+  }
+  return peers;
+}
+
+int64_t Transport::gather_scratch_bytes(int64_t S) const {
+  return traits_.gather_by_all_to_all && size_ > 2 ? (size_ - 1) * S : 0;
+}
+
+Transport::Pending Transport::start_all_gather(at::Tensor& gathered, int64_t S, at::Tensor& scratch) {
+  if (size_ == 1) return {};
+  at::Tensor mine = gathered.narrow(0, gather_slot(rank_) * S, S);
+  if (traits_.gather_by_all_to_all) {
+    at::Tensor peers = gathered.narrow(0, 0, (size_ - 1) * S);
+    at::Tensor send = mine;
+    if (size_ > 2) {
+      send = scratch.narrow(0, 0, (size_ - 1) * S);
+      for (int64_t i = 0; i < size_ - 1; ++i) send.narrow(0, i * S, S).copy_(mine);
+    }
+    return start_exchange(peers, send, S);
+  }
+  c10d::AllgatherOptions opts;
+  opts.timeout = timeout_;
+  opts.asyncOp = true;
+  return inner_->_allgather_base(gathered, mine, opts);  // in place: NCCL reads this rank's slot
+}
+
+void Transport::wait(const Pending& work, const char* phase) {
+  if (!work) return;
+  works_.push_back(work);
+  try {
+    work->wait();
+  } catch (const std::exception& e) {
+    C10_THROW_ERROR(DistBackendError, std::string("fp8comm ") + op_ + ": the " + phase +
+                                          " phase of the compressed algorithm failed in the inner " +
+                                          inner_->getBackendName() + " backend: " + e.what());
+  }
+}
+
+std::vector<Transport::Pending> Transport::take_works() { return std::exchange(works_, {}); }
+
+}  // namespace fp8comm

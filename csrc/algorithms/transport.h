@@ -1,0 +1,72 @@
+#pragma once
+// The inner backend as the compressed algorithms use it: two exchanges on
+// uint8 buffers of whole S-byte wire segments, so the multi-rank logic is the
+// same on NCCL and gloo. A phase is started, then waited for: on CUDA the wait
+// orders the current stream after it, on the CPU it blocks until the bytes
+// have arrived, so the next codec pass may read them.
+//
+// Phases are started with asyncOp (ProcessGroupNCCL returns no Work for
+// synchronous calls), and every inner Work is kept: the call's Fp8Work
+// reports their errors and timeouts (backend/fp8_work.h). A transport that
+// returns no Work anyway is waited for by nothing; its call was synchronous.
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include <chrono>
+#include <vector>
+
+#include "transport_traits.h"
+
+namespace fp8comm {
+
+class Transport {
+ public:
+  using Pending = c10::intrusive_ptr<c10d::Work>;
+
+  // `op` names the collective in errors.
+  Transport(c10::intrusive_ptr<c10d::Backend> inner, const TransportTraits& traits, int64_t rank, int64_t size,
+            std::chrono::milliseconds timeout, const char* op);
+
+  const TransportTraits& traits() const { return traits_; }
+  int64_t rank() const { return rank_; }
+  int64_t size() const { return size_; }
+  const char* op() const { return op_; }
+
+  // Sends segment i of `send` to the i-th other rank and receives the i-th
+  // other rank's segment into segment i of `recv` (P - 1 segments of S bytes
+  // each, ranks in order with this one left out: a rank's own segment never
+  // travels). An alltoall_base with a zero split for this rank.
+  Pending start_exchange(at::Tensor& recv, at::Tensor& send, int64_t S);
+
+  // The slot of an all_gather's P-slot buffer that holds rank r's segment:
+  // slot r through an all_gather; by an exchange, the other ranks' segments
+  // in order, then this rank's in the last slot.
+  int64_t gather_slot(int64_t r) const;
+  // The rank whose segment each slot holds (-1 for this rank's own).
+  std::vector<int64_t> gathered_from() const;
+  // The senders of an exchange's segments: the other ranks, in order.
+  std::vector<int64_t> peers() const;
+
+  // Bytes of scratch an all_gather of S-byte segments needs: by an exchange
+  // with more than two ranks, the P - 1 copies of this rank's segment it sends.
+  int64_t gather_scratch_bytes(int64_t S) const;
+  // All-gathers into `gathered` (P slots of S bytes) whose gather_slot(rank)
+  // this rank has written; `scratch` has gather_scratch_bytes(S) bytes.
+  Pending start_all_gather(at::Tensor& gathered, int64_t S, at::Tensor& scratch);
+
+  // Orders what follows after `work` (CPU: blocks until it is done) and keeps
+  // it for the call's Work (CUDA: where it may still fail). An error names
+  // the op and the phase.
+  void wait(const Pending& work, const char* phase);
+  // The inner Works this call has waited for, for the call's Work.
+  std::vector<Pending> take_works();
+
+ private:
+  c10::intrusive_ptr<c10d::Backend> inner_;
+  const TransportTraits traits_;
+  int64_t rank_, size_;
+  std::chrono::milliseconds timeout_;
+  const char* op_;
+  std::vector<Pending> works_;
+};
+
+}  // namespace fp8comm

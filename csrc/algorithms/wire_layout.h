@@ -1,0 +1,49 @@
+#pragma once
+// How the compressed algorithms lay out FP8 data on one transport. A wire
+// segment of m elements is [header][scales][codes]: the header only where the
+// transport's traits want one (segment_header.h), then the codec's block
+// layout (codec.h). Every part is a multiple of 16 bytes, so the codes of
+// every segment in a buffer of back-to-back segments stay 16-byte aligned.
+#include <ATen/ATen.h>
+
+#include <vector>
+
+#include "../codec/codec.h"
+#include "segment_header.h"
+#include "transport_traits.h"
+
+namespace fp8comm {
+
+class WireLayout {
+ public:
+  WireLayout(const TransportTraits& traits, int block_size, Fp8Format format)
+      : headers_(traits.segment_headers), block_size_(block_size), format_(format) {}
+
+  int block_size() const { return block_size_; }
+  Fp8Format format() const { return format_; }
+  int64_t header_bytes() const { return headers_ ? int64_t{sizeof(SegmentHeader)} : 0; }
+  // S: the bytes of one wire segment of m elements.
+  int64_t segment_bytes(int64_t m) const { return header_bytes() + fp8comm::segment_bytes(m, block_size_); }
+  // Elements per segment when n elements are cut into `parts` segments of whole blocks.
+  int64_t segment_numel(int64_t n, int64_t parts) const {
+    return ceil_div(ceil_div(n, parts), block_size_) * block_size_;
+  }
+
+  // The codec's view of `count` segments of m elements at the start of `bytes`.
+  BlockCodes codes(const at::Tensor& bytes, int64_t count, int64_t m) const;
+
+  // Writes the header of `count` segments of m elements at the start of
+  // `bytes`: they carry `phase` of a collective of size n. No-op without headers.
+  void write_headers(const at::Tensor& bytes, int64_t count, int64_t m, Phase phase, int64_t n) const;
+  // Checks those headers; segment i came from rank senders[i] (negative: not
+  // checked). Raises an error naming `op` and the sender on a mismatch.
+  void check_headers(const at::Tensor& bytes, const std::vector<int64_t>& senders, int64_t m, Phase phase,
+                     int64_t n, const char* op) const;
+
+ private:
+  bool headers_;
+  int block_size_;
+  Fp8Format format_;
+};
+
+}  // namespace fp8comm

@@ -1,0 +1,361 @@
+// The collectives that have a compressed algorithm: each checks its
+// arguments on the calling rank, decides (ProcessGroupFP8::compresses), and
+// runs the algorithm or passes the call through exactly (DESIGN.md, "Exact
+// passthrough").
+#include "../algorithms/algorithms.h"
+#include "arguments.h"
+#include "emulated_reduce.h"
+#include "process_group_fp8.h"
+#include "run_compressed.h"
+
+namespace fp8comm {
+
+namespace {
+
+// Waits for a Work an inner backend returned. None means the call was
+// synchronous (ProcessGroupNCCL with asyncOp false) and is already ordered.
+void wait_for(const c10::intrusive_ptr<c10d::Work>& work) {
+  if (work) work->wait();
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ all_reduce
+c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allreduce(std::vector<at::Tensor>& tensors,
+                                                          const c10d::AllreduceOptions& opts) {
+  const Collective& c = collectives::kAllReduce;
+  TORCH_CHECK(tensors.size() == 1, "fp8comm ", c.name, ": expected one tensor per call, got ", tensors.size());
+  at::Tensor tensor = tensors[0];
+  check_not_fp8_reduction(c.name, tensor);
+  check_writable(c.name, tensor, "the tensor");
+  auto inner = inner_for(tensor.device(), c.name);
+  const TransportTraits traits = traits_for(tensor.device().type());
+  check_reduce_op_supported(c.name, opts.reduceOp, tensor, traits);
+  auto red = reduction_for(opts.reduceOp, tensor, size_);
+  if (!red || !compresses(c, tensor, tensor.numel())) {
+    c10::intrusive_ptr<c10d::Work> work;
+    if (needs_emulation(opts.reduceOp, tensor, traits)) {
+      c10d::AllreduceOptions sum = opts;
+      sum.reduceOp = c10d::ReduceOp::SUM;
+      emulate_reduce(c.name, opts.reduceOp, size_, tensors, tensors, /*in_place=*/true,
+                     [&](std::vector<at::Tensor>& copies, std::vector<at::Tensor>&) {
+                       wait_for(inner->allreduce(copies, sum));
+                     });
+      work = passed({}, c, tensors);
+    } else {
+      work = passed(inner->allreduce(tensors, opts), c, tensors);
+    }
+    record_passthrough(c, bytes_of(tensor));
+    return work;
+  }
+  const WireLayout wire = wire_layout(tensor.device().type());
+  auto work = run(c, tensor.device(), opts.asyncOp, opts.timeout, with_factor({tensor}, opts.reduceOp, red), {tensor},
+                  [&](Transport& transport) {
+                    at::Tensor buffer = contiguous_or_self(tensor);
+                    fp8comm::all_reduce(transport, wire, workspace_, buffer, *red);
+                    write_back(tensor, buffer);
+                  });
+  record_compressed(c, bytes_of(tensor), all_reduce_bytes_sent(size_, wire, tensor.numel()));
+  return work;
+}
+
+// One all_reduce of the concatenation, like a DDP bucket.
+c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                                    const c10d::AllreduceCoalescedOptions& opts) {
+  const Collective& c = collectives::kAllReduceCoalesced;
+  TORCH_CHECK(!tensors.empty(), "fp8comm ", c.name, ": got no tensors");
+  int64_t total = 0;
+  bool same_dtype = true;
+  for (const auto& t : tensors) {
+    check_dense(c.name, t);
+    check_not_fp8_reduction(c.name, t);
+    check_writable(c.name, t, "a tensor");
+    same_dtype = same_dtype && t.scalar_type() == tensors[0].scalar_type();
+    total += t.numel();
+  }
+  check_same_device(c.name, tensors);
+  auto inner = inner_for(tensors[0].device(), c.name);
+  const TransportTraits traits = traits_for(tensors[0].device().type());
+  for (const auto& t : tensors) check_reduce_op_supported(c.name, opts.reduceOp, t, traits);
+  auto red = reduction_for(opts.reduceOp, tensors[0], size_);
+  if (!red || !same_dtype || !compresses(c, tensors[0], total)) {
+    c10::intrusive_ptr<c10d::Work> work;
+    if (same_dtype && needs_emulation(opts.reduceOp, tensors[0], traits)) {
+      c10d::AllreduceCoalescedOptions sum = opts;
+      sum.reduceOp = c10d::ReduceOp::SUM;
+      emulate_reduce(c.name, opts.reduceOp, size_, tensors, tensors, /*in_place=*/true,
+                     [&](std::vector<at::Tensor>& copies, std::vector<at::Tensor>&) {
+                       wait_for(inner->allreduce_coalesced(copies, sum));
+                     });
+      work = passed({}, c, tensors);
+    } else {
+      work = passed(inner->allreduce_coalesced(tensors, opts), c, tensors);
+    }
+    record_passthrough(c, bytes_of(tensors));
+    return work;
+  }
+  const WireLayout wire = wire_layout(tensors[0].device().type());
+  auto work = run(c, tensors[0].device(), opts.asyncOp, opts.timeout, with_factor(tensors, opts.reduceOp, red),
+                  tensors, [&](Transport& transport) {
+                    std::vector<at::Tensor> flat_views;
+                    for (const auto& t : tensors) flat_views.push_back(t.reshape({-1}));
+                    at::Tensor flat = at::cat(flat_views);
+                    fp8comm::all_reduce(transport, wire, workspace_, flat, *red);
+                    int64_t offset = 0;
+                    for (auto& t : tensors) {
+                      t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+                      offset += t.numel();
+                    }
+                  });
+  record_compressed(c, bytes_of(tensors), all_reduce_bytes_sent(size_, wire, total));
+  return work;
+}
+
+// -------------------------------------------------------------- reduce_scatter
+void ProcessGroupFP8::check_reduce_scatter_tensor(const Collective& c, const at::Tensor& output,
+                                                  const at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+  check_same_device_and_dtype(c.name, input, output, "output");
+  check_not_fp8_reduction(c.name, input);
+  check_writable(c.name, output, "the output");
+  check_group_multiple(c.name, input, "input", output, "output", size_);
+  inner_for(input.device(), c.name);
+  check_reduce_op_supported(c.name, opts.reduceOp, input, traits_for(input.device().type()));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::reduce_scatter_tensor_exact(const Collective& c, at::Tensor& output,
+                                                                           at::Tensor& input,
+                                                                           const c10d::ReduceScatterOptions& opts) {
+  auto inner = inner_for(input.device(), c.name);
+  if (!needs_emulation(opts.reduceOp, input, traits_for(input.device().type()))) {
+    return passed(inner->_reduce_scatter_base(output, input, opts), c, {output});
+  }
+  c10d::ReduceScatterOptions sum = opts;
+  sum.reduceOp = c10d::ReduceOp::SUM;
+  emulate_reduce(c.name, opts.reduceOp, size_, {input}, {output}, /*in_place=*/false,
+                 [&](std::vector<at::Tensor>& ins, std::vector<at::Tensor>& results) {
+                   wait_for(inner->_reduce_scatter_base(results[0], ins[0], sum));
+                 });
+  return passed({}, c, {output});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                                     const c10d::ReduceScatterOptions& opts) {
+  return reduce_scatter_tensor(collectives::kReduceScatterTensor, output, input, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::reduce_scatter_tensor(const Collective& c, at::Tensor& output,
+                                                                      at::Tensor& input,
+                                                                      const c10d::ReduceScatterOptions& opts) {
+  check_reduce_scatter_tensor(c, output, input, opts);
+  auto red = reduction_for(opts.reduceOp, input, size_);
+  if (!red || !compresses(c, input, output.numel())) {
+    auto work = reduce_scatter_tensor_exact(c, output, input, opts);
+    record_passthrough(c, bytes_of(output));
+    return work;
+  }
+  check_dense(c.name, output);
+  const WireLayout wire = wire_layout(input.device().type());
+  auto work = run(c, input.device(), opts.asyncOp, opts.timeout, with_factor({input, output}, opts.reduceOp, red),
+                  {output}, [&](Transport& transport) {
+                    at::Tensor out = contiguous_or_self(output);
+                    fp8comm::reduce_scatter(transport, wire, workspace_, out, {contiguous_or_self(input)}, *red);
+                    write_back(output, out);
+                  });
+  record_compressed(c, bytes_of(output), reduce_scatter_bytes_sent(size_, wire, output.numel()));
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                               std::vector<std::vector<at::Tensor>>& inputs,
+                                                               const c10d::ReduceScatterOptions& opts) {
+  const Collective& c = collectives::kReduceScatter;
+  TORCH_CHECK(outputs.size() == 1 && inputs.size() == 1, "fp8comm ", c.name,
+              ": expected one output and one input list per call, got ", outputs.size(), " and ", inputs.size());
+  at::Tensor& output = outputs[0];
+  TORCH_CHECK(static_cast<int64_t>(inputs[0].size()) == size_, "fp8comm ", c.name, ": the input list has ",
+              inputs[0].size(), " tensors but the group has ", size_, " ranks");
+  check_not_fp8_reduction(c.name, output);
+  check_writable(c.name, output, "the output");
+  for (const auto& in : inputs[0]) {
+    check_same_device_and_dtype(c.name, output, in, "an input", "the output");
+    TORCH_CHECK(in.numel() == output.numel(), "fp8comm ", c.name, ": every input must have the output's ",
+                output.numel(), " elements, got ", in.numel());
+  }
+  auto inner = inner_for(output.device(), c.name);
+  const TransportTraits traits = traits_for(output.device().type());
+  check_reduce_op_supported(c.name, opts.reduceOp, output, traits);
+  auto red = reduction_for(opts.reduceOp, output, size_);
+  if (!red || !compresses(c, output, output.numel())) {
+    c10::intrusive_ptr<c10d::Work> work;
+    if (needs_emulation(opts.reduceOp, output, traits)) {
+      std::vector<at::Tensor> flat_inputs;
+      for (const auto& in : inputs[0]) flat_inputs.push_back(in.reshape({-1}));
+      at::Tensor flat = at::cat(flat_inputs);
+      wait_for(reduce_scatter_tensor_exact(c, output, flat, opts));
+      work = passed({}, c, outputs);
+    } else {
+      work = passed(inner->reduce_scatter(outputs, inputs, opts), c, outputs);
+    }
+    record_passthrough(c, bytes_of(output));
+    return work;
+  }
+  std::vector<at::Tensor> user = inputs[0];
+  user.push_back(output);
+  const WireLayout wire = wire_layout(output.device().type());
+  auto work = run(c, output.device(), opts.asyncOp, opts.timeout, with_factor(user, opts.reduceOp, red), outputs,
+                  [&](Transport& transport) {
+                    std::vector<at::Tensor> segments;
+                    for (const auto& in : inputs[0]) segments.push_back(contiguous_or_self(in));
+                    at::Tensor out = contiguous_or_self(output);
+                    fp8comm::reduce_scatter(transport, wire, workspace_, out, segments, *red);
+                    write_back(output, out);
+                  });
+  record_compressed(c, bytes_of(output), reduce_scatter_bytes_sent(size_, wire, output.numel()));
+  return work;
+}
+
+// Each pair is its own collective (compressed or passed through, as it would
+// be alone), counted under this op's name. Every pair is checked before any
+// is issued, so a bad one never leaves the earlier ones written.
+c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
+  const Collective& c = collectives::kReduceScatterTensorCoalesced;
+  TORCH_CHECK(!inputs.empty() && outputs.size() == inputs.size(), "fp8comm ", c.name, ": got ", outputs.size(),
+              " outputs for ", inputs.size(), " inputs");
+  for (size_t i = 0; i < inputs.size(); ++i) check_reduce_scatter_tensor(c, outputs[i], inputs[i], opts);
+  check_same_device(c.name, inputs);
+  auto inner = inner_for(inputs[0].device(), c.name);
+  const bool emulate = is_avg_or_premul(opts.reduceOp) && !traits_for(inputs[0].device().type()).reduces_avg_and_premul;
+  auto red = reduction_for(opts.reduceOp, inputs[0], size_);
+  bool any = false;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const bool compress = red && compresses(c, inputs[i], outputs[i].numel());
+    if (compress) check_dense(c.name, outputs[i]);
+    any = any || compress;
+  }
+  if (!any && !emulate) {
+    auto work = inner->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+    for (const auto& out : outputs) record_passthrough(c, bytes_of(out));
+    return passed(std::move(work), c, outputs);
+  }
+  std::vector<at::Tensor> user = inputs;
+  user.insert(user.end(), outputs.begin(), outputs.end());
+  // Each pair runs after the previous one on this call's stream; its Work is
+  // kept, so that its errors are this call's.
+  c10d::ReduceScatterOptions one = opts;
+  one.asyncOp = true;
+  return run(c, inputs[0].device(), opts.asyncOp, opts.timeout, with_factor(user, opts.reduceOp, red), outputs,
+             [&](Transport& transport) {
+               for (size_t i = 0; i < inputs.size(); ++i) {
+                 transport.wait(reduce_scatter_tensor(c, outputs[i], inputs[i], one), "reduce_scatter");
+               }
+             });
+}
+
+// ------------------------------------------------------------------ all_gather
+void ProcessGroupFP8::check_all_gather_into_tensor(const Collective& c, const at::Tensor& output,
+                                                   const at::Tensor& input) const {
+  check_same_device_and_dtype(c.name, input, output, "output");
+  check_writable(c.name, output, "the output");
+  check_group_multiple(c.name, output, "output", input, "input", size_);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                                const c10d::AllgatherOptions& opts) {
+  return all_gather_into_tensor(collectives::kAllGatherIntoTensor, output, input, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::all_gather_into_tensor(const Collective& c, at::Tensor& output,
+                                                                       at::Tensor& input,
+                                                                       const c10d::AllgatherOptions& opts) {
+  check_all_gather_into_tensor(c, output, input);
+  auto inner = inner_for(input.device(), c.name);
+  if (!compresses(c, input, input.numel())) {
+    at::Tensor out = as_bytes_if_fp8(output);
+    at::Tensor in = as_bytes_if_fp8(input);
+    auto work = inner->_allgather_base(out, in, opts);
+    record_passthrough(c, bytes_of(input));
+    return passed(std::move(work), c, {output});
+  }
+  check_dense(c.name, output);
+  const WireLayout wire = wire_layout(input.device().type());
+  auto work = run(c, input.device(), opts.asyncOp, opts.timeout, {input, output}, {output}, [&](Transport& transport) {
+    at::Tensor out = contiguous_or_self(output);
+    fp8comm::all_gather(transport, wire, workspace_, {out}, contiguous_or_self(input));
+    write_back(output, out);
+  });
+  record_compressed(c, bytes_of(input), all_gather_bytes_sent(size_, wire, input.numel()));
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                          std::vector<at::Tensor>& inputs,
+                                                          const c10d::AllgatherOptions& opts) {
+  const Collective& c = collectives::kAllGather;
+  TORCH_CHECK(outputs.size() == 1 && inputs.size() == 1, "fp8comm ", c.name,
+              ": expected one input and one output list per call, got ", inputs.size(), " and ", outputs.size());
+  at::Tensor& input = inputs[0];
+  TORCH_CHECK(static_cast<int64_t>(outputs[0].size()) == size_, "fp8comm ", c.name, ": the output list has ",
+              outputs[0].size(), " tensors but the group has ", size_, " ranks");
+  for (const auto& out : outputs[0]) {
+    check_same_device_and_dtype(c.name, input, out, "an output");
+    check_writable(c.name, out, "an output");
+    TORCH_CHECK(out.numel() == input.numel(), "fp8comm ", c.name, ": every output must have the input's ",
+                input.numel(), " elements, got ", out.numel());
+  }
+  auto inner = inner_for(input.device(), c.name);
+  if (!compresses(c, input, input.numel())) {
+    auto outs = as_bytes_if_fp8(outputs);
+    auto ins = as_bytes_if_fp8(inputs);
+    auto work = inner->allgather(outs, ins, opts);
+    record_passthrough(c, bytes_of(input));
+    return passed(std::move(work), c, outputs[0]);
+  }
+  std::vector<at::Tensor> user = outputs[0];
+  user.push_back(input);
+  const WireLayout wire = wire_layout(input.device().type());
+  auto work = run(c, input.device(), opts.asyncOp, opts.timeout, user, outputs[0], [&](Transport& transport) {
+    std::vector<at::Tensor> outs;
+    for (const auto& out : outputs[0]) outs.push_back(contiguous_or_self(out));
+    fp8comm::all_gather(transport, wire, workspace_, outs, contiguous_or_self(input));
+    for (size_t r = 0; r < outs.size(); ++r) write_back(outputs[0][r], outs[r]);
+  });
+  record_compressed(c, bytes_of(input), all_gather_bytes_sent(size_, wire, input.numel()));
+  return work;
+}
+
+// As reduce_scatter_tensor_coalesced: one collective per pair, all checked first.
+c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                                std::vector<at::Tensor>& inputs,
+                                                                                const c10d::AllgatherOptions& opts) {
+  const Collective& c = collectives::kAllGatherIntoTensorCoalesced;
+  TORCH_CHECK(!inputs.empty() && outputs.size() == inputs.size(), "fp8comm ", c.name, ": got ", outputs.size(),
+              " outputs for ", inputs.size(), " inputs");
+  bool any = false;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    check_all_gather_into_tensor(c, outputs[i], inputs[i]);
+    const bool compress = compresses(c, inputs[i], inputs[i].numel());
+    if (compress) check_dense(c.name, outputs[i]);
+    any = any || compress;
+  }
+  check_same_device(c.name, inputs);
+  auto inner = inner_for(inputs[0].device(), c.name);
+  if (!any) {
+    auto outs = as_bytes_if_fp8(outputs);
+    auto ins = as_bytes_if_fp8(inputs);
+    auto work = inner->allgather_into_tensor_coalesced(outs, ins, opts);
+    for (const auto& in : inputs) record_passthrough(c, bytes_of(in));
+    return passed(std::move(work), c, outputs);
+  }
+  std::vector<at::Tensor> user = inputs;
+  user.insert(user.end(), outputs.begin(), outputs.end());
+  c10d::AllgatherOptions one = opts;
+  one.asyncOp = true;
+  return run(c, inputs[0].device(), opts.asyncOp, opts.timeout, user, outputs, [&](Transport& transport) {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      transport.wait(all_gather_into_tensor(c, outputs[i], inputs[i], one), "all_gather");
+    }
+  });
+}
+
+}  // namespace fp8comm

@@ -1,0 +1,51 @@
+#pragma once
+// ProcessGroupFP8::run, the stream and Work contract of a compressed call
+// (DESIGN.md, "Streams and Work"): on CUDA with async_op the side stream
+// first waits for the caller's stream, the algorithm runs there, and the
+// user's tensors are marked in use by it; without async_op it runs on the
+// caller's stream. On the CPU it runs inline and the Work is already complete.
+// One call at a time per group, on every device: two host threads would
+// otherwise interleave the phases of their calls differently on each rank
+// (recursive: coalesced calls run their parts through run() again).
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+#include "fp8_work.h"
+#include "process_group_fp8.h"
+
+namespace fp8comm {
+
+template <typename Body>
+c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::run(const Collective& c, const at::Device& device, bool async_op,
+                                                    std::chrono::milliseconds timeout,
+                                                    const std::vector<at::Tensor>& user_tensors,
+                                                    std::vector<at::Tensor> outputs, Body&& body) {
+  std::lock_guard<std::recursive_mutex> lock(call_mutex_);
+  Transport transport(inner_for(device, c.name), traits_for(device.type()), rank_, size_, timeout, c.name);
+  if (device.is_cpu()) {
+    body(transport);  // every phase waited for on the host: any error has been raised
+    return c10::make_intrusive<FP8Work>(rank_, c.type, c.name, std::move(outputs));
+  }
+  c10::impl::VirtualGuardImpl impl(device.type());
+  c10::DeviceGuard device_guard(device);
+  const c10::Stream caller = impl.getStream(device);
+  const c10::Stream stream = async_op ? side_stream(device) : caller;
+  if (stream != caller) {
+    c10::Event ready(device.type());
+    ready.record(caller);
+    ready.block(stream);
+    for (const at::Tensor& t : user_tensors) {
+      if (t.defined() && t.has_storage()) impl.recordDataPtrOnStream(t.storage().data_ptr(), stream);
+    }
+  }
+  c10::StreamGuard stream_guard(stream);
+  body(transport);
+  c10::Event end(device.type());
+  end.record(stream);
+  return c10::make_intrusive<FP8Work>(rank_, c.type, c.name, std::move(outputs), transport.take_works(),
+                                      std::move(end), stream, user_tensors);
+}
+
+}  // namespace fp8comm
