@@ -59,7 +59,7 @@ def main():
     pair = P == 2 and os.environ.get("FP8COMM_PAIR_ALLREDUCE") == "1"  # opt-in, DESIGN.md, "Algorithms"
     if pair:  # one segment of the whole tensor per rank, one exchange
         m = -(-n // 32) * 32
-    S = fp8comm._C.wire_segment_bytes(m, 32, "cpu")
+    S = dist.group.WORLD._get_backend(torch.device("cpu")).wire_segment_bytes(m, "cpu")
     seg = fp8comm.segment_bytes(m, 32)
     if rank == 0:  # 1. codec passes, one thread
         wire = torch.empty(P * seg, dtype=torch.uint8)  # the codec's segments, without the headers

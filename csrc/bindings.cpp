@@ -2,10 +2,13 @@
 // torch.library operators (csrc/codec/codec_ops.cpp). torch.distributed must be
 // imported first: ProcessGroupFP8 derives from its c10d::Backend binding.
 #include <torch/csrc/utils/pybind.h>
+#include <torch/csrc/Dtype.h>
 #include <torch/extension.h>
 
 #include "backend/fp8_work.h"
+#include "backend/options.h"
 #include "backend/registry.h"
+#include "common/env.h"
 #include "codec/codec.h"
 #include "testing/nccl_like_backend.h"
 
@@ -17,10 +20,40 @@ c10::DeviceType device_type_of(const std::string& device) {
   TORCH_CHECK(false, "fp8comm: transports exist for \"cpu\" and \"cuda\", got \"", device, "\"");
 }
 
+// fp8_dtype as given: a name, or torch.float8_e4m3fn / torch.float8_e5m2.
+std::optional<std::string> fp8_dtype_name(const py::object& v) {
+  if (v.is_none()) return std::nullopt;
+  if (THPDtype_Check(v.ptr())) {
+    const auto dtype = reinterpret_cast<THPDtype*>(v.ptr())->scalar_type;
+    if (dtype == at::kFloat8_e4m3fn) return "e4m3";
+    if (dtype == at::kFloat8_e5m2) return "e5m2";
+  } else if (py::isinstance<py::str>(v)) {
+    return v.cast<std::string>();
+  }
+  TORCH_CHECK_VALUE(false, "fp8comm.Options: fp8_dtype must be 'e4m3' / torch.float8_e4m3fn or 'e5m2' / "
+                    "torch.float8_e5m2, got ", py::repr(v).cast<std::string>());
+}
+
+std::optional<int64_t> int_option(const py::object& v, const char* name, const char* rule) {
+  if (v.is_none()) return std::nullopt;
+  TORCH_CHECK_VALUE(py::isinstance<py::int_>(v) && !py::isinstance<py::bool_>(v), "fp8comm.Options: ", name,
+                    " must be ", rule, ", got ", py::repr(v).cast<std::string>());
+  return v.cast<int64_t>();
+}
+
+// compress as given: a comma-separated string or an iterable of op names.
+std::optional<std::vector<std::string>> compress_items(const py::object& v) {
+  if (v.is_none()) return std::nullopt;
+  std::vector<std::string> items;
+  if (py::isinstance<py::str>(v)) return fp8comm::split_commas(v.cast<std::string>());
+  for (const auto& item : v) items.push_back(py::str(item).cast<std::string>());
+  return items;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  using fp8comm::FP8Options;
+  using fp8comm::Options;
   using fp8comm::ProcessGroupFP8;
   m.doc() = "fp8comm C++ extension: FP8 block codec and the fp8nccl / fp8gloo backend";
 #ifdef FP8COMM_WITH_CUDA
@@ -40,6 +73,76 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "SIMD kernels are on (cpu_simd_enabled).");
   m.def("set_cpu_avx512", &fp8comm::set_cpu_avx512, py::arg("enabled"),
         "Switch the CPU codec's AVX-512 kernels on or off (same bytes either way); returns the old setting.");
+
+  m.def(
+      "environment_variables",
+      [] {
+        std::vector<std::tuple<std::string, std::string, std::string>> vars;
+        for (const auto* v : fp8comm::env::kAll) vars.emplace_back(v->name, v->fallback, v->doc);
+        return vars;
+      },
+      "(name, value when unset, what it sets) of every FP8COMM_* variable fp8comm reads (csrc/common/env.h).");
+
+  py::class_<Options, c10d::Backend::Options, c10::intrusive_ptr<Options>>(m, "Options", R"(
+Options of one fp8nccl / fp8gloo process group; pass as ``pg_options`` to
+``init_process_group`` or ``new_group``. A field left as None takes its
+FP8COMM_* environment variable when the group is created, then the default.
+
+block_size: elements per FP8 block, a multiple of 16 in [16, 4096] (FP8COMM_BLOCK_SIZE, 32).
+fp8_dtype: "e4m3" / torch.float8_e4m3fn or "e5m2" / torch.float8_e5m2 (FP8COMM_FP8_DTYPE, e4m3).
+min_numel: per-rank element count below which a collective passes through exactly
+    (FP8COMM_MIN_NUMEL, 16384: scalars such as the loss or a grad norm stay exact).
+compress: which of all_reduce, reduce_scatter, all_gather are compressed: a list, or a
+    comma-separated string; "all" or "none" (FP8COMM_COMPRESS, all_reduce,reduce_scatter).)")
+      .def(py::init([](const py::object& block_size, const py::object& fp8_dtype, const py::object& min_numel,
+                       const py::object& compress) {
+             auto o = c10::make_intrusive<Options>();
+             o->block_size = int_option(block_size, "block_size", "a multiple of 16 in [16, 4096]");
+             o->fp8_dtype = fp8_dtype_name(fp8_dtype);
+             o->min_numel = int_option(min_numel, "min_numel", "an int >= 0");
+             o->compress = compress_items(compress);
+             return o;
+           }),
+           py::arg("block_size") = py::none(), py::arg("fp8_dtype") = py::none(), py::arg("min_numel") = py::none(),
+           py::arg("compress") = py::none())
+      .def_property_readonly("block_size", [](const Options& o) { return o.block_size; })
+      .def_property_readonly("fp8_dtype", [](const Options& o) { return o.fp8_dtype; })
+      .def_property_readonly("min_numel", [](const Options& o) { return o.min_numel; })
+      .def_property_readonly("compress",
+                             [](const Options& o) -> py::object {
+                               if (!o.compress) return py::none();
+                               return py::tuple(py::cast(*o.compress));
+                             })
+      .def("resolved", &Options::resolved,
+           "A copy with every field set from the environment where unset, and checked (ValueError otherwise).")
+      .def("fingerprint", &Options::fingerprint,
+           "Of resolved options: what every rank of a group must agree on, by name.")
+      .def("__repr__", [](const Options& o) {
+        auto show = [](const auto& v) { return v ? py::repr(py::cast(*v)).template cast<std::string>() : std::string("None"); };
+        return "fp8comm.Options(block_size=" + show(o.block_size) + ", fp8_dtype=" + show(o.fp8_dtype) +
+               ", min_numel=" + show(o.min_numel) + ", compress=" + show(o.compress) + ")";
+      })
+      .def(py::pickle(
+          [](const Options& o) {  // copy.deepcopy(parent.options) when torch splits a group
+            return py::make_tuple(o.block_size, o.fp8_dtype, o.min_numel, o.compress, o.timeout.count(),
+                                  o.group_name, o.global_ranks_in_group);
+          },
+          [](const py::tuple& t) {
+            TORCH_CHECK_VALUE(t.size() == 7, "fp8comm.Options: cannot unpickle a state of ", t.size(), " fields");
+            auto o = c10::make_intrusive<Options>();
+            o->block_size = t[0].cast<std::optional<int64_t>>();
+            o->fp8_dtype = t[1].cast<std::optional<std::string>>();
+            o->min_numel = t[2].cast<std::optional<int64_t>>();
+            o->compress = t[3].cast<std::optional<std::vector<std::string>>>();
+            o->timeout = std::chrono::milliseconds(t[4].cast<int64_t>());
+            o->group_name = t[5].cast<std::string>();
+            o->global_ranks_in_group = t[6].cast<std::vector<uint64_t>>();
+            return o;
+          }))
+      .def("__eq__", [](const Options& a, const Options& b) {
+        return a.block_size == b.block_size && a.fp8_dtype == b.fp8_dtype && a.min_numel == b.min_numel &&
+               a.compress == b.compress;
+      });
 
   py::class_<ProcessGroupFP8, c10d::Backend, c10::intrusive_ptr<ProcessGroupFP8>>(m, "ProcessGroupFP8")
       .def("stats", [](ProcessGroupFP8& pg) { return pg.stats().snapshot(); })
@@ -72,19 +175,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                             py::arg("reduces_avg_and_premul") = t.reduces_avg_and_premul);
           },
           py::arg("device"), "What the algorithms know of the transport for `device` (transport_traits.h).")
-      .def_property_readonly("block_size", [](ProcessGroupFP8& pg) { return pg.options().block_size; })
-      .def_property_readonly("fp8_format",
-                             [](ProcessGroupFP8& pg) {
-                               return pg.options().format == fp8comm::Fp8Format::E4M3 ? "e4m3" : "e5m2";
-                             })
-      .def_property_readonly("min_numel", [](ProcessGroupFP8& pg) { return pg.options().min_numel; })
-      .def_property_readonly("compressed_ops", [](ProcessGroupFP8& pg) {
-        std::vector<std::string> ops;
-        if (pg.options().compress_allreduce) ops.push_back("all_reduce");
-        if (pg.options().compress_reduce_scatter) ops.push_back("reduce_scatter");
-        if (pg.options().compress_allgather) ops.push_back("all_gather");
-        return ops;
-      });
+      .def_property_readonly("options", [](ProcessGroupFP8& pg) { return pg.getBackendOptions(); },
+                             "The group's resolved fp8comm.Options.")
+      // The resolved options' fields, as the group uses them.
+      .def_property_readonly("block_size", [](ProcessGroupFP8& pg) { return *pg.options().block_size; })
+      .def_property_readonly("fp8_format", [](ProcessGroupFP8& pg) { return *pg.options().fp8_dtype; })
+      .def_property_readonly("min_numel", [](ProcessGroupFP8& pg) { return *pg.options().min_numel; })
+      .def_property_readonly("compressed_ops", [](ProcessGroupFP8& pg) { return *pg.options().compress; });
 
   // ---- for tests (fp8comm.testing): NCCL's contracts on CPU processes
   py::class_<fp8comm::NcclLikeBackend, c10d::Backend, c10::intrusive_ptr<fp8comm::NcclLikeBackend>>(
@@ -105,21 +202,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def(
       "attach_or_create",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, const std::string& group_id,
-         const std::string& device, const c10::intrusive_ptr<c10d::Backend>& inner, int block_size,
-         const std::string& fp8_format, int64_t min_numel, bool compress_allreduce, bool compress_reduce_scatter,
-         bool compress_allgather) {
-        FP8Options options;
-        options.block_size = block_size;
-        TORCH_CHECK(fp8_format == "e4m3" || fp8_format == "e5m2", "fp8comm: fp8 format must be e4m3 or e5m2");
-        options.format = fp8_format == "e4m3" ? fp8comm::Fp8Format::E4M3 : fp8comm::Fp8Format::E5M2;
-        options.min_numel = min_numel;
-        options.compress_allreduce = compress_allreduce;
-        options.compress_reduce_scatter = compress_reduce_scatter;
-        options.compress_allgather = compress_allgather;
+         const std::string& device, const c10::intrusive_ptr<c10d::Backend>& inner,
+         const c10::intrusive_ptr<Options>& options) {
         return fp8comm::attach_or_create(store, rank, size, group_id, device_type_of(device), inner, options);
       },
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("group_id"), py::arg("device"), py::arg("inner"),
-      py::arg("block_size"), py::arg("fp8_format"), py::arg("min_numel"), py::arg("compress_allreduce"),
-      py::arg("compress_reduce_scatter"), py::arg("compress_allgather"),
+      py::arg("options"),
       "The ProcessGroupFP8 of this group creation, with `inner` as its transport for `device`.");
 }

@@ -46,15 +46,9 @@ def _nccl_transport(opts):
     return dist.ProcessGroupNCCL(opts.store, opts.group_rank, opts.group_size, nccl_opts)
 
 
-def _wire_fingerprint(options: Options) -> dict:
-    """What every rank of a group must agree on: each changes the bytes or the
-    calls on the wire, and device segments carry no header to catch a mismatch."""
-    return {
-        "block_size": options.block_size,
-        "fp8_dtype": options.fp8_dtype,
-        "min_numel": options.min_numel,
-        "compress": ",".join(options.compress) or "none",
-    }
+def _shown(value) -> str:
+    """A fingerprint value in an error: numbers as they are, names quoted."""
+    return value if isinstance(value, str) and value.lstrip("-").isdigit() else repr(value)
 
 
 def _check_same_options_on_every_rank(dist_backend_opts, options: Options) -> None:
@@ -65,12 +59,13 @@ def _check_same_options_on_every_rank(dist_backend_opts, options: Options) -> No
     # group created over the same store are never read.
     generation = (store.add("fp8comm/options/creations", 1) - 1) // size
     prefix = f"fp8comm/options/{generation}/"
-    store.set(prefix + str(rank), json.dumps(_wire_fingerprint(options), sort_keys=True))
+    store.set(prefix + str(rank), json.dumps(options.fingerprint(), sort_keys=True))
     by_rank = [json.loads(store.get(prefix + str(r))) for r in range(size)]
     differing = [key for key in by_rank[rank] if any(other.get(key) != by_rank[rank][key] for other in by_rank)]
     if differing:
         details = "; ".join(
-            f"{key}: " + ", ".join(f"rank {r} has {fp.get(key)!r}" for r, fp in enumerate(by_rank)) for key in differing
+            f"{key}: " + ", ".join(f"rank {r} has {_shown(fp.get(key))}" for r, fp in enumerate(by_rank))
+            for key in differing
         )
         raise ValueError(
             f"fp8comm: the ranks of this process group resolved different options ({details}). Every rank must "
@@ -95,12 +90,7 @@ def _create(device: str, dist_backend_opts, pg_options, make_transport=None):
         dist_backend_opts.group_id,
         device,
         inner,
-        block_size=options.block_size,
-        fp8_format=options.fp8_dtype,
-        min_numel=options.min_numel,
-        compress_allreduce="all_reduce" in options.compress,
-        compress_reduce_scatter="reduce_scatter" in options.compress,
-        compress_allgather="all_gather" in options.compress,
+        options,
     )
 
 

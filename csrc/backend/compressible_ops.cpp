@@ -21,6 +21,23 @@ void wait_for(const c10::intrusive_ptr<c10d::Work>& work) {
 }  // namespace
 
 // ------------------------------------------------------------------ all_reduce
+template <typename Opts, typename Call>
+c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::all_reduce_exact(const Collective& c, std::vector<at::Tensor>& tensors,
+                                                                 const Opts& opts, bool emulate, Call&& call) {
+  c10::intrusive_ptr<c10d::Work> work;
+  if (emulate) {
+    Opts sum = opts;
+    sum.reduceOp = c10d::ReduceOp::SUM;
+    emulate_reduce(c.name, opts.reduceOp, size_, tensors, tensors, /*in_place=*/true,
+                   [&](std::vector<at::Tensor>& copies, std::vector<at::Tensor>&) { wait_for(call(copies, sum)); });
+    work = passed({}, c, tensors);
+  } else {
+    work = passed(call(tensors, opts), c, tensors);
+  }
+  record_passthrough(c, bytes_of(tensors));
+  return work;
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allreduce(std::vector<at::Tensor>& tensors,
                                                           const c10d::AllreduceOptions& opts) {
   const Collective& c = collectives::kAllReduce;
@@ -33,20 +50,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allreduce(std::vector<at::Tensor
   check_reduce_op_supported(c.name, opts.reduceOp, tensor, traits);
   auto red = reduction_for(opts.reduceOp, tensor, size_);
   if (!red || !compresses(c, tensor, tensor.numel())) {
-    c10::intrusive_ptr<c10d::Work> work;
-    if (needs_emulation(opts.reduceOp, tensor, traits)) {
-      c10d::AllreduceOptions sum = opts;
-      sum.reduceOp = c10d::ReduceOp::SUM;
-      emulate_reduce(c.name, opts.reduceOp, size_, tensors, tensors, /*in_place=*/true,
-                     [&](std::vector<at::Tensor>& copies, std::vector<at::Tensor>&) {
-                       wait_for(inner->allreduce(copies, sum));
-                     });
-      work = passed({}, c, tensors);
-    } else {
-      work = passed(inner->allreduce(tensors, opts), c, tensors);
-    }
-    record_passthrough(c, bytes_of(tensor));
-    return work;
+    return all_reduce_exact(c, tensors, opts, needs_emulation(opts.reduceOp, tensor, traits),
+                            [&](std::vector<at::Tensor>& ts, const c10d::AllreduceOptions& o) {
+                              return inner->allreduce(ts, o);
+                            });
   }
   const WireLayout wire = wire_layout(tensor.device().type());
   auto work = run(c, tensor.device(), opts.asyncOp, opts.timeout, with_factor({tensor}, opts.reduceOp, red), {tensor},
@@ -79,20 +86,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allreduce_coalesced(std::vector<
   for (const auto& t : tensors) check_reduce_op_supported(c.name, opts.reduceOp, t, traits);
   auto red = reduction_for(opts.reduceOp, tensors[0], size_);
   if (!red || !same_dtype || !compresses(c, tensors[0], total)) {
-    c10::intrusive_ptr<c10d::Work> work;
-    if (same_dtype && needs_emulation(opts.reduceOp, tensors[0], traits)) {
-      c10d::AllreduceCoalescedOptions sum = opts;
-      sum.reduceOp = c10d::ReduceOp::SUM;
-      emulate_reduce(c.name, opts.reduceOp, size_, tensors, tensors, /*in_place=*/true,
-                     [&](std::vector<at::Tensor>& copies, std::vector<at::Tensor>&) {
-                       wait_for(inner->allreduce_coalesced(copies, sum));
-                     });
-      work = passed({}, c, tensors);
-    } else {
-      work = passed(inner->allreduce_coalesced(tensors, opts), c, tensors);
-    }
-    record_passthrough(c, bytes_of(tensors));
-    return work;
+    return all_reduce_exact(c, tensors, opts, same_dtype && needs_emulation(opts.reduceOp, tensors[0], traits),
+                            [&](std::vector<at::Tensor>& ts, const c10d::AllreduceCoalescedOptions& o) {
+                              return inner->allreduce_coalesced(ts, o);
+                            });
   }
   const WireLayout wire = wire_layout(tensors[0].device().type());
   auto work = run(c, tensors[0].device(), opts.asyncOp, opts.timeout, with_factor(tensors, opts.reduceOp, red),

@@ -5,108 +5,110 @@
 
 namespace fp8comm {
 
+namespace c = collectives;
+
+template <typename Call>
+c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::forward(const Collective& collective, const at::Device& device,
+                                                        int64_t payload, std::vector<at::Tensor> outputs,
+                                                        Call&& call) {
+  auto work = call(*inner_for(device, collective.name));
+  record_passthrough(collective, payload);
+  return passed(std::move(work), collective, std::move(outputs));
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::broadcast(std::vector<at::Tensor>& tensors,
                                                           const c10d::BroadcastOptions& opts) {
-  check_writable("broadcast", tensors, "a tensor");
+  check_writable(c::kBroadcast.name, tensors, "a tensor");
   auto ts = as_bytes_if_fp8(tensors);
-  auto work = inner_for(tensors.at(0).device(), "broadcast")->broadcast(ts, opts);
-  record_passthrough(collectives::kBroadcast, bytes_of(tensors));
-  return passed(std::move(work), collectives::kBroadcast, tensors);
+  return forward(c::kBroadcast, tensors.at(0).device(), bytes_of(tensors), tensors,
+                 [&](c10d::Backend& inner) { return inner.broadcast(ts, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::reduce(std::vector<at::Tensor>& tensors,
                                                        const c10d::ReduceOptions& opts) {
-  check_not_fp8_reduction("reduce", tensors);
-  check_writable("reduce", tensors, "a tensor");
-  auto work = inner_for(tensors.at(0).device(), "reduce")->reduce(tensors, opts);
-  record_passthrough(collectives::kReduce, bytes_of(tensors));
-  return passed(std::move(work), collectives::kReduce, tensors);
+  check_not_fp8_reduction(c::kReduce.name, tensors);
+  check_writable(c::kReduce.name, tensors, "a tensor");
+  return forward(c::kReduce, tensors.at(0).device(), bytes_of(tensors), tensors,
+                 [&](c10d::Backend& inner) { return inner.reduce(tensors, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                                     std::vector<at::Tensor>& inputs,
                                                                     const c10d::AllgatherOptions& opts) {
-  check_writable("all_gather_coalesced", outputs, "an output");
+  check_writable(c::kAllGatherCoalesced.name, outputs, "an output");
   auto outs = as_bytes_if_fp8(outputs);
   auto ins = as_bytes_if_fp8(inputs);
-  auto work = inner_for(inputs.at(0).device(), "all_gather_coalesced")->allgather_coalesced(outs, ins, opts);
-  record_passthrough(collectives::kAllGatherCoalesced, bytes_of(inputs));
-  return passed(std::move(work), collectives::kAllGatherCoalesced, {});
+  return forward(c::kAllGatherCoalesced, inputs.at(0).device(), bytes_of(inputs), {},
+                 [&](c10d::Backend& inner) { return inner.allgather_coalesced(outs, ins, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                        std::vector<at::Tensor>& inputs,
                                                        const c10d::GatherOptions& opts) {
-  check_writable("gather", outputs, "an output");
+  check_writable(c::kGather.name, outputs, "an output");
   auto outs = as_bytes_if_fp8(outputs);
   auto ins = as_bytes_if_fp8(inputs);
-  auto work = inner_for(inputs.at(0).device(), "gather")->gather(outs, ins, opts);
-  record_passthrough(collectives::kGather, bytes_of(inputs));
-  return passed(std::move(work), collectives::kGather, {});
+  return forward(c::kGather, inputs.at(0).device(), bytes_of(inputs), {},
+                 [&](c10d::Backend& inner) { return inner.gather(outs, ins, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::scatter(std::vector<at::Tensor>& outputs,
                                                         std::vector<std::vector<at::Tensor>>& inputs,
                                                         const c10d::ScatterOptions& opts) {
-  check_writable("scatter", outputs, "the output");
+  check_writable(c::kScatter.name, outputs, "the output");
   auto outs = as_bytes_if_fp8(outputs);
   auto ins = as_bytes_if_fp8(inputs);
-  auto work = inner_for(outputs.at(0).device(), "scatter")->scatter(outs, ins, opts);
-  record_passthrough(collectives::kScatter, bytes_of(outputs));
-  return passed(std::move(work), collectives::kScatter, outputs);
+  return forward(c::kScatter, outputs.at(0).device(), bytes_of(outputs), outputs,
+                 [&](c10d::Backend& inner) { return inner.scatter(outs, ins, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::alltoall_base(at::Tensor& output, at::Tensor& input,
                                                               std::vector<int64_t>& output_split_sizes,
                                                               std::vector<int64_t>& input_split_sizes,
                                                               const c10d::AllToAllOptions& opts) {
-  check_writable("all_to_all", output, "the output");
+  check_writable(c::kAllToAllSingle.name, output, "the output");
   at::Tensor out = as_bytes_if_fp8(output);
   at::Tensor in = as_bytes_if_fp8(input);
-  auto work =
-      inner_for(input.device(), "all_to_all")->alltoall_base(out, in, output_split_sizes, input_split_sizes, opts);
-  record_passthrough(collectives::kAllToAllSingle, bytes_of(input));
-  return passed(std::move(work), collectives::kAllToAllSingle, {output});
+  return forward(c::kAllToAllSingle, input.device(), bytes_of(input), {output}, [&](c10d::Backend& inner) {
+    return inner.alltoall_base(out, in, output_split_sizes, input_split_sizes, opts);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::alltoall(std::vector<at::Tensor>& outputs,
                                                          std::vector<at::Tensor>& inputs,
                                                          const c10d::AllToAllOptions& opts) {
-  check_writable("all_to_all", outputs, "an output");
+  check_writable(c::kAllToAll.name, outputs, "an output");
   auto outs = as_bytes_if_fp8(outputs);
   auto ins = as_bytes_if_fp8(inputs);
-  auto work = inner_for(inputs.at(0).device(), "all_to_all")->alltoall(outs, ins, opts);
-  record_passthrough(collectives::kAllToAll, bytes_of(inputs));
-  return passed(std::move(work), collectives::kAllToAll, outputs);
+  return forward(c::kAllToAll, inputs.at(0).device(), bytes_of(inputs), outputs,
+                 [&](c10d::Backend& inner) { return inner.alltoall(outs, ins, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
   auto ts = as_bytes_if_fp8(tensors);
-  auto work = inner_for(tensors.at(0).device(), "send")->send(ts, dst_rank, tag);
-  record_passthrough(collectives::kSend, bytes_of(tensors));
-  return passed(std::move(work), collectives::kSend, tensors);
+  return forward(c::kSend, tensors.at(0).device(), bytes_of(tensors), tensors,
+                 [&](c10d::Backend& inner) { return inner.send(ts, dst_rank, tag); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
-  check_writable("recv", tensors, "the tensor");
+  check_writable(c::kRecv.name, tensors, "the tensor");
   auto ts = as_bytes_if_fp8(tensors);
-  auto work = inner_for(tensors.at(0).device(), "recv")->recv(ts, src_rank, tag);
-  record_passthrough(collectives::kRecv, bytes_of(tensors));
-  return passed(std::move(work), collectives::kRecv, tensors);
+  return forward(c::kRecv, tensors.at(0).device(), bytes_of(tensors), tensors,
+                 [&](c10d::Backend& inner) { return inner.recv(ts, src_rank, tag); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
-  check_writable("recv", tensors, "the tensor");
+  check_writable(c::kRecvAnySource.name, tensors, "the tensor");
   auto ts = as_bytes_if_fp8(tensors);
-  auto work = inner_for(tensors.at(0).device(), "recv")->recvAnysource(ts, tag);
-  record_passthrough(collectives::kRecvAnySource, bytes_of(tensors));
-  return passed(std::move(work), collectives::kRecvAnySource, tensors);
+  return forward(c::kRecvAnySource, tensors.at(0).device(), bytes_of(tensors), tensors,
+                 [&](c10d::Backend& inner) { return inner.recvAnysource(ts, tag); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::barrier(const c10d::BarrierOptions& opts) {
-  auto work = opts.device ? inner_for(*opts.device, "barrier")->barrier(opts) : default_inner("barrier")->barrier(opts);
-  record_passthrough(collectives::kBarrier, 0);
-  return passed(std::move(work), collectives::kBarrier, {});
+  auto work = opts.device ? inner_for(*opts.device, c::kBarrier.name)->barrier(opts)
+                          : default_inner(c::kBarrier.name)->barrier(opts);
+  record_passthrough(c::kBarrier, 0);
+  return passed(std::move(work), c::kBarrier, {});
 }
 
 void ProcessGroupFP8::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {

@@ -1,20 +1,48 @@
 #pragma once
-// Per-process-group options (DESIGN.md, "Options"). Built in Python from
-// fp8comm.Options and the FP8COMM_* environment defaults.
-#include <stdint.h>
+// The options of one fp8nccl / fp8gloo process group (DESIGN.md, "Options"),
+// c10d style: a c10d::Backend::Options, bound to Python as fp8comm.Options
+// and passed as `pg_options`. A field left unset takes its FP8COMM_*
+// environment variable (csrc/common/env.h), then that variable's fallback;
+// resolved() fills and checks every field, once, at group creation.
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "../codec/fp8_block_math.h"
+#include "collectives.h"
 
 namespace fp8comm {
 
-struct FP8Options {
-  int block_size = 32;
-  Fp8Format format = Fp8Format::E4M3;
-  // Tensors with fewer elements per rank pass through exactly.
-  int64_t min_numel = 0;
-  bool compress_allreduce = true;
-  bool compress_reduce_scatter = true;
-  bool compress_allgather = false;
+struct Options : c10d::Backend::Options {
+  static constexpr const char* kBackendName = "fp8comm";
+  // The collectives that have a compressed algorithm, as `compress` names them.
+  static const std::vector<std::string>& compressible_ops();
+
+  Options() : c10d::Backend::Options(kBackendName) {}
+
+  std::optional<int64_t> block_size;
+  std::optional<std::string> fp8_dtype;             // "e4m3" / "e5m2"
+  std::optional<int64_t> min_numel;                 // per-rank elements below which calls pass through
+  std::optional<std::vector<std::string>> compress;  // a subset of compressible_ops(), in their order
+
+  // A copy with every field set (from the environment where unset) and
+  // checked; raises ValueError naming the field or variable otherwise.
+  c10::intrusive_ptr<Options> resolved() const;
+
+  // Of a resolved Options:
+  Fp8Format format() const;
+  bool compresses(Algorithm algorithm) const;
+  // What every rank of a group must agree on, by name: each changes the
+  // bytes or the calls on the wire (device segments carry no header).
+  std::map<std::string, std::string> fingerprint() const;
 };
+
+// "all_reduce,reduce_scatter", "all", "none" or a list -> the ops, checked
+// against compressible_ops(); `where` names the source in errors.
+std::vector<std::string> parse_compress(const std::vector<std::string>& items, const std::string& where);
+std::vector<std::string> split_commas(const std::string& s);
 
 }  // namespace fp8comm

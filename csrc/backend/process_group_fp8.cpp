@@ -9,9 +9,11 @@
 
 namespace fp8comm {
 
-ProcessGroupFP8::ProcessGroupFP8(int rank, int size, FP8Options options)
-    : c10d::Backend(rank, size), options_(options) {
-  check_block_size(options_.block_size, "fp8comm.Options");
+ProcessGroupFP8::ProcessGroupFP8(int rank, int size, c10::intrusive_ptr<fp8comm::Options> options)
+    : c10d::Backend(rank, size), options_(std::move(options)) {
+  TORCH_CHECK(options_ && options_->block_size && options_->fp8_dtype && options_->min_numel && options_->compress,
+              "fp8comm: ProcessGroupFP8 needs resolved options (fp8comm.Options(...).resolved())");
+  check_block_size(*options_->block_size, "fp8comm.Options");
 }
 
 void ProcessGroupFP8::add_transport(c10::DeviceType device_type, c10::intrusive_ptr<c10d::Backend> inner) {
@@ -34,7 +36,7 @@ TransportTraits ProcessGroupFP8::traits_for(c10::DeviceType device_type) const {
 }
 
 WireLayout ProcessGroupFP8::wire_layout(c10::DeviceType device_type) const {
-  return WireLayout(traits_for(device_type), options_.block_size, options_.format);
+  return WireLayout(traits_for(device_type), static_cast<int>(*options_->block_size), options_->format());
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::passed(c10::intrusive_ptr<c10d::Work> work, const Collective& c,
@@ -78,18 +80,12 @@ const std::string ProcessGroupFP8::getBackendName() const {
 }
 
 bool ProcessGroupFP8::compresses(const Collective& c, const at::Tensor& t, int64_t per_rank_numel) const {
-  bool enabled = false;
-  switch (c.algorithm) {
-    case Algorithm::kAllReduce: enabled = options_.compress_allreduce; break;
-    case Algorithm::kReduceScatter: enabled = options_.compress_reduce_scatter; break;
-    case Algorithm::kAllGather: enabled = options_.compress_allgather; break;
-    case Algorithm::kNone: break;
-  }
+  const bool enabled = options_->compresses(c.algorithm);
   std::lock_guard<std::mutex> lock(mutex_);
   // Inside a coalescing block the inner backend defers its ops until
   // endCoalescing, so the multi-phase algorithms cannot run there.
   return enabled && coalescing_.empty() && t.layout() == at::kStrided && is_codec_dtype(t.scalar_type()) &&
-         per_rank_numel > 0 && per_rank_numel >= options_.min_numel;
+         per_rank_numel > 0 && per_rank_numel >= *options_->min_numel;
 }
 
 // Stats are recorded after a call has been issued (enqueued on CUDA, done on

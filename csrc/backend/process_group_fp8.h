@@ -27,7 +27,8 @@ namespace fp8comm {
 
 class ProcessGroupFP8 : public c10d::Backend {
  public:
-  ProcessGroupFP8(int rank, int size, FP8Options options);
+  // `options`: resolved (Options::resolved).
+  ProcessGroupFP8(int rank, int size, c10::intrusive_ptr<fp8comm::Options> options);
 
   // Adds the transport for tensors of `device_type`; one per device type.
   void add_transport(c10::DeviceType device_type, c10::intrusive_ptr<c10d::Backend> inner);
@@ -37,7 +38,8 @@ class ProcessGroupFP8 : public c10d::Backend {
   TransportTraits traits_for(c10::DeviceType device_type) const;
   WireLayout wire_layout(c10::DeviceType device_type) const;
 
-  const FP8Options& options() const { return options_; }
+  const fp8comm::Options& options() const { return *options_; }
+  c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override { return options_; }
   Stats& stats() { return stats_; }
 
   const std::string getBackendName() const override;
@@ -126,6 +128,17 @@ class ProcessGroupFP8 : public c10d::Backend {
   void record_passthrough(const Collective& c, int64_t payload);
   void record_compressed(const Collective& c, int64_t payload, int64_t wire);
 
+  // Passes a call through: call(inner backend) for `device`, counted in stats.
+  template <typename Call>
+  c10::intrusive_ptr<c10d::Work> forward(const Collective& c, const at::Device& device, int64_t payload,
+                                         std::vector<at::Tensor> outputs, Call&& call);
+  // An exact all_reduce of `tensors` by call(tensors, opts) (the inner
+  // allreduce or allreduce_coalesced), with AVG / PREMUL_SUM emulated where
+  // `emulate`, counted in stats.
+  template <typename Opts, typename Call>
+  c10::intrusive_ptr<c10d::Work> all_reduce_exact(const Collective& c, std::vector<at::Tensor>& tensors,
+                                                  const Opts& opts, bool emulate, Call&& call);
+
   // The tensor forms, also run per pair by their coalesced forms (named `c`).
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor(const Collective& c, at::Tensor& output, at::Tensor& input,
                                                        const c10d::ReduceScatterOptions& opts);
@@ -138,7 +151,7 @@ class ProcessGroupFP8 : public c10d::Backend {
                                    const c10d::ReduceScatterOptions& opts);
   void check_all_gather_into_tensor(const Collective& c, const at::Tensor& output, const at::Tensor& input) const;
 
-  const FP8Options options_;
+  const c10::intrusive_ptr<fp8comm::Options> options_;
   Stats stats_;
   mutable std::mutex mutex_;
   std::map<c10::DeviceType, c10::intrusive_ptr<c10d::Backend>> inner_;

@@ -32,7 +32,7 @@ c10::intrusive_ptr<ProcessGroupFP8> attach_or_create(const c10::intrusive_ptr<c1
                                                      int size, const std::string& group_id,
                                                      c10::DeviceType device_type,
                                                      c10::intrusive_ptr<c10d::Backend> inner,
-                                                     const FP8Options& options) {
+                                                     c10::intrusive_ptr<Options> options) {
   const auto group_store = group_store_of(store);
   std::lock_guard<std::mutex> lock(registry_mutex);
   auto& entries = registry();
@@ -49,7 +49,7 @@ c10::intrusive_ptr<ProcessGroupFP8> attach_or_create(const c10::intrusive_ptr<c1
       return existing;
     }
   }
-  auto backend = c10::make_intrusive<ProcessGroupFP8>(rank, size, options);
+  auto backend = c10::make_intrusive<ProcessGroupFP8>(rank, size, std::move(options));
   backend->add_transport(device_type, std::move(inner));
   entries.erase(group_id);
   entries.emplace(group_id, Entry{c10::weak_intrusive_ptr<ProcessGroupFP8>(backend),

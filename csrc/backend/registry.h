@@ -15,6 +15,6 @@ c10::intrusive_ptr<ProcessGroupFP8> attach_or_create(const c10::intrusive_ptr<c1
                                                      int size, const std::string& group_id,
                                                      c10::DeviceType device_type,
                                                      c10::intrusive_ptr<c10d::Backend> inner,
-                                                     const FP8Options& options);
+                                                     c10::intrusive_ptr<Options> options);
 
 }  // namespace fp8comm

@@ -1,0 +1,119 @@
+#include "options.h"
+
+#include <algorithm>
+
+#include "../common/env.h"
+
+namespace fp8comm {
+
+namespace {
+
+std::string strip(const std::string& s) {
+  const auto b = s.find_first_not_of(" \t");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t") - b + 1);
+}
+
+int64_t env_int(const EnvVar& var) {
+  const std::string raw = var.value_or_fallback();
+  try {
+    size_t used = 0;
+    const int64_t v = std::stoll(raw, &used);
+    if (used == raw.size()) return v;
+  } catch (const std::exception&) {
+  }
+  TORCH_CHECK_VALUE(false, "fp8comm: environment variable ", var.name, " must be an integer, got '", raw, "'");
+}
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& s : items) out += (out.empty() ? "" : ",") + s;
+  return out;
+}
+
+}  // namespace
+
+const std::vector<std::string>& Options::compressible_ops() {
+  static const std::vector<std::string> ops{"all_reduce", "reduce_scatter", "all_gather"};
+  return ops;
+}
+
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> items;
+  size_t start = 0;
+  while (start <= s.size()) {
+    const size_t end = std::min(s.find(',', start), s.size());
+    items.push_back(s.substr(start, end - start));
+    start = end + 1;
+  }
+  return items;
+}
+
+std::vector<std::string> parse_compress(const std::vector<std::string>& raw, const std::string& where) {
+  std::vector<std::string> items;
+  for (const auto& s : raw) {
+    if (!strip(s).empty()) items.push_back(strip(s));
+  }
+  const auto& all = Options::compressible_ops();
+  if (items == std::vector<std::string>{"all"}) return all;
+  if (items.empty() || items == std::vector<std::string>{"none"}) return {};
+  std::string unknown;
+  for (const auto& s : items) {
+    if (std::find(all.begin(), all.end(), s) == all.end()) unknown += (unknown.empty() ? "'" : ", '") + s + "'";
+  }
+  TORCH_CHECK_VALUE(unknown.empty(), where, ": unknown op(s) [", unknown, "]; choose from ['all_reduce', ",
+                    "'reduce_scatter', 'all_gather'], 'all' or 'none'");
+  std::vector<std::string> ops;
+  for (const auto& op : all) {
+    if (std::find(items.begin(), items.end(), op) != items.end()) ops.push_back(op);
+  }
+  return ops;
+}
+
+c10::intrusive_ptr<Options> Options::resolved() const {
+  auto r = c10::make_intrusive<Options>(*this);
+  r->block_size = block_size ? *block_size : env_int(env::kBlockSize);
+  TORCH_CHECK_VALUE(*r->block_size >= 16 && *r->block_size <= 4096 && *r->block_size % 16 == 0,
+                    "fp8comm.Options: block_size must be a multiple of 16 in [16, 4096], got ", *r->block_size,
+                    block_size ? "" : " (from FP8COMM_BLOCK_SIZE)");
+  std::string fmt = fp8_dtype ? *fp8_dtype : env::kFp8Dtype.value_or_fallback();
+  std::transform(fmt.begin(), fmt.end(), fmt.begin(), ::tolower);
+  TORCH_CHECK_VALUE(fmt == "e4m3" || fmt == "e5m2",
+                    "fp8comm.Options: fp8_dtype must be 'e4m3' / torch.float8_e4m3fn or 'e5m2' / "
+                    "torch.float8_e5m2, got '", fmt, "'", fp8_dtype ? "" : " (from FP8COMM_FP8_DTYPE)");
+  r->fp8_dtype = fmt;
+  r->min_numel = min_numel ? *min_numel : env_int(env::kMinNumel);
+  TORCH_CHECK_VALUE(*r->min_numel >= 0, "fp8comm.Options: min_numel must be an int >= 0, got ", *r->min_numel,
+                    min_numel ? "" : " (from FP8COMM_MIN_NUMEL)");
+  r->compress = compress ? parse_compress(*compress, "fp8comm.Options.compress")
+                         : parse_compress(split_commas(env::kCompress.value_or_fallback()), env::kCompress.name);
+  return r;
+}
+
+Fp8Format Options::format() const {
+  TORCH_CHECK(fp8_dtype, "fp8comm.Options: format() of options that are not resolved");
+  return *fp8_dtype == "e5m2" ? Fp8Format::E5M2 : Fp8Format::E4M3;
+}
+
+bool Options::compresses(Algorithm algorithm) const {
+  TORCH_CHECK(compress, "fp8comm.Options: compresses() of options that are not resolved");
+  const char* name = nullptr;
+  switch (algorithm) {
+    case Algorithm::kAllReduce: name = "all_reduce"; break;
+    case Algorithm::kReduceScatter: name = "reduce_scatter"; break;
+    case Algorithm::kAllGather: name = "all_gather"; break;
+    case Algorithm::kNone: return false;
+  }
+  return std::find(compress->begin(), compress->end(), name) != compress->end();
+}
+
+std::map<std::string, std::string> Options::fingerprint() const {
+  TORCH_CHECK(block_size && fp8_dtype && min_numel && compress, "fp8comm.Options: fingerprint() of options that "
+              "are not resolved");
+  return {{"block_size", std::to_string(*block_size)},
+          {"fp8_dtype", *fp8_dtype},
+          {"min_numel", std::to_string(*min_numel)},
+          {"compress", compress->empty() ? "none" : join(*compress)}};
+}
+
+}  // namespace fp8comm

@@ -1,0 +1,39 @@
+#pragma once
+// Every FP8COMM_* environment variable fp8comm reads at run time, declared
+// once (as NCCL's NCCL_PARAM): its name, the value an unset variable stands
+// for, and what it sets. README.md's "Environment variables" table lists each
+// (tests/test_options.py holds the two in step). Plain
+// C++: the codec reads it too.
+#include <cstdlib>
+#include <optional>
+#include <string>
+
+namespace fp8comm {
+
+struct EnvVar {
+  const char* name;
+  const char* fallback;
+  const char* doc;
+
+  // The variable's value; unset or empty: nullopt.
+  std::optional<std::string> read() const {
+    const char* v = std::getenv(name);
+    if (v == nullptr || *v == '\0') return std::nullopt;
+    return std::string(v);
+  }
+  std::string value_or_fallback() const { return read().value_or(fallback); }
+};
+
+namespace env {
+// clang-format off
+inline constexpr EnvVar kBlockSize{"FP8COMM_BLOCK_SIZE", "32", "Options.block_size: elements per FP8 block, a multiple of 16 in [16, 4096]"};
+inline constexpr EnvVar kFp8Dtype{"FP8COMM_FP8_DTYPE", "e4m3", "Options.fp8_dtype: the FP8 format on the wire, e4m3 or e5m2"};
+inline constexpr EnvVar kMinNumel{"FP8COMM_MIN_NUMEL", "16384", "Options.min_numel: per-rank element count below which a collective passes through exactly"};
+inline constexpr EnvVar kCompress{"FP8COMM_COMPRESS", "all_reduce,reduce_scatter", "Options.compress: comma list of all_reduce, reduce_scatter, all_gather; or all / none"};
+inline constexpr EnvVar kCpuSimd{"FP8COMM_CPU_SIMD", "1", "CPU codec kernels: 1 every kernel the CPU runs, avx2 no AVX-512 kernels, 0 scalar loops (same bytes)"};
+inline constexpr EnvVar kFusedCast{"FP8COMM_FUSED_CAST", "0", "Fp8Linear on CUDA: 1 casts through the fused CUDA kernels (the CPU always does)"};
+// clang-format on
+inline constexpr const EnvVar* kAll[] = {&kBlockSize, &kFp8Dtype, &kMinNumel, &kCompress, &kCpuSimd, &kFusedCast};
+}  // namespace env
+
+}  // namespace fp8comm
