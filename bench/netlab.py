@@ -1,0 +1,327 @@
+"""Real links on one machine: every "node" is a Linux network namespace, and
+the nodes reach each other through a bridge over veth pairs shaped by tc.
+
+    sudo python bench/netlab.py --rates 1,10,25 [--ranks-per-node 1] [--json PATH] [--plot PNG]
+    sudo python bench/netlab.py --quick          # one rate, two sizes: a smoke run
+
+Topology: a "switch" namespace holds a bridge; node i is namespace i with one
+veth to the bridge and address 10.213.<lab>.<i+1>. Both directions of every
+node's link are shaped by a token bucket (tbf) at the link rate, with an
+optional netem delay, so each node has the rate up and the rate down, as a NIC
+does. Ranks on one node talk over the namespace's own loopback (unshaped),
+ranks on different nodes over the shaped link. The script uses only the
+addresses of the namespaces it creates and deletes them on exit (also on
+Ctrl-C); where namespaces cannot be made (not root, no iproute2) it says so
+and exits 0 without measuring.
+
+At each rate it runs the comm benchmark (fp8comm.bench's comm: gloo and
+fp8gloo timed interleaved in one job, medians of --reps calls) --runs times
+and reports, per op and size, the median over runs of the fp8/plain time
+ratio. --fsdp also times the FSDP2 example (steps/s, tokens/s) with and
+without FP8 communication. Every rank gets OMP_NUM_THREADS = cores / ranks.
+
+The "model" columns are MODELED: time(rate) = time at the unshaped link +
+bytes on the shaped link / rate (codec and wire not overlapped), calibrated
+by the unshaped run; each modeled point is printed beside its measurement
+with the relative error.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SUBNET = "10.213"
+
+
+def run(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=check, capture_output=True, text=True)
+
+
+def why_no_namespaces() -> str | None:
+    """None when this process can build the lab, else the reason."""
+    if shutil.which("ip") is None or shutil.which("tc") is None:
+        return "needs iproute2 (ip, tc)"
+    if os.geteuid() != 0:
+        return "needs root to create network namespaces"
+    probe = f"fp8lab-probe-{os.getpid()}"
+    made = run("ip", "netns", "add", probe, check=False)
+    if made.returncode != 0:
+        return f"cannot create a network namespace: {made.stderr.strip()}"
+    run("ip", "netns", "del", probe, check=False)
+    return None
+
+
+class Lab:
+    """Namespaces node0..node{N-1} joined by a bridge; deleted by close()."""
+
+    def __init__(self, nodes: int, mtu: int):
+        self.tag = f"{os.getpid() % 100000}"
+        self.lab_id = os.getpid() % 200 + 20
+        self.switch = f"fp8lab{self.tag}s"
+        self.nodes = [f"fp8lab{self.tag}n{i}" for i in range(nodes)]
+        self.node_if = "eth0"
+        self.mtu = mtu
+        self.created: list[str] = []
+
+    def address(self, i: int) -> str:
+        return f"{SUBNET}.{self.lab_id}.{i + 1}"
+
+    def switch_if(self, i: int) -> str:
+        return f"f8{self.tag}p{i}"[:15]
+
+    def build(self):
+        ns = lambda name, *cmd: run("ip", "netns", "exec", name, *cmd)  # noqa: E731
+        run("ip", "netns", "add", self.switch)
+        self.created.append(self.switch)
+        ns(self.switch, "ip", "link", "add", "br0", "type", "bridge")
+        ns(self.switch, "ip", "link", "set", "br0", "up")
+        for i, node in enumerate(self.nodes):
+            run("ip", "netns", "add", node)
+            self.created.append(node)
+            peer = self.switch_if(i)
+            ns(node, "ip", "link", "add", self.node_if, "mtu", str(self.mtu), "type", "veth",
+               "peer", "name", peer, "mtu", str(self.mtu), "netns", self.switch)
+            ns(self.switch, "ip", "link", "set", peer, "master", "br0", "up")
+            ns(node, "ip", "addr", "add", f"{self.address(i)}/24", "dev", self.node_if)
+            ns(node, "ip", "link", "set", self.node_if, "up")
+            ns(node, "ip", "link", "set", "lo", "up")
+
+    def shape(self, gbit: float | None, delay_ms: float):
+        """Shapes both directions of every node's link; None: unshaped."""
+        for i, node in enumerate(self.nodes):
+            for where, dev in ((node, self.node_if), (self.switch, self.switch_if(i))):
+                run("ip", "netns", "exec", where, "tc", "qdisc", "del", "dev", dev, "root", check=False)
+                parent = ["root"]
+                if delay_ms > 0:
+                    run("ip", "netns", "exec", where, "tc", "qdisc", "add", "dev", dev, "root", "handle", "1:",
+                        "netem", "delay", f"{delay_ms}ms", "limit", "100000")
+                    parent = ["parent", "1:"]
+                if gbit is not None:
+                    # A burst of 2 ms at the rate (at least 64 KiB): enough for the kernel's timer
+                    # granularity, small against any transfer measured.
+                    burst = max(64 * 1024, int(gbit * 1e9 / 8 * 0.002))
+                    run("ip", "netns", "exec", where, "tc", "qdisc", "add", "dev", dev, *parent, "handle", "2:",
+                        "tbf", "rate", f"{gbit}gbit", "burst", str(burst), "latency", "100ms")
+
+    def close(self):
+        for name in reversed(self.created):
+            run("ip", "netns", "del", name, check=False)
+        self.created.clear()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(lab: Lab, ranks_per_node: int, target: list[str], env_extra: dict, timeout_s: float) -> list[str]:
+    """Runs `target` (a torchrun script or -m module with its arguments) on
+    every node, ranks_per_node processes each; returns each node's output."""
+    port = 29500 + free_port() % 10000
+    world = len(lab.nodes) * ranks_per_node
+    env = dict(os.environ, GLOO_SOCKET_IFNAME=lab.node_if,
+               OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // world)), **env_extra)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.path.join(ROOT, "examples"), env.get("PYTHONPATH")) if p)
+    procs = []
+    for i, node in enumerate(lab.nodes):
+        cmd = ["ip", "netns", "exec", node, sys.executable, "-m", "torch.distributed.run",
+               f"--nnodes={len(lab.nodes)}", f"--node_rank={i}", f"--nproc_per_node={ranks_per_node}",
+               f"--master_addr={lab.address(0)}", f"--master_port={port}", *target]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                      start_new_session=True))
+    outputs = []
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=timeout_s)
+            outputs.append(out)
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+        raise RuntimeError(f"netlab: {' '.join(target)} ran past {timeout_s:.0f} s; killed")
+    failed = [i for i, p in enumerate(procs) if p.returncode != 0]
+    if failed:
+        raise RuntimeError(f"netlab: node {failed[0]} failed running {' '.join(target)}:\n{outputs[failed[0]][-3000:]}")
+    return outputs
+
+
+def comm_once(lab, args, rate, tmp, run_index) -> dict:
+    path = os.path.join(tmp, f"comm-{rate}-{run_index}.json")
+    target = ["-m", "fp8comm.bench.comm"] if module_exists("fp8comm.bench.comm") else [
+        os.path.join(ROOT, "bench", "comm.py")]
+    target += ["--ops", args.ops, "--dtypes", args.dtypes, "--min-bytes", args.min_bytes,
+               "--max-bytes", args.max_bytes, "--reps", str(args.reps), "--json", path]
+    launch(lab, args.ranks_per_node, target, dict(args.env), args.timeout)
+    with open(path) as f:
+        return json.load(f)
+
+
+def module_exists(name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def link_bytes(row: dict, fp8: bool, world: int, ranks_per_node: int) -> float:
+    """Bytes one node sends over its link in one call (algorithm volumes;
+    peers on the same node are reached over loopback)."""
+    remote_share = (world - ranks_per_node) / world
+    per_rank = row["bytes_sent"] if fp8 else row["bytes_sent_uncompressed"]
+    # bytes_sent counts every peer; the link carries the share sent to other nodes.
+    return per_rank * remote_share / ((world - 1) / world) * ranks_per_node
+
+
+def summarize(by_rate: dict, world: int, ranks_per_node: int) -> list[dict]:
+    """One row per (rate, op, dtype, size): medians over runs, and the model."""
+    base = by_rate.get("unshaped")
+    out = []
+    for rate, runs in by_rate.items():
+        keys = [(r["op"], r["dtype"], r["bytes"]) for r in runs[0]["rows"]]
+        for i, key in enumerate(keys):
+            rows = [run_["rows"][i] for run_ in runs]
+            plain = statistics.median(r["plain"]["median_s"] for r in rows)
+            fp8 = statistics.median(r["fp8"]["median_s"] for r in rows)
+            row = {"rate_gbit": rate, "op": key[0], "dtype": key[1], "bytes": key[2], "runs": len(rows),
+                   "plain_ms": plain * 1e3, "fp8_ms": fp8 * 1e3, "ratio": fp8 / plain,
+                   "ratios_per_run": [r["fp8"]["median_s"] / r["plain"]["median_s"] for r in rows],
+                   "sqnr_db": rows[0]["sqnr_db"]}
+            if base is not None and rate != "unshaped":
+                b_plain = statistics.median(r["rows"][i]["plain"]["median_s"] for r in base)
+                b_fp8 = statistics.median(r["rows"][i]["fp8"]["median_s"] for r in base)
+                bps = float(rate) * 1e9 / 8
+                m_plain = b_plain + link_bytes(rows[0], False, world, ranks_per_node) / bps
+                m_fp8 = b_fp8 + link_bytes(rows[0], True, world, ranks_per_node) / bps
+                row.update(modeled_plain_ms=m_plain * 1e3, modeled_fp8_ms=m_fp8 * 1e3,
+                           modeled_ratio=m_fp8 / m_plain,
+                           model_error=(m_fp8 / m_plain) / (fp8 / plain) - 1)
+            out.append(row)
+    return out
+
+
+def plot(rows: list[dict], path: str, title: str):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shaped = [r for r in rows if r["rate_gbit"] != "unshaped"]
+    ops = sorted({r["op"] for r in shaped})
+    fig, axes = plt.subplots(1, len(ops), figsize=(4.5 * len(ops), 4), squeeze=False)
+    for ax, op in zip(axes[0], ops):
+        sizes = sorted({r["bytes"] for r in shaped if r["op"] == op})
+        for size in sizes:
+            sel = sorted((r for r in shaped if r["op"] == op and r["bytes"] == size), key=lambda r: float(r["rate_gbit"]))
+            xs = [float(r["rate_gbit"]) for r in sel]
+            line, = ax.plot(xs, [r["ratio"] for r in sel], marker="o", label=f"{size >> 20} MiB measured")
+            if "modeled_ratio" in sel[0]:
+                ax.plot(xs, [r["modeled_ratio"] for r in sel], linestyle="--", color=line.get_color(),
+                        label=f"{size >> 20} MiB modeled")
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set_xscale("log")
+        ax.set_xlabel("link rate, Gbit/s")
+        ax.set_ylabel("fp8gloo time / gloo time")
+        ax.set_title(op)
+        ax.set_ylim(0, max(1.2, max(r["ratio"] for r in shaped if r["op"] == op) * 1.1))
+        ax.legend(fontsize=6)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rates", default="1,10,25", help="link rates in Gbit/s, comma separated")
+    p.add_argument("--nodes", type=int, default=2)
+    p.add_argument("--ranks-per-node", type=int, default=1)
+    p.add_argument("--delay-ms", type=float, default=0.0, help="netem delay on every link direction")
+    p.add_argument("--mtu", type=int, default=1500)
+    p.add_argument("--ops", default="all_reduce,reduce_scatter,all_gather")
+    p.add_argument("--dtypes", default="float32")
+    p.add_argument("--min-bytes", default="1M")
+    p.add_argument("--max-bytes", default="256M")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--runs", type=int, default=3, help="jobs per rate; rows are medians over them")
+    p.add_argument("--env", action="append", default=[], type=lambda s: tuple(s.split("=", 1)),
+                   help="NAME=VALUE for every rank (e.g. FP8COMM_SCOPE=inter_node)")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds per job")
+    p.add_argument("--quick", action="store_true", help="10 Gbit/s only, 1 and 4 MiB, 3 reps, 1 run")
+    p.add_argument("--json", metavar="PATH")
+    p.add_argument("--plot", metavar="PNG")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.rates, args.min_bytes, args.max_bytes, args.reps, args.runs = "10", "1M", "4M", 3, 1
+
+    reason = why_no_namespaces()
+    if reason is not None:
+        print(f"netlab: skipped, {reason}")
+        return 0
+    world = args.nodes * args.ranks_per_node
+    rates = ["unshaped"] + [r.strip() for r in args.rates.split(",")]
+    lab = Lab(args.nodes, args.mtu)
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def interrupted(signum, frame):
+        lab.close()
+        sys.exit(128 + signum)
+
+    for s in previous:
+        signal.signal(s, interrupted)
+    by_rate: dict = {}
+    try:
+        lab.build()
+        with tempfile.TemporaryDirectory(prefix="fp8lab") as tmp:
+            for rate in rates:
+                lab.shape(None if rate == "unshaped" else float(rate), args.delay_ms)
+                by_rate[rate] = []
+                for i in range(args.runs):
+                    by_rate[rate].append(comm_once(lab, args, rate, tmp, i))
+                    print(f"netlab: {rate if rate == 'unshaped' else rate + ' Gbit/s'} run {i + 1}/{args.runs} done", file=sys.stderr, flush=True)
+    finally:
+        lab.close()
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+    rows = summarize(by_rate, world, args.ranks_per_node)
+    device = by_rate["unshaped"][0]["device"]
+    print(f"\nnetlab: {args.nodes} nodes x {args.ranks_per_node} ranks, {device}, delay {args.delay_ms} ms, "
+          f"MTU {args.mtu}; medians over {args.runs} runs of {args.reps} interleaved calls each")
+    print(f"{'rate':>9s} {'op':15s} {'dtype':8s} {'MiB':>6s} {'gloo ms':>9s} {'fp8 ms':>9s} {'ratio':>6s} "
+          f"{'modeled':>8s} {'err':>6s}")
+    for r in rows:
+        modeled = f"{r['modeled_ratio']:8.3f} {r['model_error'] * 100:5.0f}%" if "modeled_ratio" in r else ""
+        print(f"{r['rate_gbit']:>9s} {r['op']:15s} {r['dtype']:8s} {r['bytes'] / 2**20:6.0f} {r['plain_ms']:9.1f} "
+              f"{r['fp8_ms']:9.1f} {r['ratio']:6.3f} {modeled}")
+    result = {"benchmark": "netlab", "date": datetime.date.today().isoformat(),
+              "command": " ".join(["python", "bench/netlab.py"] + list(sys.argv[1:] if argv is None else argv)),
+              "device": device, "nodes": args.nodes, "ranks_per_node": args.ranks_per_node,
+              "delay_ms": args.delay_ms, "mtu": args.mtu, "env": dict(args.env),
+              "omp_num_threads": max(1, (os.cpu_count() or 1) // world),
+              "modeled_columns": "modeled_*: time at the unshaped link + link bytes / rate (not measured)",
+              "rows": rows, "raw": by_rate}
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    if args.plot:
+        plot(rows, args.plot, f"fp8gloo vs gloo over shaped links: {args.nodes} nodes x {args.ranks_per_node} "
+                              f"ranks, {device}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
