@@ -199,11 +199,11 @@ def plot(result: dict, path: str):
                     ax.plot([r["bytes"] for r in sel], [r["fp8"]["median_s"] / r["plain"]["median_s"] for r in sel],
                             style, color=colors[dtype], marker="o", markersize=3.5, linewidth=1.6)
         ax.axhline(1.0, color="black", linewidth=1.0)
-        ax.axhspan(lo, 1.0, color="tab:green", alpha=0.06)
+        ax.axhspan(lo / 1.15, 1.0, color="tab:green", alpha=0.06)
         ax.set_title(family)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log", base=2)
-        ax.set_ylim(lo, hi)
+        ax.set_ylim(lo / 1.15, hi * 1.15)
         ax.xaxis.set_major_locator(FixedLocator(sizes[::2]))
         ax.xaxis.set_minor_locator(FixedLocator(sizes))
         ax.xaxis.set_minor_formatter(NullFormatter())
@@ -218,7 +218,8 @@ def plot(result: dict, path: str):
         handles += [Line2D([], [], color="gray", linestyle="-", label="tensor form"),
                     Line2D([], [], color="gray", linestyle="--", label="list form")]
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False)
-    fig.suptitle(f"{result['backend']} vs {result['baseline']}, {result['world_size']} ranks: {result['device']}\n"
+    machine = f"{result['machine']}, " if result.get("machine") else ""
+    fig.suptitle(f"{result['backend']} vs {result['baseline']}, {result['world_size']} ranks, {machine}{result['device']}\n"
                  f"medians of {result['reps']} interleaved calls, torch {result['torch']}, {result['date']}",
                  fontsize=10)
     fig.tight_layout(rect=(0, 0.07, 1, 1))
