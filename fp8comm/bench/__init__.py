@@ -14,8 +14,8 @@ import os
 
 import torch.distributed as dist
 
-# torch 2.13 renamed the single-tensor reduce_scatter / all_gather and warns on
-# every call of the old names; older torch has only the old ones.
+# The single-tensor reduce_scatter / all_gather under torch's current names:
+# where they exist, the old names warn on every call; older torch has only those.
 reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
