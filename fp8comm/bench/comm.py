@@ -183,11 +183,12 @@ def plot(result: dict, path: str):
     rows = result["rows"]
     families = [f for f in ("all_reduce", "reduce_scatter", "all_gather") if any(r["op"].startswith(f) for r in rows)]
     dtypes = sorted({r["dtype"] for r in rows}, key=lambda d: (d != "float32", d))
-    colors = dict(zip(dtypes, ["tab:blue", "tab:orange", "tab:green", "tab:red"]))
+    colors = {d: f"C{i % 10}" for i, d in enumerate(dtypes)}
     ratios = [r["fp8"]["median_s"] / r["plain"]["median_s"] for r in rows]
     lo = 2.0 ** math.floor(math.log2(min(ratios + [0.5])))
     hi = 2.0 ** math.ceil(math.log2(max(ratios + [2.0])))
     sizes = sorted({r["bytes"] for r in rows})
+    labelled = sizes[:: 1 if len(sizes) <= 6 else 2]
 
     fig, axes = plt.subplots(1, len(families), figsize=(4.6 * len(families), 4.4), sharey=True, squeeze=False)
     for ax, family in zip(axes[0], families):
@@ -204,10 +205,9 @@ def plot(result: dict, path: str):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log", base=2)
         ax.set_ylim(lo / 1.15, hi * 1.15)
-        ax.xaxis.set_major_locator(FixedLocator(sizes[::2]))
         ax.xaxis.set_minor_locator(FixedLocator(sizes))
         ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.set_xticks(sizes[::2], [human(n) for n in sizes[::2]])
+        ax.set_xticks(labelled, [human(n) for n in labelled])
         ax.set_xlabel("message size (full tensor)")
         ax.grid(True, which="major", alpha=0.3)
     ticks = [2.0**k for k in range(int(math.log2(lo)), int(math.log2(hi)) + 1)]
@@ -219,9 +219,9 @@ def plot(result: dict, path: str):
                     Line2D([], [], color="gray", linestyle="--", label="list form")]
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False)
     machine = f"{result['machine']}, " if result.get("machine") else ""
-    fig.suptitle(f"{result['backend']} vs {result['baseline']}, {result['world_size']} ranks, {machine}{result['device']}\n"
-                 f"medians of {result['reps']} interleaved calls, torch {result['torch']}, {result['date']}",
-                 fontsize=10)
+    fig.suptitle(f"{result['backend']} vs {result['baseline']}, {result['world_size']} ranks, "
+                 f"{machine}{result['device']}\nmedians of {result['reps']} interleaved calls, "
+                 f"torch {result['torch']}, {result['date']}", fontsize=10)
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
