@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 import fp8comm
+from fp8comm.bench import all_gather_single, reduce_scatter_single
 
 
 def sqnr_db(ref, got):
@@ -59,13 +60,13 @@ def main(argv=None):
                     elif op == "reduce_scatter":
                         got = torch.empty(n // world, dtype=dtype)
                         exact = torch.empty(n // world, dtype=torch.float64)
-                        dist.reduce_scatter_tensor(got, x, group=g)
-                        dist.reduce_scatter_tensor(exact, x.double(), group=g)
+                        reduce_scatter_single(got, x, group=g)
+                        reduce_scatter_single(exact, x.double(), group=g)
                     else:
                         got = torch.empty(n * world, dtype=dtype)
                         exact = torch.empty(n * world, dtype=torch.float64)
-                        dist.all_gather_into_tensor(got, x, group=g)
-                        dist.all_gather_into_tensor(exact, x.double(), group=g)
+                        all_gather_single(got, x, group=g)
+                        all_gather_single(exact, x.double(), group=g)
                     row = {"format": fmt, "dtype": str(dtype)[6:], "input": kind, "op": op, "sqnr_db": sqnr_db(exact, got)}
                     if kind == "bucket":  # the worst of the nine layers
                         layer = exact.numel() // 9 if op != "all_gather" else n // 9

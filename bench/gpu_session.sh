@@ -26,7 +26,10 @@
 # Results in $OUT (the device tool brings back at most 8 files):
 #   $DAY-gpu-session-$STAGE-$GPU.txt           the summary (also printed last)
 #   $DAY-gpu-session-$STAGE-$GPU-logs.tar.gz   logs/: every step's log, junit XML, sanitizer reports
-#   $DAY-{codec,comm,linear,...}-$GPU*.json     benchmark results: copy them to bench/results/ and commit
+#   bench/results/$MACHINE/{codec,comm-1rank,linear,linear-fused-cast}.json
+#   bench/results/modeled/model-$MACHINE.json  benchmark results, laid out as the repository's
+#                                               bench/results/ (its README): copy them over it and commit
+# $MACHINE names the GPU as bench/results/ does: gpu-h100-80gb-hbm3 for an "NVIDIA H100 80GB HBM3".
 set -Eeuo pipefail
 trap 'echo "== gpu_session.sh line $LINENO: command failed (exit $?)" >&2' ERR
 cd "$(dirname "$0")/.."
@@ -61,6 +64,11 @@ else
   GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr ' ' '-' |
     tr -cd 'A-Za-z0-9.-' || true)
   GPU=${GPU:-unknown-gpu}
+fi
+if [ "$GPU" = unknown-gpu ]; then
+  MACHINE=gpu-unknown
+else
+  MACHINE=gpu-$(printf '%s' "$GPU" | tr '[:upper:]' '[:lower:]' | sed 's/^nvidia-//')
 fi
 PREFIX="$DAY-gpu-session-$STAGE-$GPU"
 
@@ -341,6 +349,15 @@ PY
   cmd_step has-cuda 90 1 python3 "$WORK/has_cuda.py"
 }
 
+# keep_result STEP PATH: copies PATH (relative to the repository) to $OUT/PATH
+# if STEP passed, so that what comes back is only what this session measured.
+keep_result() {
+  if [ "$(status_of "$1")" = PASS ] && [ -f "$2" ]; then
+    mkdir -p "$OUT/$(dirname "$2")"
+    cp "$2" "$OUT/$2"
+  fi
+}
+
 have_cuda_build() {
   [ "$(status_of build)" = PASS ] || [ "$(status_of build)" = DRY ] || return 1
   [ "$(status_of has-cuda)" = PASS ] || [ "$(status_of has-cuda)" = DRY ]
@@ -371,17 +388,25 @@ bench_stage() {
       codec-bench comm-bench-ws1 linear-bench linear-fused-cast-bench model
     return 0
   fi
-  local codec_json="$OUT/$DAY-codec-$GPU.json"
-  cmd_step codec-bench 120 32 python3 bench/codec.py --device cuda --sizes 1M,4M,16M,64M,256M --json "$codec_json"
+  # Each benchmark writes into the repository's layout, so that its JSON records
+  # the command as run from the repository; keep_result copies it to $OUT.
+  local results="bench/results/$MACHINE" model_json="bench/results/modeled/model-$MACHINE.json"
+  cmd_step codec-bench 120 32 python3 bench/codec.py --device cuda --sizes 1M,4M,16M,64M,256M \
+    --json "$results/codec.json"
+  keep_result codec-bench "$results/codec.json"
   # codec + launch overhead against nccl
-  cmd_step comm-bench-ws1 120 40 torchrun --nproc_per_node=1 bench/comm.py --max-bytes 1G --reps 20 \
-    --json "$OUT/$DAY-comm-$GPU-ws1.json"
-  cmd_step linear-bench 120 14 python3 bench/linear.py --json "$OUT/$DAY-linear-$GPU.json"
+  cmd_step comm-bench-ws1 120 40 torchrun --nproc_per_node=1 -m fp8comm.bench.comm --max-bytes 1G --reps 20 \
+    --json "$results/comm-1rank.json"
+  keep_result comm-bench-ws1 "$results/comm-1rank.json"
+  cmd_step linear-bench 120 14 python3 bench/linear.py --json "$results/linear.json"
+  keep_result linear-bench "$results/linear.json"
   # the fused casts (FP8COMM_FUSED_CAST=1), and the casts alone: fused against eager
   cmd_step linear-fused-cast-bench 150 30 env FP8COMM_FUSED_CAST=1 python3 bench/linear.py --casts \
-    --json "$OUT/$DAY-linear-fused-cast-$GPU.json"
+    --json "$results/linear-fused-cast.json"
+  keep_result linear-fused-cast-bench "$results/linear-fused-cast.json"
   if [ "$(status_of codec-bench)" = PASS ] || [ "$(status_of codec-bench)" = DRY ]; then
-    cmd_step model 60 12 python3 bench/model.py --codec-json "$codec_json" --json "$OUT/$DAY-model-$GPU.json"
+    cmd_step model 60 12 python3 bench/model.py --codec-json "$results/codec.json" --json "$model_json"
+    keep_result model "$model_json"
   else
     not_run "needs the codec bench's JSON" model
   fi

@@ -1,7 +1,7 @@
 """A performance model of fp8comm's collectives on GPU clusters. Every number it
 prints is MODELED, not measured; its inputs are printed with it.
 
-    python bench/model.py [--codec-json bench/results/...-codec-<gpu>.json] [--json PATH]
+    python bench/model.py [--codec-json bench/results/gpu-<name>/codec.json] [--json PATH]
 
 time = codec time + wire bytes / link bandwidth + steps x per-step latency
 

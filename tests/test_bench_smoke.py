@@ -2,14 +2,17 @@
 tests check the fields they report, never times."""
 import json
 import os
+import shutil
 import subprocess
 import sys
+
+import fp8comm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_script(*args, timeout=300):
-    out = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+def run_script(*args, timeout=300, cwd=ROOT, env=None):
+    out = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     return out
 
@@ -27,12 +30,21 @@ def test_codec_bench_quick(tmp_path):
 
 
 def test_comm_bench_quick(tmp_path):
+    """Run as from an installed package: only the fp8comm package importable,
+    outside the source tree."""
+    shutil.copytree(os.path.dirname(fp8comm.__file__), tmp_path / "pkg" / "fp8comm",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "pkg")}
     path = tmp_path / "comm.json"
     png = tmp_path / "comm.png"
-    run_script("-m", "fp8comm.bench", "comm", "--nproc", "2", "--quick", "--json", str(path), "--plot", str(png))
+    run_script("-m", "fp8comm.bench", "comm", "--nproc", "2", "--quick", "--json", str(path), "--plot", str(png),
+               cwd=tmp_path, env=env)
     result = json.loads(path.read_text())
     assert result["benchmark"] == "comm" and result["world_size"] == 2 and result["baseline"] == "gloo"
     assert png.stat().st_size > 10_000
+    run_script("-m", "fp8comm.bench", "comm", "--replot", str(path), "--plot", str(tmp_path / "re.png"),
+               cwd=tmp_path, env=env)
+    assert (tmp_path / "re.png").stat().st_size > 10_000
     ops = {(r["op"], r["dtype"]) for r in result["rows"]}
     assert len(ops) == 10  # 5 op forms x 2 dtypes
     for r in result["rows"]:

@@ -182,5 +182,7 @@ def test_bench_stage_writes_device_named_results(tmp_path):
     rows, text = summary_of(out)
     assert list(rows) == ["env", "build", "has-cuda", "codec-bench", "comm-bench-ws1", "linear-bench",
                           "linear-fused-cast-bench", "model"], text
-    for name in ("codec", "comm", "linear", "linear-fused-cast", "model"):
-        assert f"-{name}-unknown-gpu" in p.stdout, name  # no nvidia-smi here: the device is named unknown-gpu
+    # bench/results/<machine>/<bench>.json; no nvidia-smi here: the machine is named gpu-unknown
+    for name in ("codec", "comm-1rank", "linear", "linear-fused-cast"):
+        assert f"--json bench/results/gpu-unknown/{name}.json" in p.stdout, name
+    assert "--json bench/results/modeled/model-gpu-unknown.json" in p.stdout
