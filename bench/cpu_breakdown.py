@@ -5,9 +5,7 @@
 On rank 0, for an FP32 all_reduce of --mib MiB on P ranks:
   1. each codec pass of the compressed algorithm, alone, on this rank's thread,
      next to a copy. By default: quantize the P - 1 other ranks' segments,
-     add their pieces to the own segment and re-quantize, decode P. Two ranks
-     with FP8COMM_PAIR_ALLREDUCE=1 (DESIGN.md, "Algorithms"): quantize the
-     whole tensor, decode both pieces and add them;
+     add their pieces to the own segment and re-quantize, decode P;
   2. one transport phase alone on plain gloo (a uint8 all_to_all of the wire
      bytes with no segment to itself, as fp8gloo moves them; the algorithm
      runs two, the two-rank exchange one);
@@ -18,7 +16,6 @@ Medians of --reps. Both backends run in the same processes.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 
@@ -56,31 +53,21 @@ def main():
     lines = [f"FP32 all_reduce of {args.mib} MiB on {P} ranks; rank 0; medians of {args.reps}; ms; "
              f"{device_label(False)}, torch {torch.__version__}"]
 
-    pair = P == 2 and os.environ.get("FP8COMM_PAIR_ALLREDUCE") == "1"  # opt-in, DESIGN.md, "Algorithms"
-    if pair:  # one segment of the whole tensor per rank, one exchange
-        m = -(-n // 32) * 32
     S = dist.group.WORLD._get_backend(torch.device("cpu")).wire_segment_bytes(m, "cpu")
     seg = fp8comm.segment_bytes(m, 32)
     if rank == 0:  # 1. codec passes, one thread
         wire = torch.empty(P * seg, dtype=torch.uint8)  # the codec's segments, without the headers
         out, mine = torch.empty(n), torch.empty(seg, dtype=torch.uint8)
-        if pair:
-            q = timed(lambda: fp8comm.quantize_segments(x, wire[:seg], 1, m), args.reps)[0]
-            fp8comm.quantize_segments(x, wire[seg:], 1, m)
-            d = timed(lambda: fp8comm.dequant_sum(wire, out, 2, m), args.reps)[0]
-            passes = f"quantize {q:.1f}, decode both + add {d:.1f}, total {q + d:.1f}"
-        else:
-            others = x[m:]  # rank 0 quantizes segments 1 .. P-1 and keeps segment 0
-            q = timed(lambda: fp8comm.quantize_segments(others, wire[: (P - 1) * seg], P - 1, m), args.reps)[0]
-            fp8comm.quantize_segments(others, wire[: (P - 1) * seg], P - 1, m)
-            d = timed(lambda: fp8comm.dequant_sum_requantize(wire[: (P - 1) * seg], mine, P - 1, m, own=x[:m]),
-                      args.reps)[0]
-            fp8comm.quantize_segments(x, wire, P, m)  # P segments to decode
-            g = timed(lambda: fp8comm.dequantize_segments(wire, out, P, m), args.reps)[0]
-            passes = f"quantize {q:.1f}, sum + re-quantize {d:.1f}, decode {g:.1f}, total {q + d + g:.1f}"
+        others = x[m:]  # rank 0 quantizes segments 1 .. P-1 and keeps segment 0
+        q = timed(lambda: fp8comm.quantize_segments(others, wire[: (P - 1) * seg], P - 1, m), args.reps)[0]
+        fp8comm.quantize_segments(others, wire[: (P - 1) * seg], P - 1, m)
+        d = timed(lambda: fp8comm.dequant_sum_requantize(wire[: (P - 1) * seg], mine, P - 1, m, own=x[:m]),
+                  args.reps)[0]
+        fp8comm.quantize_segments(x, wire, P, m)  # P segments to decode
+        g = timed(lambda: fp8comm.dequantize_segments(wire, out, P, m), args.reps)[0]
+        passes = f"quantize {q:.1f}, sum + re-quantize {d:.1f}, decode {g:.1f}, total {q + d + g:.1f}"
         c = timed(lambda: out.copy_(x), args.reps)[0]
-        algorithm = "two-rank exchange" if pair else "reduce + gather"
-        lines.append(f"codec ({algorithm}), one thread: {passes} (a copy of the tensor: {c:.1f})")
+        lines.append(f"codec, one thread: {passes} (a copy of the tensor: {c:.1f})")
     dist.barrier(group=plain)
 
     # 2. the transport phases alone, on plain gloo
@@ -89,7 +76,7 @@ def main():
     splits = [0 if r == rank else S for r in range(P)]
     a2a = timed(lambda: dist.all_to_all_single(recv, send, splits, list(splits), group=plain), args.reps, plain)
     lines.append(f"transport, one all_to_all of {P - 1} x {S / 1e6:.1f} MB: wall {a2a[0]:.1f}, "
-                 f"process CPU {a2a[1]:.1f} (the algorithm runs {'one' if pair else 'two'})")
+                 f"process CPU {a2a[1]:.1f} (the algorithm runs two)")
 
     # 3. the whole all_reduce, interleaved (the input copy outside the clock)
     y = torch.empty_like(x)
