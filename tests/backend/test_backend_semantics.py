@@ -3,32 +3,10 @@ stats, and DDP / FSDP2 training — with real processes."""
 import pytest
 import torch
 
-from tests.support.scenarios import collectives as scenarios
 from tests.support.harness import DistPool
+from tests.support.scenarios import collectives, semantics
 
-PASSTHROUGH_CASES = [
-    "all_reduce_int64_sum",
-    "all_reduce_int32_max",
-    "all_reduce_float64_sum",
-    "all_reduce_float32_max",
-    "all_reduce_float32_min",
-    "all_reduce_float32_product",
-    "all_reduce_bfloat16_max",
-    "sparse_all_reduce",
-    "small_all_reduce",
-    "small_reduce_scatter",
-    "all_gather_default",
-    "all_gather_fp8",
-    "broadcast",
-    "reduce",
-    "gather",
-    "scatter",
-    "all_to_all_single",
-    "all_to_all",
-    "send_recv",
-    "barrier",
-    "zero_size",
-]
+PASSTHROUGH_CASES = list(semantics.PASSTHROUGH_CASES)
 
 
 @pytest.fixture(scope="module", params=[(backend, world) for backend in ("fp8gloo", "fp8ncclsim") for world in (2, 3)],
@@ -42,17 +20,17 @@ def pool(request):
 
 @pytest.mark.parametrize("case", PASSTHROUGH_CASES)
 def test_passthrough_is_bitwise_plain_gloo(pool, case):
-    for fp8_result, gloo_result, stats in pool.run(scenarios.passthrough_vs_gloo, case):
-        assert fp8_result.dtype == gloo_result.dtype
-        assert torch.equal(fp8_result.view(torch.uint8), gloo_result.view(torch.uint8))
-        assert stats["calls_compressed"] == 0, stats
-        assert stats["calls_passthrough"] >= (0 if case == "send_recv" else 1), stats  # a third rank sits out
-        assert stats["bytes_sent"] == stats["bytes_sent_uncompressed"]
+    for r in pool.run(semantics.passthrough_vs_gloo, case):
+        assert r.got.dtype == r.expected.dtype
+        assert torch.equal(r.got.view(torch.uint8), r.expected.view(torch.uint8))
+        assert r.stats["calls_compressed"] == 0, r.stats
+        assert r.stats["calls_passthrough"] >= (0 if case == "send_recv" else 1), r.stats  # a third rank sits out
+        assert r.stats["bytes_sent"] == r.stats["bytes_sent_uncompressed"]
 
 
 @pytest.mark.parametrize("case", ["small_all_reduce", "all_reduce_float64_sum", "all_reduce_float32_max"])
 def test_passthrough_is_counted(pool, case):
-    for stats in pool.run(scenarios.stats_of_last, case):
+    for stats in pool.run(semantics.stats_of_last, case):
         assert stats["calls_passthrough"] == 1 and stats["calls_compressed"] == 0
         assert stats["bytes_sent"] == stats["bytes_sent_uncompressed"]
 
@@ -72,18 +50,18 @@ def test_avg_and_premul_passthrough_are_exact(pool, form, dtype, op, factor_kind
     keeps the double factor and multiplies in the tensor's own dtype, so
     float64 results are bit for bit plain gloo's SUM of the pre-multiplied
     inputs (a float32 factor would be off by ~1e-8 relative)."""
-    for got, ref, stats in pool.run(scenarios.avg_premul_passthrough, form, dtype, op, factor_kind):
-        assert got.dtype == ref.dtype
-        assert torch.equal(got, ref)
-        assert stats["calls_compressed"] == 0 and stats["calls_passthrough"] >= 1
+    for r in pool.run(semantics.avg_premul_passthrough, form, dtype, op, factor_kind):
+        assert r.got.dtype == r.expected.dtype
+        assert torch.equal(r.got, r.expected)
+        assert r.stats["calls_compressed"] == 0 and r.stats["calls_passthrough"] >= 1
 
 
 @pytest.mark.parametrize("kind", ["all_reduce", "reduce_scatter", "all_gather"])
 def test_non_finite_positions_survive(pool, kind):
-    results = pool.run(scenarios.non_finite, kind)
-    for _, stats in results:  # the compressed path, not an exact passthrough
-        assert stats["calls_compressed"] == 1 and stats["calls_passthrough"] == 0
-    masks = [m for m, _ in results]
+    results = pool.run(collectives.non_finite, kind)
+    for r in results:  # the compressed path, not an exact passthrough
+        assert r.stats["calls_compressed"] == 1 and r.stats["calls_passthrough"] == 0
+    masks = [r.mask for r in results]
     n, world = 8192, pool.world
     expected = torch.zeros_like(masks[0])
     if kind == "all_reduce":
@@ -106,27 +84,26 @@ def test_non_finite_positions_survive(pool, kind):
 
 
 def test_async_ops_in_flight_and_futures(pool):
-    for sq, stats in pool.run(scenarios.async_in_flight):
-        assert min(sq) >= 27.0 and max(sq) < 45.0
-        assert stats["calls_compressed"] == 5 and stats["calls_passthrough"] == 0
+    for r in pool.run(collectives.async_in_flight):
+        assert min(r.sqnrs_db) >= 27.0 and max(r.sqnrs_db) < 45.0
+        assert r.stats["calls_compressed"] == 5 and r.stats["calls_passthrough"] == 0
 
 
 @pytest.mark.parametrize("hook", ["none", "future"])
 def test_ddp_replicas_stay_bitwise_identical(pool, hook):
-    results = pool.run(scenarios.ddp_train, 20, hook)
-    params = [r[0] for r in results]
+    results = pool.run(semantics.ddp_train, 20, hook)
+    params = [r.params for r in results]
     for p in params[1:]:
         assert torch.equal(p.view(torch.int32), params[0].view(torch.int32))
-    stats = results[0][2]
-    assert stats["calls_compressed"] >= 20  # gradient buckets went compressed
-    assert results[0][1][-1] < results[0][1][0]  # and it learns
+    assert results[0].stats["calls_compressed"] >= 20  # gradient buckets went compressed
+    losses = results[0].losses
+    assert losses[-1] < losses[0]  # and it learns
 
 
 def test_fsdp2_tracks_plain_gloo(pool):
-    fp8 = pool.run(scenarios.fsdp2_train, "fp8")
-    gloo = pool.run(scenarios.fsdp2_train, "gloo")
-    fp8_losses, stats = fp8[0]
-    gloo_losses, _ = gloo[0]
-    assert stats["per_op"]["reduce_scatter_tensor"]["compressed"] > 0
+    fp8 = pool.run(semantics.fsdp2_train, "fp8")
+    gloo = pool.run(semantics.fsdp2_train, "gloo")
+    fp8_losses, gloo_losses = fp8[0].losses, gloo[0].losses
+    assert fp8[0].stats["per_op"]["reduce_scatter_tensor"]["compressed"] > 0
     assert fp8_losses[-1] < 0.5 * fp8_losses[0]
     assert abs(fp8_losses[-1] - gloo_losses[-1]) <= 0.02 * gloo_losses[-1]

@@ -11,9 +11,9 @@ import torch
 import torch.distributed as dist
 
 import fp8comm
-from tests.support.scenarios import collectives as scenarios
-from tests.support.harness import DistPool
 from tests.support import REPO_ROOT
+from tests.support.harness import DistPool
+from tests.support.scenarios import setup
 
 ROOT = str(REPO_ROOT)
 
@@ -34,7 +34,7 @@ def test_backends_are_registered():
 
 @pytest.mark.parametrize("dtype,bound", [(torch.float32, 0.26), (torch.bfloat16, 0.52)])
 def test_bytes_ratio_at_1m_elements(pool, dtype, bound):
-    for stats in pool.run(scenarios.stats_after_all_reduce, 1 << 20, dtype):
+    for stats in pool.run(setup.stats_after_all_reduce, 1 << 20, dtype):
         assert stats["calls_compressed"] == 1
         assert stats["per_op"]["all_reduce"]["compressed"] == 1
         ratio = stats["bytes_sent"] / stats["bytes_sent_uncompressed"]
@@ -51,7 +51,7 @@ def test_coalesced_calls_are_counted_under_their_own_name(pool, kind):
     compressed all_reduce of the concatenation."""
     P = pool.world
     seg = fp8comm.segment_bytes  # a CPU wire segment: a 16-byte header, then the codec's
-    for stats in pool.run(scenarios.stats_of_coalesced, kind):
+    for stats in pool.run(setup.stats_of_coalesced, kind):
         if kind == "all_reduce":
             assert stats["per_op"] == {"all_reduce_coalesced": {"compressed": 1, "passthrough": 0}}
             assert stats["bytes_sent_uncompressed"] == 2 * (P - 1) * 5100 * 4 // P
@@ -64,7 +64,7 @@ def test_coalesced_calls_are_counted_under_their_own_name(pool, kind):
 
 
 def test_default_options(pool):
-    props = pool.run(scenarios.backend_properties)[0]
+    props = pool.run(setup.backend_properties)[0]
     assert props == {
         "name": "fp8gloo",
         "block_size": 32,
@@ -75,7 +75,7 @@ def test_default_options(pool):
 
 
 def test_pg_options_reach_the_backend(pool):
-    props = pool.run(scenarios.backend_properties, "block_size=64;fp8_dtype=e5m2;min_numel=7;compress=all")[0]
+    props = pool.run(setup.backend_properties, "block_size=64;fp8_dtype=e5m2;min_numel=7;compress=all")[0]
     assert props["block_size"] == 64 and props["fp8_format"] == "e5m2" and props["min_numel"] == 7
     assert props["compressed_ops"] == ["all_reduce", "reduce_scatter", "all_gather"]
 
@@ -84,7 +84,7 @@ def test_environment_gives_the_defaults():
     env = {"FP8COMM_BLOCK_SIZE": "128", "FP8COMM_FP8_DTYPE": "e5m2", "FP8COMM_MIN_NUMEL": "9", "FP8COMM_COMPRESS": "all_gather"}
     p = DistPool(2, backend="fp8gloo", env=env)
     try:
-        props = p.run(scenarios.backend_properties)[0]
+        props = p.run(setup.backend_properties)[0]
     finally:
         p.close()
     assert props["block_size"] == 128 and props["fp8_format"] == "e5m2" and props["min_numel"] == 9
@@ -92,9 +92,9 @@ def test_environment_gives_the_defaults():
 
 
 def test_compress_none_is_exact(pool):
-    for equal, stats in pool.run(scenarios.compress_none_passes_everything_through):
-        assert equal
-        assert stats["calls_compressed"] == 0 and stats["calls_passthrough"] == 2
+    for r in pool.run(setup.compress_none_passes_everything_through):
+        assert r.equal_to_gloo
+        assert r.stats["calls_compressed"] == 0 and r.stats["calls_passthrough"] == 2
 
 
 @pytest.mark.parametrize(
@@ -141,13 +141,13 @@ def test_wrong_pg_options_type_is_refused():
 
 
 def test_group_name_and_description_reach_the_inner_backend(pool):
-    for uid, desc, name, x in pool.run(scenarios.group_identity):
-        assert uid == name and desc == "fp8-test-group"
-        assert torch.equal(x, torch.full((10,), 3.0))
+    for r in pool.run(setup.group_identity):
+        assert r.transport_uid == r.group_name and r.transport_desc == "fp8-test-group"
+        assert torch.equal(r.result, torch.full((10,), 3.0))
 
 
 def test_subgroups(pool):
-    results = pool.run(scenarios.subgroup_of_first_two, 3)
+    results = pool.run(setup.subgroup_of_first_two, 3)
     assert results[0] == results[1] == [3.0, 5.0, 7.0]
     assert results[2] == []
 
@@ -184,23 +184,23 @@ def test_bad_input_raises_on_the_calling_rank_before_sending(pool):
     """A clear error on the calling rank, no tensor written (not even the
     first pair of a coalesced call whose second pair is bad), nothing counted,
     and the next collective is right (nothing stray was sent)."""
-    for results, stats, sqnr in pool.run(scenarios.bad_inputs):
-        assert set(results) == set(BAD_INPUT_MESSAGES)
+    for r in pool.run(setup.bad_inputs):
+        assert set(r.calls) == set(BAD_INPUT_MESSAGES)
         for name, pattern in BAD_INPUT_MESSAGES.items():
-            error, untouched = results[name]
-            assert error is not None, f"{name} did not raise"
-            assert re.search(pattern, error), (name, error)
-            assert untouched, f"{name} wrote into a tensor before raising"
-        assert stats["calls_compressed"] == 0 and stats["calls_passthrough"] == 0, stats
-        assert sqnr >= 27.0
+            call = r.calls[name]
+            assert call.error is not None, f"{name} did not raise"
+            assert re.search(pattern, call.error), (name, call.error)
+            assert call.untouched, f"{name} wrote into a tensor before raising"
+        assert r.stats["calls_compressed"] == 0 and r.stats["calls_passthrough"] == 0, r.stats
+        assert r.next_sqnr_db >= 27.0
 
 
 def test_destroy_and_init_again_in_the_same_process():
     p = DistPool(2, backend="fp8gloo")
     try:
         with tempfile.TemporaryDirectory() as d:
-            for sqnr, stats in p.run(scenarios.reinit_in_same_process, os.path.join(d, "again")):
-                assert sqnr >= 27.0 and stats["calls_compressed"] == 1
+            for r in p.run(setup.reinit_in_same_process, os.path.join(d, "again")):
+                assert r.sqnr_db >= 27.0 and r.stats["calls_compressed"] == 1
     finally:
         p.close()
 

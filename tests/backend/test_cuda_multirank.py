@@ -16,8 +16,6 @@ bit), so:
   passthroughs would agree trivially), and the result is close to the FP64
   reference (both paths wrong in the same way would not be).
 """
-import math
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -30,6 +28,8 @@ if not (torch.cuda.is_available() and fp8comm._C.has_cuda and dist.is_gloo_avail
     pytest.skip("needs a GPU, gloo and fp8comm built with CUDA", allow_module_level=True)
 
 from tests.support.harness import DistPool, ctx  # noqa: E402
+from tests.support.inputs import rank_input  # noqa: E402
+from tests.support.reference import sqnr_db  # noqa: E402
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 OPTIONS = {"min_numel": 1024, "compress": "all"}
@@ -58,9 +58,8 @@ def sim_group():
     return _SIM_GROUP[0]
 
 
-def rank_input(rank, n, dtype, seed=0):
-    gen = torch.Generator().manual_seed(seed * 7919 + rank)
-    return (torch.randn(n, generator=gen) * 3).to(dtype)
+def inputs(rank, n, dtype, seed=0):
+    return rank_input(rank, n, dtype, seed, scale=3.0)
 
 
 def factor(rank):
@@ -81,14 +80,9 @@ def make_op(op, rank, device):
 
 def reference_sum(n, dtype, op, world, seed=0):
     """FP64 reduction of every rank's input under `op`."""
-    total = sum(rank_input(r, n, dtype, seed).double() * (factor(r) if op.startswith("premul") else 1.0)
+    total = sum(inputs(r, n, dtype, seed).double() * (factor(r) if op.startswith("premul") else 1.0)
                 for r in range(world))
     return total / world if op == "avg" else total
-
-
-def sqnr_db(ref, got):
-    err = (got.double() - ref).square().sum().item()
-    return math.inf if err == 0 else 10 * math.log10(ref.square().sum().item() / err)
 
 
 def _issue(kind, pg, device, rank, world, k, dtype, op, async_op, seed):
@@ -97,7 +91,7 @@ def _issue(kind, pg, device, rank, world, k, dtype, op, async_op, seed):
     FP64 references of the outputs). Waits for async work with Work.wait()
     (or the coalescing manager's wait()), which orders the caller's stream."""
     def inp(n, s=seed):
-        return rank_input(rank, n, dtype, s).to(device)
+        return inputs(rank, n, dtype, s).to(device)
 
     def done(work):
         if async_op:
@@ -152,7 +146,7 @@ def _issue(kind, pg, device, rank, world, k, dtype, op, async_op, seed):
                 for out, x in zip(outs, xs):
                     dist.all_gather_into_tensor(out, x, group=pg)
             done(cm)
-        refs = [torch.cat([rank_input(r, k, dtype, seed + i).double() for r in range(world)])
+        refs = [torch.cat([inputs(r, k, dtype, seed + i).double() for r in range(world)])
                 for i in range(len(outs))]
         return outs, refs
     raise ValueError(kind)

@@ -1,7 +1,7 @@
 """ProcessGroupNCCL's contracts, proven on the CPU. fp8ncclsim runs fp8nccl's
 exact algorithm path (NCCL's transport traits) over a gloo transport that
 returns no Work for synchronous calls, as ProcessGroupNCCL does; fp8gloo runs
-beside it. Each test names the defect of issue 13 it guards."""
+beside it. Each test says which contract it holds the backend to."""
 import datetime
 import time
 
@@ -11,8 +11,9 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
 import fp8comm
-from tests.support.scenarios import nccl as ns
 from tests.support.harness import DistPool
+from tests.support.inputs import same_bits
+from tests.support.scenarios import nccl as ns
 
 BACKENDS = ["fp8gloo", "fp8ncclsim"]
 NCCL_TRAITS = {"segment_headers": False, "gather_by_all_to_all": False, "reduces_avg_and_premul": True}
@@ -26,10 +27,6 @@ def pool(request):
     p.backend = backend
     yield p
     p.close()
-
-
-def same_bits(a, b):
-    return a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
 def test_traits_and_null_works(pool):
@@ -46,9 +43,9 @@ def test_traits_and_null_works(pool):
 
 @pytest.mark.parametrize("kind", ["reduce_scatter", "all_gather"])
 def test_coalesced_mix_of_compressed_and_passthrough_pairs(pool, kind):
-    """Defect 1: the coalesced forms waited on the Work of every passthrough
-    pair, which ProcessGroupNCCL does not return for synchronous calls (a
-    crash). Results equal the same pairs called one at a time, bit for bit."""
+    """The coalesced forms must not wait on the Work of a passthrough pair:
+    ProcessGroupNCCL returns none for synchronous calls. Results equal the same
+    pairs called one at a time, bit for bit."""
     results = pool.run(ns.coalesced_mix, kind)
     for outs, singles, stats in results:
         assert all(same_bits(a, b) for a, b in zip(outs, singles))
@@ -63,21 +60,21 @@ def test_coalesced_entry_points_on_the_backend(pool, kind, async_op):
 
 
 def test_premul_factor_on_the_host(pool):
-    """Defect 9: a CPU-resident PREMUL_SUM factor is read on the host (a device
-    copy would sync the host on CUDA); the result equals the double factor's."""
+    """A CPU-resident PREMUL_SUM factor is read on the host (a device copy
+    would sync the host on CUDA); the result equals the double factor's."""
     for a, b, stats in pool.run(ns.premul_factor_on_the_host):
         assert same_bits(a, b)
         assert stats["calls_compressed"] == 2, stats
 
 
 def test_threads_share_a_group(pool):
-    """Defect 6: the group runs one compressed call at a time on every device."""
+    """The group runs one compressed call at a time on every device."""
     for errors, hung in pool.run(ns.threads_share_a_group, timeout=200):
         assert not hung
         assert errors == []
 
 
-# ------------------------------------------------------------ defect 3: FP8Work
+# ------------------------------------------------------------ FP8Work
 def failed_future(message="peer died"):
     fut = torch.futures.Future()
     failed = fut.then(lambda f: (_ for _ in ()).throw(RuntimeError(message)))
@@ -85,8 +82,8 @@ def failed_future(message="peer died"):
 
 
 def test_work_reports_an_inner_error_to_wait_success_exception_and_future():
-    """Defect 3: FP8Work reported success always. An inner Work's error now
-    reaches is_completed, is_success, exception, wait() and the future."""
+    """An inner Work's error reaches is_completed, is_success, exception,
+    wait() and the future of the FP8Work over it."""
     trigger, failed = failed_future()
     work = fp8comm._C._work_over("all_reduce", [_create_work_from_future(trigger.then(lambda f: None)),
                                                 _create_work_from_future(failed)])
@@ -111,8 +108,8 @@ def test_work_wait_raises_when_one_phase_failed_and_another_never_ends():
 
 
 def test_work_wait_honours_its_timeout():
-    """Defect 3: wait(timeout) ignored the timeout (with blocking wait, a dead
-    peer hung forever). Past the timeout it raises, naming the op."""
+    """wait(timeout) honours the timeout (with blocking wait, a dead peer
+    would otherwise hang the caller): past it, it raises, naming the op."""
     pending = torch.futures.Future()
     work = fp8comm._C._work_over("reduce_scatter", [_create_work_from_future(pending)])
     t0 = time.monotonic()

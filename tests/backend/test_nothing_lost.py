@@ -1,4 +1,4 @@
-"""Nothing lost (issue 6, item 4): every op fp8gloo accepts, in every dtype
+"""Nothing lost: every op fp8gloo accepts, in every dtype
 gloo moves (float8 as bytes), against plain gloo on the same inputs, at a size
 under min_numel and one above it. Exact paths must give plain gloo's bytes;
 compressed paths (float32 / bfloat16 / float16 all_reduce, reduce_scatter and
@@ -7,8 +7,8 @@ exact result; where plain gloo cannot do the op (float8 reductions, AVG of
 integers), fp8gloo must refuse too, with its own clear error."""
 import pytest
 
-from tests.support.scenarios import nothing_lost as nl
 from tests.support.harness import DistPool
+from tests.support.scenarios import nothing_lost as nl
 
 SIZES = [300, nl.MIN_NUMEL + 904]
 CASES = [(op, dtype, n) for op in nl.OPS for dtype in nl.DTYPES for n in SIZES]
@@ -47,7 +47,6 @@ def test_every_op_and_dtype_against_plain_gloo(verdicts):
     for rank, per_case in enumerate(verdicts):
         for case, verdict in per_case.items():
             op, dtype, n = case.split(":")
-            kind = verdict[0] if isinstance(verdict, tuple) else verdict
-            if kind != expected_verdict(op, dtype, int(n)):
+            if verdict.kind != expected_verdict(op, dtype, int(n)):
                 lost[f"rank {rank} {case}"] = verdict
     assert not lost, lost

@@ -1,11 +1,11 @@
-"""Defect 5 of issue 13: ranks that resolve different options would issue
-mismatched collectives (device segments carry no header). At group creation
+"""Ranks that resolve different options would issue mismatched collectives
+(device segments carry no header to catch it). At group creation
 the ranks exchange a fingerprint of their options; a mismatch raises on every
 rank at once, naming the option and every rank's value."""
 import pytest
 
-from tests.support.scenarios import nccl as ns
 from tests.support.harness import DistPool
+from tests.support.scenarios import nccl as ns
 
 CASES = [
     ("min_numel", None, "min_numel: rank 0 has 2048, rank 1 has 1024"),

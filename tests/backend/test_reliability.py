@@ -7,9 +7,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.support.scenarios import reliability as rs
-from tests.support.reference import sqnr_db
 from tests.support.harness import DistPool
+from tests.support.inputs import PATTERNS
+from tests.support.reference import sqnr_db
+from tests.support.scenarios import faults, fuzz, load
 
 GROUP_TIMEOUT_S = 10.0
 SLACK_S = 15.0  # process scheduling on a loaded 2-core CI machine
@@ -27,18 +28,19 @@ def test_dead_peer_raises_on_every_survivor_within_the_timeout(when, kind, backe
     tensor only after its last phase, and the PREMUL_SUM emulation (fp8gloo's,
     or the NCCL-like transport's of fp8ncclsim) sums a scaled copy."""
     pool = DistPool(3, backend=backend, timeout_s=GROUP_TIMEOUT_S)
-    answers = pool.run_with_deaths(rs.peer_dies, when, kind, timeout=GROUP_TIMEOUT_S + SLACK_S + 60)
+    answers = pool.run_with_deaths(faults.peer_dies, when, kind, timeout=GROUP_TIMEOUT_S + SLACK_S + 60)
     assert 1 not in answers  # the victim is gone
     assert set(answers) == {0, 2}
-    for rank, (error, seconds, untouched) in answers.items():
+    for rank, r in answers.items():
+        error = r.error
         assert error is not None, f"rank {rank} finished without noticing the dead peer"
         if kind == "compressed":
             assert "fp8comm all_reduce" in error, error
             assert f"compressed algorithm failed in the inner {INNER[backend]} backend" in error, error
         else:  # gloo's own error, from the exact SUM
             assert "Connection" in error or "closed" in error.lower() or "Timed out" in error, error
-        assert seconds <= GROUP_TIMEOUT_S + SLACK_S
-        assert untouched, f"rank {rank}: the failed call wrote into the tensor"
+        assert r.seconds <= GROUP_TIMEOUT_S + SLACK_S
+        assert r.untouched, f"rank {rank}: the failed call wrote into the tensor"
 
 
 STUCK_TIMEOUT_S = 5.0
@@ -55,19 +57,20 @@ def test_stuck_peer_times_out_on_every_rank(kind, backend):
     thread, so the timeout is raised by the call itself, naming the op; a
     passthrough op is gloo's own async Work, whose timeout is raised by wait()."""
     pool = DistPool(3, backend=backend, timeout_s=STUCK_TIMEOUT_S)
-    answers = pool.run_with_deaths(rs.peer_stuck, kind, timeout=60)
+    answers = pool.run_with_deaths(faults.peer_stuck, kind, timeout=60)
     assert set(answers) == {0, 1, 2}, answers  # nobody hung (run_with_deaths raises on a hang)
     for rank in (0, 2):
-        error, where, seconds = answers[rank]
+        r = answers[rank]
+        error = r.error
         assert error is not None, f"rank {rank} did not notice the stuck peer"
-        assert STUCK_TIMEOUT_S - 0.5 <= seconds <= STUCK_TIMEOUT_S + SLACK_S, seconds
+        assert STUCK_TIMEOUT_S - 0.5 <= r.seconds <= STUCK_TIMEOUT_S + SLACK_S, r.seconds
         if kind == "compressed":
-            assert where == "call"
+            assert r.raised_in == "call"
             assert "fp8comm all_reduce: the all_to_all phase of the compressed algorithm failed" in error
         else:
-            assert where == "wait"
+            assert r.raised_in == "wait"
         assert "Timed out" in error or "timed out" in error, error
-    assert answers[1][0] is not None  # the late caller fails too, instead of hanging
+    assert answers[1].error is not None  # the late caller fails too, instead of hanging
 
 
 def test_mismatched_sizes_across_ranks_end_instead_of_hanging():
@@ -79,12 +82,11 @@ def test_mismatched_sizes_across_ranks_end_instead_of_hanging():
     answers = {}
     for which in ("fp8", "gloo"):
         pool = DistPool(2, backend="fp8gloo", timeout_s=GROUP_TIMEOUT_S)
-        answers[which] = pool.run_with_deaths(rs.mismatched_numel, which, timeout=GROUP_TIMEOUT_S + SLACK_S + 60)
+        answers[which] = pool.run_with_deaths(faults.mismatched_numel, which, timeout=GROUP_TIMEOUT_S + SLACK_S + 60)
     for which, ans in answers.items():
         assert set(ans) == {1}, (which, ans)  # rank 0 was aborted by gloo, rank 1 answered
-        error, seconds = ans[1]
-        assert error is not None and seconds <= GROUP_TIMEOUT_S + SLACK_S
-    assert "fp8comm all_reduce" in answers["fp8"][1][0]
+        assert ans[1].error is not None and ans[1].seconds <= GROUP_TIMEOUT_S + SLACK_S
+    assert "fp8comm all_reduce" in answers["fp8"][1].error
 
 
 @pytest.mark.parametrize("op", ["all_reduce", "reduce_scatter"])
@@ -93,9 +95,10 @@ def test_mismatched_sizes_with_torch_distributed_debug_detail(op):
     plugin backends in ProcessGroupWrapper) reports the mismatch on every rank
     before anything is sent, with the shapes of both ranks."""
     pool = DistPool(2, backend="fp8gloo", timeout_s=GROUP_TIMEOUT_S, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
-    answers = pool.run_with_deaths(rs.mismatched_numel, "fp8", op, timeout=GROUP_TIMEOUT_S + SLACK_S + 60)
+    answers = pool.run_with_deaths(faults.mismatched_numel, "fp8", op, timeout=GROUP_TIMEOUT_S + SLACK_S + 60)
     assert set(answers) == {0, 1}
-    for rank, (error, seconds) in answers.items():
+    for rank, r in answers.items():
+        error, seconds = r.error, r.seconds
         assert error is not None and "Detected mismatch between collectives on ranks" in error, error
         own_shape = {"all_reduce": [40_000, 80_000], "reduce_scatter": [80_000, 160_000]}[op][rank]  # its input
         assert f"Rank {rank} is running collective: CollectiveFingerPrint" in error
@@ -106,17 +109,17 @@ def test_mismatched_sizes_with_torch_distributed_debug_detail(op):
 def test_mismatched_dtypes_with_equal_numel_still_sum_correctly():
     pool = DistPool(2, backend="fp8gloo")
     try:
-        results = pool.run(rs.mismatched_dtype)
+        results = pool.run(faults.mismatched_dtype)
     finally:
         pool.close()
-    assert results[0][0] == torch.float32 and results[1][0] == torch.bfloat16
-    assert min(r[1] for r in results) >= 27.0
+    assert results[0].dtype == torch.float32 and results[1].dtype == torch.bfloat16
+    assert min(r.sqnr_db for r in results) >= 27.0
 
 
 def test_subgroup_churn_does_not_leak():
     pool = DistPool(2, backend="fp8gloo")
     try:
-        results = pool.run(rs.subgroup_churn, 60, timeout=300)
+        results = pool.run(load.subgroup_churn, 60, timeout=300)
     finally:
         pool.close()
     for after_warmup, end in results:
@@ -129,20 +132,21 @@ def test_subgroup_churn_does_not_leak():
 def test_soak_mixed_collectives():
     """FP8COMM_SOAK_OPS (default 400 here; 10 000 for the full run in
     docs/reliability.md) mixed collectives on 3 ranks, every result checked
-    (reliability_scenarios.soak), every all_reduce and all_gather result
+    (tests.support.scenarios.load.soak), every all_reduce and all_gather result
     bitwise the same on every rank, resources flat after warm-up."""
     ops = int(os.environ.get("FP8COMM_SOAK_OPS", "400"))
     pool = DistPool(3, backend="fp8gloo")
     try:
-        results = pool.run(rs.soak, ops, timeout=60 + ops * 0.5)
+        results = pool.run(load.soak, ops, timeout=60 + ops * 0.5)
     finally:
         pool.close()
-    checked, marks, failures, counts, digests = results[0]
+    marks, counts = results[0].marks, results[0].checks
     print(f"\nsoak: {ops} ops on 3 ranks; rank 0 RSS (MiB) at each fifth: {[m['rss_kib'] // 1024 for m in marks]}, "
           f"threads {marks[-1]['threads']}, fds {marks[-1]['fds']}; checks per kind {counts}")
-    for checked, marks, failures, counts, digests in results:
-        assert checked == ops
-        assert not failures, failures
+    for r in results:
+        marks, counts = r.marks, r.checks
+        assert r.calls == ops
+        assert not r.failures, r.failures
         # both sides of min_numel were exercised, for every kind of compressed collective
         for kind in ("all_reduce_fp8", "all_reduce_exact", "reduce_scatter_tensor_fp8", "all_gather_tensor_fp8",
                      "all_gather_tensor_exact", "small_exact"):
@@ -152,8 +156,8 @@ def test_soak_mixed_collectives():
         # leak raises every later mark, so the lower of the last two counts.
         assert min(m["rss_kib"] for m in marks[-2:]) <= marks[1]["rss_kib"] + 32 * 1024, marks
         assert marks[-1]["fds"] <= marks[0]["fds"] + 2 and marks[-1]["threads"] <= marks[0]["threads"] + 2
-    for _, _, _, _, digests in results[1:]:  # cross-rank agreement of every all_reduce / all_gather result
-        assert digests == results[0][4]
+    for r in results[1:]:  # cross-rank agreement of every all_reduce / all_gather result
+        assert r.digests == results[0].digests
 
 
 # ------------------------------------------------------------------ fuzz
@@ -207,7 +211,7 @@ def test_fuzz_promises(fuzz_pools, world, op, form, reduce, fmt):
               suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
     @given(
         n=st.one_of(st.integers(1, 300), st.integers(301, 100_000)),
-        pattern=st.sampled_from(rs.PATTERNS),
+        pattern=st.sampled_from(PATTERNS),
         dtype=st.sampled_from(["float32", "bfloat16", "float16"]),
         block=st.sampled_from([16, 32, 80, 256]),
         factor_kind=st.sampled_from(["double", "tensor"]),
@@ -215,16 +219,16 @@ def test_fuzz_promises(fuzz_pools, world, op, form, reduce, fmt):
     )
     def check(n, pattern, dtype, block, factor_kind, seed):
         n = n if op != "reduce_scatter" else min(n, 100_000 // world)
-        results = pool.run(rs.fuzz_case, op, form, reduce, fmt, n, pattern, dtype, block, factor_kind, seed)
+        results = pool.run(fuzz.fuzz_case, op, form, reduce, fmt, n, pattern, dtype, block, factor_kind, seed)
         case = (op, form, reduce, fmt, n, pattern, dtype, block, factor_kind, seed)
         expected_calls = 1 if op == "all_reduce" or form == "tensor" else 2
-        for outs, violations, nonfinite_mismatch, compressed in results:
-            assert violations == 0, case
-            assert nonfinite_mismatch == 0, case
-            assert compressed == expected_calls, case
+        for r in results:
+            assert r.violations.outside_bound == 0, case
+            assert r.violations.nonfinite_mismatch == 0, case
+            assert r.calls_compressed == expected_calls, case
         if op in ("all_reduce", "all_gather"):  # every rank holds the same bytes
-            for outs, *_ in results[1:]:
-                for a, b in zip(outs, results[0][0]):
+            for r in results[1:]:
+                for a, b in zip(r.outs, results[0].outs):
                     assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), case
 
     check()
@@ -232,14 +236,14 @@ def test_fuzz_promises(fuzz_pools, world, op, form, reduce, fmt):
 
 @settings(max_examples=10, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(n=st.integers(1, 3000), kind=st.sampled_from(rs.PATTERNS),
+@given(n=st.integers(1, 3000), kind=st.sampled_from(PATTERNS),
        dtype=st.sampled_from(["float32", "bfloat16", "float16"]), seed=st.integers(0, 10_000))
 def test_fuzz_passthrough_is_exact(fuzz_pools, n, kind, dtype, seed):
     """With compression off, adversarial values come back exactly as plain gloo gives them."""
-    results = fuzz_pools.get(4).run(rs.fuzz_passthrough, n, kind, dtype, seed)
-    for fp8_out, gloo_out, stats in results:
-        assert torch.equal(fp8_out.view(torch.uint8), gloo_out.view(torch.uint8))
-        assert stats["calls_compressed"] == 0 and stats["calls_passthrough"] == 2
+    results = fuzz_pools.get(4).run(fuzz.fuzz_passthrough, n, kind, dtype, seed)
+    for r in results:
+        assert torch.equal(r.got.view(torch.uint8), r.expected.view(torch.uint8))
+        assert r.stats["calls_compressed"] == 0 and r.stats["calls_passthrough"] == 2
 
 
 MIN_NUMEL = 1000
@@ -250,9 +254,9 @@ def test_min_numel_boundary(fuzz_pools, op):
     """min_numel - 1 elements per rank pass through, bitwise plain gloo;
     min_numel elements are compressed."""
     pool = fuzz_pools.get(4)
-    for fp8_out, gloo_out, stats in pool.run(rs.min_numel_boundary, op, MIN_NUMEL, MIN_NUMEL - 1):
-        assert torch.equal(fp8_out, gloo_out)
-        assert stats["calls_compressed"] == 0 and stats["calls_passthrough"] == 1
-    for fp8_out, gloo_out, stats in pool.run(rs.min_numel_boundary, op, MIN_NUMEL, MIN_NUMEL):
-        assert stats["calls_compressed"] == 1 and stats["calls_passthrough"] == 0
-        assert 27.0 <= sqnr_db(gloo_out, fp8_out) < 45.0
+    for r in pool.run(fuzz.min_numel_boundary, op, MIN_NUMEL, MIN_NUMEL - 1):
+        assert torch.equal(r.got, r.expected)
+        assert r.stats["calls_compressed"] == 0 and r.stats["calls_passthrough"] == 1
+    for r in pool.run(fuzz.min_numel_boundary, op, MIN_NUMEL, MIN_NUMEL):
+        assert r.stats["calls_compressed"] == 1 and r.stats["calls_passthrough"] == 0
+        assert 27.0 <= sqnr_db(r.expected, r.got) < 45.0

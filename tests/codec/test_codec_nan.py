@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import fp8comm
+from tests.support.cpu_kernels import HAS_AVX2, HAS_AVX512
 from tests.support.reference import dequantize as ref_dequantize
 from tests.support.reference import quantize as ref_quantize
-from tests.support.cpu_kernels import HAS_AVX2, HAS_AVX512
 from fp8comm import _C
 
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]

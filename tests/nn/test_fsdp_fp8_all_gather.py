@@ -14,8 +14,8 @@ import torch
 import torch.nn as nn
 
 import fp8comm
-from tests.support.scenarios import fsdp as S
 from tests.support.harness import DistPool
+from tests.support.scenarios import fsdp as S
 from fp8comm.nn import Fp8AllGatherWeight, Fp8Linear, Fp8WeightCast, convert_to_fp8
 from fp8comm.nn.linear import scaled_mm_cpu
 from fp8comm.nn.scaling import cast_to_fp8

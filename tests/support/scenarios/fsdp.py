@@ -1,5 +1,5 @@
 """Scenarios for the FSDP2 FP8 all-gather of Fp8Linear weights (run on every
-rank of a DistPool; see dist_harness.py and test_fsdp_fp8_all_gather.py).
+rank of a DistPool; see tests/support/harness.py and tests/nn/test_fsdp_fp8_all_gather.py).
 
 The model is a tiny decoder: an embedding, blocks of (RMSNorm, up, down) with
 the block linears converted to Fp8Linear, a final norm and an nn.Linear head.

@@ -11,7 +11,7 @@ from torch._C._distributed_c10d import AllgatherOptions
 
 import fp8comm
 from tests.support.harness import ctx
-from tests.support.scenarios.collectives import rank_input
+from tests.support.inputs import rank_input
 
 
 def _backend(c):

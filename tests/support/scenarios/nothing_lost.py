@@ -1,14 +1,19 @@
-"""Scenarios of the "nothing lost" test (issue 6, item 4): every op fp8gloo
-accepts, in every dtype gloo moves, on fp8gloo and on plain gloo with the same
-inputs. They run on every rank of a DistPool."""
+"""Scenarios of the "nothing lost" test: every op fp8gloo accepts, in every
+dtype gloo moves, on fp8gloo and on plain gloo with the same inputs. They run
+on every rank of a DistPool."""
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 
 import fp8comm
+from tests.support.bounds import bound_violations
+from tests.support.groups import fp8_group, plain_gloo_group
 from tests.support.harness import ctx
-from tests.support.scenarios.reliability import bound_violations
+from tests.support.inputs import any_dtype_input
+from tests.support.ops import Call, flat, reduce_op, run, uneven_splits
 
 DTYPES = ["bool", "uint8", "int8", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64",
           "float8_e4m3fn", "float8_e5m2"]
@@ -26,116 +31,57 @@ SPEC = f"compress=all;min_numel={MIN_NUMEL}"
 FLOAT8 = ("float8_e4m3fn", "float8_e5m2")
 
 
-def value(rank: int, n: int, dtype, seed: int = 0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed * 31 + rank)
-    x = torch.randn(n, generator=g) * 10
-    if dtype == torch.bool:
-        return x > 0
-    if dtype.is_complex:
-        return torch.complex(x, -2 * x).to(dtype)
-    if dtype in (torch.uint8, torch.int8):
-        return x.clamp(-40, 40).abs().to(dtype) if dtype == torch.uint8 else x.clamp(-40, 40).to(dtype)
-    return x.to(dtype)
+ROOTS = {"broadcast": "last", "reduce": "last", "gather": 0, "scatter": 0}
+REDUCE_KINDS = {"all_reduce_sum": "sum", "all_reduce_max": "max", "all_reduce_avg": "avg",
+                "all_reduce_premul": "premul_sum"}
 
 
-def run_op(op: str, dtype, n: int, pg, rank: int, world: int, premul_factor: float | None = None,
+def premul_factor(rank: int) -> float:
+    return 0.1 + rank
+
+
+def _inputs(op: str, inp, rank: int, n: int, world: int) -> list:
+    """This rank's inputs of `op` for n elements per rank, from inp(rank, numel, seed)."""
+    if op == "all_reduce_coalesced":
+        x = inp(rank, n)
+        return [x[: n // 3].clone(), x[n // 3:].clone()]
+    if op.startswith("reduce_scatter") or op in ("all_to_all_single", "all_to_all"):
+        return [inp(rank, n * world)]
+    if op == "all_to_all_single_uneven":
+        return [inp(rank, sum(uneven_splits(rank, world)[0]))]
+    if op == "all_gather_coalesced_lists":
+        return [inp(rank, n), inp(rank, 7, seed=1)]
+    if op == "scatter":
+        return [inp(r, n, seed=2) for r in range(world)]
+    return [inp(rank, n)]
+
+
+def run_op(op: str, dtype, n: int, pg, rank: int, world: int, reference_factor: float | None = None,
            as_bytes: bool = False):
-    """Runs `op` on `pg` with this rank's inputs; returns the flat result (what
-    the op wrote on this rank). premul_factor: the reference of PREMUL_SUM
-    (inputs multiplied by it, then summed). as_bytes: move the same data as
-    uint8 (plain gloo's only way to move float8)."""
-    wire = torch.uint8 if as_bytes else dtype
-
+    """Runs `op` on `pg` with this rank's inputs through the ops table;
+    returns what the op wrote on this rank, flat. reference_factor: the
+    reference of PREMUL_SUM (inputs multiplied by it, then summed). as_bytes:
+    move the same data as uint8 (plain gloo's only way to move float8)."""
     def inp(r, m, seed=0):
-        t = value(r, m, dtype, seed)
+        t = any_dtype_input(r, m, dtype, seed)
         return t.view(torch.uint8) if as_bytes else t
 
-    def zeros(m):
-        return torch.zeros(m, dtype=wire)
+    xs = _inputs(op, inp, rank, n, world)
+    reduce = REDUCE_KINDS.get(op, "sum")
+    if reference_factor is not None:
+        xs, reduce = [x * reference_factor for x in xs], "sum"
+    root = ROOTS.get(op, 0)
+    call = Call(pg, rank, world, reduce_op(reduce, premul_factor(rank)),
+                root=world - 1 if root == "last" else root)
+    return flat(run(TABLE_NAMES.get(op, op), call, xs), xs[0])
 
-    x = inp(rank, n)
-    if op.startswith("all_reduce") and op != "all_reduce_coalesced":
-        kind = op.split("_")[-1]
-        rop = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "avg": dist.ReduceOp.AVG,
-               "premul": dist._make_nccl_premul_sum(0.1 + rank)}[kind]
-        if premul_factor is not None:
-            x, rop = x * premul_factor, dist.ReduceOp.SUM
-        dist.all_reduce(x, op=rop, group=pg)
-        return x
-    if op == "all_reduce_coalesced":
-        xs = [x[: n // 3].clone(), x[n // 3 :].clone()]
-        dist.all_reduce_coalesced(xs, group=pg)
-        return torch.cat(xs)
-    if op == "reduce":
-        dist.reduce(x, dst=world - 1, group=pg)
-        return x
-    if op.startswith("reduce_scatter"):
-        x = inp(rank, n * world)
-        out = zeros(n)
-        if op == "reduce_scatter_tensor":
-            dist.reduce_scatter_tensor(out, x, group=pg)
-        elif op == "reduce_scatter_list":
-            dist.reduce_scatter(out, list(x.chunk(world)), group=pg)
-        else:
-            with dist._coalescing_manager(group=pg):
-                dist.reduce_scatter_tensor(out, x, group=pg)
-        return out
-    if op in ("all_gather_tensor", "all_gather_coalesced"):
-        out = zeros(n * world)
-        if op == "all_gather_tensor":
-            dist.all_gather_into_tensor(out, x, group=pg)
-        else:
-            with dist._coalescing_manager(group=pg):
-                dist.all_gather_into_tensor(out, x, group=pg)
-        return out
-    if op == "all_gather_list":
-        outs = [zeros(n) for _ in range(world)]
-        dist.all_gather(outs, x, group=pg)
-        return torch.cat(outs)
-    if op == "all_gather_coalesced_lists":  # the deprecated list-of-lists form
-        y = inp(rank, 7, seed=1)
-        outs = [[zeros(n), zeros(7)] for _ in range(world)]
-        dist.all_gather_coalesced(outs, [x, y], group=pg)
-        return torch.cat([t for pair in outs for t in pair])
-    if op == "broadcast":
-        dist.broadcast(x, src=world - 1, group=pg)
-        return x
-    if op == "gather":
-        outs = [zeros(n) for _ in range(world)] if rank == 0 else None
-        dist.gather(x, outs, dst=0, group=pg)
-        return torch.cat(outs) if outs else zeros(0)
-    if op == "scatter":
-        out = zeros(n)
-        dist.scatter(out, [inp(r, n, seed=2) for r in range(world)] if rank == 0 else None, src=0, group=pg)
-        return out
-    if op == "all_to_all_single":
-        out = zeros(n * world)
-        dist.all_to_all_single(out, inp(rank, n * world), group=pg)
-        return out
-    if op == "all_to_all_single_uneven":  # rank r sends r + 1 + j elements to rank j
-        sends = [rank + 1 + j for j in range(world)]
-        recvs = [r + 1 + rank for r in range(world)]
-        out = zeros(sum(recvs))
-        dist.all_to_all_single(out, inp(rank, sum(sends)), recvs, sends, group=pg)
-        return out
-    if op == "all_to_all":
-        outs = [zeros(n) for _ in range(world)]
-        dist.all_to_all(outs, list(inp(rank, n * world).chunk(world)), group=pg)
-        return torch.cat(outs)
-    if op == "send_recv":
-        if rank == 0:
-            dist.send(x, dst=1, group=pg)
-        elif rank == 1:
-            dist.recv(x, src=0, group=pg)
-        return x
-    if op == "batch_isend_irecv":
-        recv = zeros(n)
-        ops = [dist.P2POp(dist.isend, x, (rank + 1) % world, group=pg),
-               dist.P2POp(dist.irecv, recv, (rank - 1) % world, group=pg)]
-        for work in dist.batch_isend_irecv(ops):
-            work.wait()
-        return recv
-    raise ValueError(op)
+
+TABLE_NAMES = {name: "all_reduce" for name in REDUCE_KINDS}  # the other ops have the table's names
+
+
+class Verdict(NamedTuple):
+    kind: str  # "bitwise", "bound", "both refuse", or "LOST"
+    detail: str = ""  # fp8gloo's error where both refuse; what differs where LOST
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -144,13 +90,13 @@ def _as_bytes(t: torch.Tensor) -> torch.Tensor:
 
 def nothing_lost(cases):
     """For each (op, dtype name, n): the op on fp8gloo and on plain gloo.
-    Returns {case: verdict}: "bitwise" (exact path, same bytes as plain gloo),
-    "bound" (compressed, every element within the documented bound of the exact
-    result), "both refuse" (plain gloo cannot either; fp8gloo says why), or a
-    string starting with "LOST" that says what differs."""
+    Returns {"op:dtype:n": Verdict}: bitwise (exact path, same bytes as plain
+    gloo), bound (compressed, every element within the documented bound of the
+    exact result), both refuse (plain gloo cannot either; fp8gloo says why),
+    or LOST, with what differs."""
     c = ctx()
     P = c.world
-    pg = _group()
+    pg = fp8_group(SPEC)
     verdicts = {}
     for op, dtype_name, n in cases:
         dtype = getattr(torch, dtype_name)
@@ -167,28 +113,26 @@ def nothing_lost(cases):
         as_bytes = dtype_name in FLOAT8 and op not in REDUCING
         emulated = op == "all_reduce_premul" and (dtype.is_floating_point or dtype.is_complex) and not as_bytes
         try:
-            ref = run_op(op, dtype, n, c.gloo, c.rank, P, premul_factor=(0.1 + c.rank) if emulated else None,
+            ref = run_op(op, dtype, n, c.gloo, c.rank, P, reference_factor=premul_factor(c.rank) if emulated else None,
                          as_bytes=as_bytes)
             ref = ref.view(dtype) if as_bytes else ref
             gloo_error = None
         except (RuntimeError, ValueError, TypeError) as e:
             ref, gloo_error = None, str(e).splitlines()[0]
-        # In step before the next case. Not on c.gloo: after one of its ops has
-        # failed, a gloo barrier may re-raise that failure on some ranks only.
-        dist.barrier(group=_sync_group())
+        dist.barrier(group=plain_gloo_group())  # in step before the next case
         case = f"{op}:{dtype_name}:{n}"
         if fp8_error is not None or gloo_error is not None:
             if fp8_error is not None and gloo_error is not None:
-                verdicts[case] = ("both refuse", fp8_error)
+                verdicts[case] = Verdict("both refuse", fp8_error)
             else:
-                verdicts[case] = f"LOST: fp8gloo error {fp8_error!r}, plain gloo error {gloo_error!r}"
+                verdicts[case] = Verdict("LOST", f"fp8gloo error {fp8_error!r}, plain gloo error {gloo_error!r}")
             continue
         if compressed:
             verdicts[case] = _within_bound(op, dtype, n, got, c.rank, P)
         elif torch.equal(_as_bytes(got), _as_bytes(ref)):
-            verdicts[case] = "bitwise"
+            verdicts[case] = Verdict("bitwise")
         else:
-            verdicts[case] = "LOST: differs from plain gloo"
+            verdicts[case] = Verdict("LOST", "differs from plain gloo")
     return verdicts
 
 
@@ -198,36 +142,19 @@ def _real(t: torch.Tensor) -> torch.Tensor:
     return torch.view_as_real(t).reshape(-1) if t.is_complex() else t
 
 
-def _within_bound(op, dtype, n, got, rank, P):
+def _within_bound(op, dtype, n, got, rank, P) -> Verdict:
     block, fp8 = 32, torch.float8_e4m3fn
     got = _real(got)
     if op.startswith("all_gather"):
-        ys = [_real(value(r, n, dtype)).float() for r in range(P)]
-        v, m = bound_violations("all_gather", ys, got, 1, block, fp8, rank)
+        ys = [_real(any_dtype_input(r, n, dtype)).float() for r in range(P)]
+        v = bound_violations("all_gather", ys, got, 1, block, fp8, rank)
     elif op.startswith("reduce_scatter"):
-        ys = [_real(value(r, n * P, dtype)).float() for r in range(P)]
-        v, m = bound_violations("reduce_scatter", ys, got, 1, block, fp8, rank)
+        ys = [_real(any_dtype_input(r, n * P, dtype)).float() for r in range(P)]
+        v = bound_violations("reduce_scatter", ys, got, 1, block, fp8, rank)
     else:
-        factors = [0.1 + r for r in range(P)] if op == "all_reduce_premul" else [1.0] * P
-        ys = [_real(value(r, n, dtype)).float() * factors[r] for r in range(P)]
-        v, m = bound_violations("all_reduce", ys, got, P if op == "all_reduce_avg" else 1, block, fp8, rank)
-    return "bound" if v == 0 and m == 0 else f"LOST: {v} elements outside the bound, {m} non-finite mismatches"
-
-
-_GROUP = []
-
-
-def _group():
-    if not _GROUP:
-        _GROUP.append(dist.new_group(backend="fp8gloo", pg_options=fp8comm.Options(compress="all",
-                                                                                   min_numel=MIN_NUMEL)))
-    return _GROUP[0]
-
-
-_SYNC = []
-
-
-def _sync_group():
-    if not _SYNC:
-        _SYNC.append(dist.new_group(backend="gloo"))
-    return _SYNC[0]
+        factors = [premul_factor(r) for r in range(P)] if op == "all_reduce_premul" else [1.0] * P
+        ys = [_real(any_dtype_input(r, n, dtype)).float() * factors[r] for r in range(P)]
+        v = bound_violations("all_reduce", ys, got, P if op == "all_reduce_avg" else 1, block, fp8, rank)
+    if v.ok:
+        return Verdict("bound")
+    return Verdict("LOST", f"{v.outside_bound} elements outside the bound, {v.nonfinite_mismatch} non-finite mismatches")
