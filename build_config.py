@@ -1,7 +1,7 @@
 """How setup.py builds fp8comm._C: with the CUDA kernels or CPU-only.
 
 Kept apart from setup.py so the decision is a pure function that tests can
-call without running setup() (tests/test_build_config.py); setup.py loads this
+call without running setup() (tests/tools/test_build_config.py); setup.py loads this
 file by its path. It imports nothing outside the standard library.
 
 The CUDA build needs a CUDA torch and an nvcc whose major version equals

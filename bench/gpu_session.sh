@@ -5,15 +5,15 @@
 #
 # Stages:
 #   tests   build; the CUDA tests (pytest -m cuda); the multi-rank CUDA tests
-#           (tests/test_cuda_multirank.py, 2-4 processes on one GPU, gloo as
+#           (tests/backend/test_cuda_multirank.py, 2-4 processes on one GPU, gloo as
 #           the CUDA transport); no host syncs and CUDA-graph capture
-#           (tests/test_cuda_streams.py); compute-sanitizer memcheck and
+#           (tests/backend/test_cuda_streams.py); compute-sanitizer memcheck and
 #           racecheck over the codec CUDA tests (run alongside the others).
 #   bench   build; codec, comm (world size 1), linear and model benchmarks.
 #   all     both (only if the machine is fast enough for one call).
 #   selftest, selftest-pass
 #           no GPU needed: deliberately failing / passing steps through the
-#           same step runner (tests/test_gpu_session_script.py runs them).
+#           same step runner (tests/tools/test_gpu_session_script.py runs them).
 # FP8COMM_GPU_SESSION_DRYRUN=1 prints each step's command instead of running it.
 #
 # Every step runs under a timeout, with its output in its own log; pytest
@@ -363,7 +363,7 @@ have_cuda_build() {
   [ "$(status_of has-cuda)" = PASS ] || [ "$(status_of has-cuda)" = DRY ]
 }
 
-CODEC_CUDA_TESTS=(tests/test_codec_cuda.py tests/test_fused_cast_cuda.py)
+CODEC_CUDA_TESTS=(tests/codec/test_codec_cuda.py tests/nn/test_fused_cast_cuda.py)
 
 tests_stage() {
   if ! have_cuda_build; then
@@ -376,9 +376,9 @@ tests_stage() {
   step_bg sanitizer_step memcheck 300 "${CODEC_CUDA_TESTS[@]}" -k "not compile"
   step_bg sanitizer_step racecheck 300 "${CODEC_CUDA_TESTS[@]}" -k "not compile"
   pytest_step cuda-tests 300 -m cuda tests \
-    --ignore=tests/test_cuda_multirank.py --ignore=tests/test_cuda_streams.py
-  pytest_step cuda-streams 150 -m cuda tests/test_cuda_streams.py
-  pytest_step cuda-multirank 240 -m cuda tests/test_cuda_multirank.py
+    --ignore=tests/backend/test_cuda_multirank.py --ignore=tests/backend/test_cuda_streams.py
+  pytest_step cuda-streams 150 -m cuda tests/backend/test_cuda_streams.py
+  pytest_step cuda-multirank 240 -m cuda tests/backend/test_cuda_multirank.py
   join_bg
 }
 
@@ -416,7 +416,7 @@ bench_stage() {
 # and one in the background (failing in `selftest`); in `selftest` also a
 # failing one, one whose only test skips, a command that runs past its
 # timeout; a passing pytest run under compute-sanitizer (a SKIP when none is
-# found; tests/test_gpu_session_script.py puts a stand-in on PATH); and a step
+# found; tests/tools/test_gpu_session_script.py puts a stand-in on PATH); and a step
 # after them all, which must still run.
 selftest_stage() {
   local dir="$WORK/selftest"

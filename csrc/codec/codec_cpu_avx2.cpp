@@ -1,6 +1,6 @@
 // The CPU codec's full blocks in hand-written AVX2: the same element math as
 // fp8_block_math.h, eight lanes at a time, so the bytes are identical to the
-// scalar loops' (tests/test_codec_simd.py compares them on every bit pattern
+// scalar loops' (tests/codec/test_codec_simd.py compares them on every bit pattern
 // class). Torch-free, and every function here carries its own target
 // attribute instead of a file-wide pragma, so nothing compiled for AVX2 can
 // leak into code that runs on a CPU without it.

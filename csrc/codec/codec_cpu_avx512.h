@@ -3,7 +3,7 @@
 // passes that are compute-bound: quantize, and all_reduce's sum +
 // re-quantize. Sixteen lanes, eight blocks at a time, held in registers from
 // load to codes. Same bytes as the AVX2 kernels and the scalar loops
-// (tests/test_codec_simd.py runs every case through each); a group of eight
+// (tests/codec/test_codec_simd.py runs every case through each); a group of eight
 // blocks they do not take (a block with Inf/NaN, FP8 subnormals, a code
 // limit, or a piece that needs the exact decode) goes to the AVX2 kernels.
 #include <stdint.h>

@@ -2,7 +2,7 @@
 // Every FP8COMM_* environment variable fp8comm reads at run time, declared
 // once (as NCCL's NCCL_PARAM): its name, the value an unset variable stands
 // for, and what it sets. README.md's "Environment variables" table lists each
-// (tests/test_options.py holds the two in step). Plain
+// (tests/backend/test_options.py holds the two in step). Plain
 // C++: the codec reads it too.
 #include <cstdlib>
 #include <optional>

@@ -112,7 +112,7 @@ def scaled_mm_cpu(a, b, scale_a, scale_b, out_dtype):
     against 0.96 ms emulated, 1024x256x768 6.0 s against 5.8 ms, with the same
     result. There, and under torch.compile, the emulated kernel's steps run
     here (no global switch, nothing for other threads to see);
-    tests/test_linear.py checks them against torch._scaled_mm bit for bit.
+    tests/nn/test_linear.py checks them against torch._scaled_mm bit for bit.
     """
     if _CPU_SCALED_MM_IS_EMULATED and not torch.compiler.is_compiling():
         return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)

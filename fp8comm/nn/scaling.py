@@ -11,12 +11,12 @@ Two implementations give the same bytes:
   scale and cast in one or two kernels, optionally writing the cast of x.t()
   (the transpose a backward GEMM needs) in the same pass. Its CPU twin runs the
   scalar math of the CUDA kernels and equals the eager chain bit for bit
-  (tests/test_fused_cast.py);
+  (tests/nn/test_fused_cast.py);
 - the eager chain of torch ops below (``eager_cast_fp8``), the reference.
 
 The CPU always uses the operator. CUDA uses it only with
 ``FP8COMM_FUSED_CAST=1``: its kernels were compiled here but not yet run on a
-GPU; the default flips to on once tests/test_fused_cast_cuda.py passes on one
+GPU; the default flips to on once tests/nn/test_fused_cast_cuda.py passes on one
 (docs/fp8_linear.md, "Fused casts").
 """
 from __future__ import annotations

@@ -1,0 +1,81 @@
+"""fp8comm.Options, the c10d::Backend::Options of fp8nccl / fp8gloo, and the
+environment variables fp8comm reads: each declared once (csrc/common/env.h)
+and documented in the README."""
+import copy
+import pickle
+import re
+
+import pytest
+import torch
+from torch._C._distributed_c10d import Backend
+
+import fp8comm
+from fp8comm.options import environment_variables
+from tests.support import REPO_ROOT
+
+ROOT = REPO_ROOT
+
+
+def test_options_are_a_c10d_backend_options():
+    assert isinstance(fp8comm.Options(), Backend.Options)
+
+
+def test_unset_fields_stay_unset_until_resolved(monkeypatch):
+    opts = fp8comm.Options(min_numel=7)
+    assert opts.block_size is None and opts.fp8_dtype is None and opts.compress is None and opts.min_numel == 7
+    monkeypatch.setenv("FP8COMM_FP8_DTYPE", "E5M2")
+    monkeypatch.setenv("FP8COMM_COMPRESS", "all")
+    r = opts.resolved()
+    assert (r.block_size, r.fp8_dtype, r.min_numel) == (32, "e5m2", 7)
+    assert r.compress == ("all_reduce", "reduce_scatter", "all_gather")
+    assert r.fingerprint() == {"block_size": "32", "fp8_dtype": "e5m2", "min_numel": "7",
+                               "compress": "all_reduce,reduce_scatter,all_gather"}
+
+
+def test_fp8_dtype_takes_torch_dtypes():
+    assert fp8comm.Options(fp8_dtype=torch.float8_e5m2).fp8_dtype == "e5m2"
+    assert fp8comm.Options(fp8_dtype=torch.float8_e4m3fn).resolved().fp8_dtype == "e4m3"
+
+
+@pytest.mark.parametrize("value", [1.5, "16", True])
+def test_block_size_must_be_an_int(value):
+    with pytest.raises(ValueError, match="block_size must be"):
+        fp8comm.Options(block_size=value)
+
+
+def test_unset_compress_from_environment_none(monkeypatch):
+    monkeypatch.setenv("FP8COMM_COMPRESS", "none")
+    assert fp8comm.Options().resolved().compress == ()
+
+
+def test_deepcopy_and_pickle_keep_every_field():
+    """torch deep-copies a parent group's options when it splits the group."""
+    opts = fp8comm.Options(block_size=64, fp8_dtype="e5m2", compress="all_gather")
+    for clone in (copy.deepcopy(opts), pickle.loads(pickle.dumps(opts))):
+        assert clone == opts and clone is not opts
+        assert clone.min_numel is None and clone.compress == ("all_gather",)
+    assert fp8comm.Options(block_size=64) != fp8comm.Options(block_size=32)
+
+
+def test_every_environment_variable_is_documented_in_the_readme():
+    readme = (ROOT / "README.md").read_text()
+    for name, default, doc in environment_variables():
+        row = re.search(rf"^\| `{name}` \| ([^|]*) \| ([^|]*) \|$", readme, re.M)
+        assert row, f"README.md's environment variables table lacks {name}"
+        assert row.group(1).strip() == default, (name, row.group(1), default)
+
+
+def test_the_product_reads_no_undeclared_environment_variable():
+    """Every FP8COMM_* name in the product's sources is a declared variable,
+    a build switch (setup.py, build_config.py) or the CUDA build macro."""
+    declared = {name for name, _, _ in environment_variables()}
+    build_time = {"FP8COMM_FORCE_CPU", "FP8COMM_WITH_CUDA"}
+    sources = [p for d in ("csrc", "fp8comm") for p in (ROOT / d).rglob("*")
+               if p.suffix in {".py", ".h", ".cpp", ".cu", ".cuh"}]
+    found = {}
+    for path in sources:
+        for name in re.findall(r"\bFP8COMM_[A-Z0-9_]+\b", path.read_text()):
+            found.setdefault(name, path.relative_to(ROOT))
+    unknown = {n: str(p) for n, p in found.items() if n not in declared | build_time}
+    assert not unknown, f"undeclared FP8COMM_* variables (declare them in csrc/common/env.h): {unknown}"
+    assert declared <= set(found), declared - set(found)

@@ -1,0 +1,286 @@
+"""The CPU codec's SIMD kernels against its scalar loops: the same bytes, bit
+for bit, for every op, dtype, format and block size, on inputs built to hit
+every branch of the kernels (plain blocks, Inf/NaN, blocks near FLT_MAX,
+subnormals, FP8 special codes, scales too large for the fast decode, and
+denormals-are-zero mode). Every test runs with the AVX2 kernels alone and, on
+a CPU with AVX-512, again with the AVX-512 ones (block size 32's quantize and
+sum + re-quantize). What the CPU runs is detected (the codec refuses to switch
+on kernels the CPU lacks), never assumed; FP8COMM_CPU_SIMD does not hide a
+level from these tests."""
+import pytest
+import torch
+
+import fp8comm
+from tests.support.cpu_kernels import HAS_AVX2, HAS_AVX512
+from fp8comm import _C
+
+FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+
+
+pytestmark = pytest.mark.skipif(not HAS_AVX2, reason="this CPU lacks AVX2 / F16C: the codec has no SIMD kernels here")
+
+
+@pytest.fixture(autouse=True, params=["avx2", "avx512"])
+def kernels(request):
+    """Each test once per SIMD level this CPU runs (the AVX-512 kernels take
+    over from the AVX2 ones where they apply); the settings are restored."""
+    wide = request.param == "avx512"
+    if wide and not HAS_AVX512:
+        pytest.skip("this CPU lacks AVX-512 F / BW: the AVX2 kernels are its widest")
+    old_avx512 = _C.set_cpu_avx512(wide)
+    try:
+        yield request.param
+    finally:
+        _C.set_cpu_avx512(old_avx512)
+
+
+def both_paths(fn):
+    """fn() run with the scalar loops and with the SIMD kernels."""
+    results = []
+    for simd in (False, True):
+        old = _C.set_cpu_simd(simd)
+        try:
+            results.append(fn())
+        finally:
+            _C.set_cpu_simd(old)
+    return results
+
+
+def same(a, b):
+    """Bitwise equal, NaNs included: every path writes the one canonical NaN
+    of the output dtype (tests/codec/test_codec_nan.py), and wire bytes the one NaN
+    code."""
+    if a.dtype not in INT_VIEW:
+        return torch.equal(a, b)
+    return a.dtype == b.dtype and torch.equal(a.view(INT_VIEW[a.dtype]), b.view(INT_VIEW[b.dtype]))
+
+
+def inputs(n, dtype, seed):
+    """Blocks of every kind, concatenated: Gaussian, random bit patterns
+    (NaN, Inf, subnormals, huge), zeros, values near the dtype's max and
+    block maxima from half of it up, tiny
+    magnitudes, Gaussian blocks with a single Inf or NaN, and Gaussian blocks
+    with zeros of both signs and values that scale into FP8 subnormals."""
+    g = torch.Generator().manual_seed(seed)
+    parts = [torch.randn(n, generator=g)]
+    raw = torch.randint(-(2**31), 2**31 - 1, (n,), generator=g, dtype=torch.int64).to(torch.int32).view(torch.float32)
+    parts.append(raw)
+    parts.append(torch.zeros(n))
+    top = torch.finfo(dtype).max
+    parts.append(top * (1 - torch.rand(n, generator=g) * 0.01) * torch.sign(torch.randn(n, generator=g)))
+    # block maxima around the scale where the code limit sets in (the grouped
+    # quantize of 8 blocks of 32 takes the blocks below it, falls back above)
+    edge = torch.randn(n, generator=g) * top * 0.25
+    edge[::32] = top * (0.45 + 0.5 * torch.rand(len(edge[::32]), generator=g))
+    parts.append(edge)
+    parts.append(torch.randn(n, generator=g) * torch.finfo(dtype).tiny)
+    spiked = torch.randn(n, generator=g)
+    spiked[::37] = float("inf")
+    spiked[5::41] = float("nan")
+    parts.append(spiked)
+    holes = torch.randn(n, generator=g)  # zeros of both signs among normal values, and a few tiny ones
+    holes[::5] = 0.0
+    holes[2::7] = -0.0
+    holes[3::97] *= 1e-6
+    parts.append(holes)
+    return torch.cat(parts).to(dtype)
+
+
+@pytest.mark.parametrize("fp8_dtype", FP8)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block_size", [16, 32, 48])
+@pytest.mark.parametrize("premul", [1.0, 0.37, 3e30])
+def test_quantize_same_bytes(fp8_dtype, dtype, block_size, premul):
+    x = inputs(4096 + 13, dtype, seed=block_size)
+    P = 3
+    m = -(-x.numel() // P) + 37  # uneven segments: the last one partly empty
+    out = torch.empty(P * fp8comm.codec.segment_bytes(m, block_size), dtype=torch.uint8)
+
+    def run():
+        out.fill_(0xAB)
+        fp8comm.quantize_segments(x, out, P, m, block_size=block_size, fp8_dtype=fp8_dtype, premul=premul)
+        return out.clone()
+
+    scalar, simd = both_paths(run)
+    assert torch.equal(scalar, simd)
+
+
+def random_segments(P, m, block_size, seed):
+    """Wire segments with arbitrary code bytes (every FP8 code, NaN and Inf
+    codes included) and scale bytes over the whole E8M0 range used."""
+    g = torch.Generator().manual_seed(seed)
+    S = fp8comm.codec.segment_bytes(m, block_size)
+    seg = torch.randint(0, 256, (P * S,), generator=g, dtype=torch.uint8)
+    blocks = -(-m // block_size)
+    scale_bytes = ((m + block_size - 1) // block_size + 15) // 16 * 16
+    for r in range(P):
+        # mostly ordinary scales, some over the whole range (too large for the fast decode, subnormal results)
+        s = torch.randint(100, 140, (blocks,), generator=g, dtype=torch.uint8)
+        wide = torch.rand(blocks, generator=g) < 0.3
+        s[wide] = torch.randint(1, 255, (int(wide.sum()),), generator=g, dtype=torch.uint8)
+        seg[r * S:r * S + blocks] = s
+        seg[r * S + blocks:r * S + scale_bytes] = 0
+        if r == 0:  # and some blocks of plain codes only, so the fast paths run
+            codes = seg[r * S + scale_bytes:(r + 1) * S].view(-1)
+            codes[: blocks * block_size // 2] &= 0x77
+    return seg
+
+
+@pytest.mark.parametrize("flush_denormal", [False, True])
+@pytest.mark.parametrize("fp8_dtype", FP8)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block_size", [16, 32, 48])
+def test_decodes_same_bits(flush_denormal, fp8_dtype, dtype, block_size):
+    P, m = 3, 2048 + block_size * 5
+    seg = random_segments(P, m, block_size, seed=block_size + 7)
+    kw = dict(block_size=block_size, fp8_dtype=fp8_dtype)
+    assert torch.set_flush_denormal(flush_denormal) or not flush_denormal
+    try:
+        deq = both_paths(lambda: _run(lambda o: fp8comm.dequantize_segments(seg, o, P, m, **kw), P * m - 7, dtype))
+        dsum = both_paths(lambda: _run(lambda o: fp8comm.dequant_sum(seg, o, P, m, **kw), m - 3, dtype))
+        avg = both_paths(lambda: _run(lambda o: fp8comm.dequant_sum(seg, o, P, m, post_div=P, **kw), m, dtype))
+        S = fp8comm.codec.segment_bytes(m, block_size)
+        requant = both_paths(lambda: _requant(seg, P, m, S, kw))
+    finally:
+        torch.set_flush_denormal(False)
+    for scalar, simd in (deq, dsum, avg, requant):
+        assert same(scalar, simd)
+
+
+@pytest.mark.parametrize("num_pieces", [0, 2])
+@pytest.mark.parametrize("fp8_dtype", FP8)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block_size", [16, 32, 48])
+def test_sums_with_own_addend_same_bits(num_pieces, fp8_dtype, dtype, block_size):
+    """The own addend (every kind of input block, a premul, shorter than the
+    pieces so the last blocks take the scalar tail) on both paths."""
+    m = 2048 + block_size * 5
+    seg = random_segments(max(num_pieces, 1), m, block_size, seed=block_size + 11)[: num_pieces * fp8comm.codec.segment_bytes(m, block_size)]
+    own = inputs(m // 8 + 1, dtype, seed=block_size)[: m - block_size - 5].to(dtype)
+    kw = dict(block_size=block_size, fp8_dtype=fp8_dtype, own=own, own_premul=0.75)
+    S = fp8comm.codec.segment_bytes(m, block_size)
+
+    def requant():
+        out = torch.full((S,), 0xAB, dtype=torch.uint8)
+        fp8comm.dequant_sum_requantize(seg, out, num_pieces, m, post_div=3, **kw)
+        return out
+
+    dsum = both_paths(lambda: _run(lambda o: fp8comm.dequant_sum(seg, o, num_pieces, m, **kw), m - 3, dtype))
+    for scalar, simd in (dsum, both_paths(requant)):
+        assert same(scalar, simd)
+
+
+@pytest.mark.parametrize("own", [False, True])
+@pytest.mark.parametrize("num_pieces", [1, 3])
+@pytest.mark.parametrize("fp8_dtype", FP8)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_plain_data_sums_same_bits(own, num_pieces, fp8_dtype, dtype):
+    """Ordinary gradients (no Inf/NaN, no value near zero, magnitudes within
+    the dtype's range), so nearly every group of eight blocks takes the fast
+    kernels end to end (a group whose sum cancels into FP8 subnormals takes
+    the fallback): pieces quantized from such data, summed with and without
+    the own addend, divided, re-quantized."""
+    g = torch.Generator().manual_seed(num_pieces)
+    m = 32 * 8 * 40 + 32 * 3  # 40 whole groups, then three blocks the group kernels leave to the per-block loop
+    shape = (num_pieces + 1, m // 32, 32)  # blocks of magnitudes 2^-20..2^19 (float16: 2^-10..2^9)
+    top = 10 if dtype == torch.float16 else 20
+    magnitude = torch.exp2(torch.randint(-top, top, shape[:2] + (1,), generator=g).float())
+    x = torch.randn(shape, generator=g).sign() * (0.5 + torch.rand(shape, generator=g)) * magnitude
+    x = x.reshape(num_pieces + 1, m).to(dtype)
+    S = fp8comm.codec.segment_bytes(m, 32)
+    seg = torch.empty(num_pieces * S, dtype=torch.uint8)
+    fp8comm.quantize_segments(x[:num_pieces].reshape(-1), seg, num_pieces, m, fp8_dtype=fp8_dtype)
+    kw = dict(fp8_dtype=fp8_dtype, post_div=num_pieces + 1)
+    if own:
+        kw.update(own=x[num_pieces], own_premul=0.5)
+
+    def requant():
+        out = torch.full((S,), 0xAB, dtype=torch.uint8)
+        fp8comm.dequant_sum_requantize(seg, out, num_pieces, m, **kw)
+        return out
+
+    scalar, simd = both_paths(requant)
+    assert torch.equal(scalar, simd)
+
+
+def _run(op, n, dtype):
+    out = torch.full((n,), 7.0, dtype=dtype)
+    op(out)
+    return out
+
+
+def _requant(seg, P, m, S, kw):
+    out = torch.full((S,), 0xAB, dtype=torch.uint8)
+    fp8comm.dequant_sum_requantize(seg, out, P, m, **kw)
+    return out
+
+
+@pytest.mark.parametrize("fp8_dtype", FP8)
+def test_round_trip_through_both_paths(fp8_dtype):
+    """The full pipeline of a compressed all_reduce (quantize, sum and
+    re-quantize, decode) gives the same bits on both paths."""
+    P, m = 4, 1 << 14
+    x = inputs(P * m // 6 + 1, torch.float32, seed=3)[: P * m]
+    S = fp8comm.codec.segment_bytes(m, 32)
+
+    def run():
+        send = torch.empty(P * S, dtype=torch.uint8)
+        fp8comm.quantize_segments(x, send, P, m, fp8_dtype=fp8_dtype)
+        mine = torch.empty(P * S, dtype=torch.uint8)
+        for r in range(P):  # every rank's reduced segment, as if gathered: its own input plus the others' pieces
+            pieces = torch.cat([send[q * S:(q + 1) * S] for q in range(P) if q != r])
+            fp8comm.dequant_sum_requantize(pieces, mine[r * S:(r + 1) * S], P - 1, m, fp8_dtype=fp8_dtype,
+                                           own=x[r * m:(r + 1) * m])
+        out = torch.empty(x.numel())
+        fp8comm.dequantize_segments(mine, out, P, m, fp8_dtype=fp8_dtype)
+        return out
+
+    scalar, simd = both_paths(run)
+    assert same(scalar, simd)
+
+
+@pytest.mark.parametrize("fp8_dtype", FP8)
+def test_large_float32_decode_same_bits(fp8_dtype):
+    """Decodes of 8 MiB and more of float32 per thread take streaming stores
+    (codec_cpu_avx2.cpp, stream_bytes): the same bits, and nothing written
+    around the output."""
+    P, m = 2, (5 << 20) // 2 + 48
+    seg = random_segments(P, m, 32, seed=5)
+    kw = dict(fp8_dtype=fp8_dtype)
+    # the output 32 bytes into a fresh tensor (aligned, so it streams) and 8 short of its end
+    scalar, simd = both_paths(lambda: _run(lambda o: fp8comm.dequantize_segments(seg, o[8:-8], P, m, **kw),
+                                           P * m - 5 + 16, torch.float32))
+    assert same(scalar, simd)
+    assert (simd[:8] == 7.0).all() and (simd[-8:] == 7.0).all()
+
+
+def test_switch_reports_and_restores():
+    old = _C.cpu_simd_enabled()
+    try:
+        assert _C.set_cpu_simd(False) is old
+        assert _C.cpu_simd_enabled() is False
+        assert _C.set_cpu_simd(True) is False
+        assert _C.cpu_simd_enabled() is True
+    finally:
+        _C.set_cpu_simd(old)
+
+
+def test_avx512_switch_reports_and_restores(kernels):
+    """Each switch returns the old setting. Where the CPU lacks AVX-512,
+    switching it on is refused with an error that names the call, what it
+    needs and what to do, and nothing changes."""
+    wide = kernels == "avx512"
+    assert _C.cpu_avx512_enabled() is wide
+    if HAS_AVX512:
+        assert _C.set_cpu_avx512(not wide) is wide
+        assert _C.set_cpu_avx512(wide) is (not wide)
+        return
+    with pytest.raises(RuntimeError, match=r"set_cpu_avx512\(True\) needs a CPU with AVX-512 F and BW.*"
+                                           r"the AVX2 kernels stay in use.*Switch it on only where the CPU has them"):
+        _C.set_cpu_avx512(True)
+    assert _C.cpu_avx512_enabled() is False
+    assert _C.set_cpu_avx512(False) is False
+    assert _C.cpu_avx512_enabled() is False
+

@@ -1,0 +1,331 @@
+"""The FSDP2 FP8 all-gather of Fp8Linear weights (fp8comm/nn/fsdp.py): the
+gathered bytes are the unsharded cast's bytes, the model computes bitwise what
+it computes without the extension, the all-gather moves 1 byte per weight
+element while norms and embeddings stay exact, state_dicts stay plain, rowwise
+stays exact, and models with wrapped weights train under DDP and FSDP1.
+Multi-rank cases run on 2 (and 3) real processes over fp8gloo."""
+import copy
+import inspect
+import io
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+import fp8comm
+from tests.support.harness import DistPool
+from tests.support.scenarios import fsdp as S
+from fp8comm.nn import Fp8AllGatherWeight, Fp8Linear, Fp8WeightCast, convert_to_fp8
+from fp8comm.nn.linear import scaled_mm_cpu
+from fp8comm.nn.scaling import cast_to_fp8
+
+E4M3 = torch.float8_e4m3fn
+
+
+@pytest.fixture(scope="module")
+def pool():
+    # min_numel 1024: the gradient reduce-scatters of this small model are FP8-compressed
+    p = DistPool(2, backend="fp8gloo", pg_options={"min_numel": 1024})
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="module")
+def runs(pool):
+    """Scenario results by arguments, computed once per module."""
+    cache = {}
+
+    def get(**kwargs):
+        bound = inspect.signature(S.fsdp2_run).bind(**kwargs)
+        bound.apply_defaults()  # runs(ext=True) and runs(ext=True, mp=None) are one run
+        key = tuple(sorted(bound.arguments.items()))
+        if key not in cache:
+            cache[key] = pool.run(S.fsdp2_run, **kwargs)
+        return cache[key]
+
+    return get
+
+
+def assert_bytes_of_unsharded_cast(result, dtype=None):
+    for fqn in S.fp8_fqns():
+        full_w = result["full"][fqn + ".weight"]
+        if dtype is not None:
+            full_w = full_w.to(dtype)
+        data, inv_scale = cast_to_fp8(full_w, E4M3, rowwise=False)
+        kind, got, got_inv = result["seen"][fqn]
+        assert kind == "fp8", fqn
+        assert torch.equal(got, data.view(torch.uint8)), fqn
+        assert torch.equal(got_inv, inv_scale), fqn
+
+
+# ------------------------------------------------------------ the FP8 bytes
+@pytest.mark.parametrize("mp,precompute", [(None, False), (None, True), ("bfloat16", False)])
+def test_gathered_bytes_equal_the_unsharded_cast(runs, mp, precompute):
+    """Same global amax -> same scale -> same bytes as cast_to_fp8 of the whole
+    weight (in FSDP2's param_dtype under mixed precision), on every rank."""
+    results = runs(ext=True, mp=mp, precompute=precompute)
+    for r in results:
+        assert_bytes_of_unsharded_cast(r, getattr(torch, mp) if mp else None)
+        assert r["precast_calls"] == len(S.fp8_fqns())  # the forward used them without casting again
+
+
+def test_uneven_shards_three_ranks():
+    """3 ranks: 128 and 64 rows do not split evenly; the padded shards still
+    give the unsharded cast's bytes, and the output equals the plain all-gather's."""
+    p = DistPool(3, backend="fp8gloo", pg_options={"min_numel": 1024})
+    try:
+        ext = p.run(S.fsdp2_run, ext=True, steps=1)
+        base = p.run(S.fsdp2_run, ext=False, steps=1)
+    finally:
+        p.close()
+    for r, b in zip(ext, base):
+        assert_bytes_of_unsharded_cast(r)
+        assert torch.equal(r["out0"], b["out0"])
+        assert r["losses"] == b["losses"]
+
+
+def test_stale_precomputed_scale_is_not_used(pool):
+    for ok, stats in pool.run(S.stale_precompute_is_not_used):
+        assert all(ok.values()), ok
+        assert stats["per_op"]["all_reduce"]["passthrough"] == len(S.fp8_fqns())  # fell back to its own amax
+
+
+# ------------------------------------------------- same model, same numbers
+def test_forward_bitwise_equal_with_and_without_the_extension(runs):
+    ext, base = runs(ext=True), runs(ext=False)
+    for r, b in zip(ext, base):
+        assert all(r["seen"][f][0] == "fp8" for f in S.fp8_fqns())
+        assert all(b["seen"][f][0] == "hp" for f in S.fp8_fqns())  # the baseline really gathered high precision
+        assert torch.equal(r["out0"], b["out0"])
+
+
+@pytest.mark.parametrize("mp", [None, "bfloat16"])
+def test_forward_bitwise_equal_under_mixed_precision(runs, mp):
+    ext, base = runs(ext=True, mp=mp), runs(ext=False, mp=mp)
+    for r, b in zip(ext, base):
+        assert torch.equal(r["out0"], b["out0"])
+
+
+@pytest.mark.parametrize("precompute", [False, True])
+def test_training_matches_the_plain_all_gather(runs, precompute):
+    """Same casts in forward and backward, so training is the same: losses
+    match (here bitwise), and the weight gradients reached the sharded
+    high-precision weights (they moved, identically)."""
+    ext, base = runs(ext=True, precompute=precompute), runs(ext=False)
+    for r, b in zip(ext, base):
+        assert r["losses"] == b["losses"]  # "close" holds trivially: they are equal
+        for fqn in S.fp8_fqns():
+            key = fqn + ".weight"
+            assert not torch.equal(r["sd_full"][key], r["full"][key])
+            assert torch.equal(r["sd_full"][key], b["sd_full"][key])
+        assert r["losses"][-1] < r["losses"][0]
+
+
+def test_gradients_are_reduce_scattered_in_fp8(runs):
+    for r in runs(ext=True):
+        rs = r["train_stats"]["per_op"]["reduce_scatter_tensor"]
+        assert rs["compressed"] == 3 * 3  # 3 steps x (2 blocks + root), all compressed by fp8gloo
+        assert rs["passthrough"] == 0
+
+
+# ------------------------------------------------------------- bytes moved
+def _numel(shape):
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def expected_forward_bytes(full: dict, world: int, ext: bool) -> int:
+    """Bytes one rank sends in one forward (all_gather sends (P-1) x its input):
+    per FSDP group the padded shards of its parameters, 1 byte per element for
+    FP8-gathered weights, 4 for every other (FP32) parameter; plus one 4-byte
+    all_reduce MAX of the amax per FP8 weight (counted 2(P-1)/P x 4)."""
+    fp8_keys = {f + ".weight" for f in S.fp8_fqns()}
+    total = 0
+    for key, t in full.items():
+        rows = -(-t.shape[0] // world)
+        per_rank = rows * _numel(t.shape[1:])
+        total += (world - 1) * per_rank * (1 if ext and key in fp8_keys else 4)
+    if ext:
+        total += len(fp8_keys) * 2 * (world - 1) * 4 // world
+    return total
+
+
+def test_all_gather_moves_one_byte_per_weight_element(runs):
+    ext, base = runs(ext=True), runs(ext=False)
+    for r, b in zip(ext, base):
+        fs, bs = r["fwd_stats"], b["fwd_stats"]
+        assert fs["bytes_sent"] == expected_forward_bytes(r["full"], 2, ext=True)
+        assert bs["bytes_sent"] == expected_forward_bytes(b["full"], 2, ext=False)
+        # one all-gather per FSDP group, passed through (FP8 bytes travel as bytes);
+        # one all_reduce (MAX of amaxes) per FP8 weight
+        assert fs["per_op"]["all_gather_into_tensor"] == {"compressed": 0, "passthrough": S.BLOCKS + 1}
+        assert fs["per_op"]["all_reduce"] == {"compressed": 0, "passthrough": len(S.fp8_fqns())}
+        fp8_elems = sum(r["full"][f + ".weight"].numel() for f in S.fp8_fqns())
+        assert bs["bytes_sent"] - fs["bytes_sent"] == 3 * fp8_elems // 2 - len(S.fp8_fqns()) * 4
+
+
+def test_precompute_takes_one_all_reduce_per_step(runs):
+    r0 = runs(ext=True, precompute=True)[0]
+    assert "all_reduce" not in r0["fwd_stats"]["per_op"]  # the forward used the precomputed amaxes
+    assert r0["train_stats"]["per_op"]["all_reduce"]["passthrough"] == 3  # one per step, for all four weights
+    no_pre = runs(ext=True)[0]
+    # without: one per weight per all-gather (forward and the backward re-gather of each block)
+    assert no_pre["train_stats"]["per_op"]["all_reduce"]["passthrough"] == 3 * 2 * len(S.fp8_fqns())
+
+
+def test_norms_and_embeddings_stay_exact(runs):
+    for r in runs(ext=True):
+        for fqn, (kind, got, _) in r["seen"].items():
+            if fqn in S.fp8_fqns():
+                continue
+            assert kind == "hp"
+            assert torch.equal(got, r["full"][fqn + ".weight"]), fqn
+
+
+def test_mixed_groups_pass_through_even_with_all_gather_compression(runs):
+    """compress=all on the group: a block group (FP8 weights + FP32 norm and
+    bias) travels as one uint8 buffer, which the backend passes through, so
+    its norm is still exact; the root group (no FP8 weight) is compressed."""
+    for r in runs(ext=True, compress_all=True):
+        assert_bytes_of_unsharded_cast(r)
+        for i in range(S.BLOCKS):
+            kind, got, _ = r["seen"][f"blocks.{i}.norm"]
+            assert torch.equal(got, r["full"][f"blocks.{i}.norm.weight"])
+        assert not torch.equal(r["seen"]["embed"][1], r["full"]["embed.weight"])  # FP8 blocks: compression was on
+        ag = r["fwd_stats"]["per_op"]["all_gather_into_tensor"]
+        assert ag == {"compressed": 1, "passthrough": S.BLOCKS}
+
+
+# -------------------------------------------------------------- state_dict
+def test_state_dict_is_plain_and_round_trips(runs, pool):
+    r, b = runs(ext=True)[0], runs(ext=False)[0]
+    assert set(r["sd_types"]) == set(b["sd_types"]) == set(S.build("plain").state_dict())
+    assert all(types == ("DTensor", "Tensor") for types in r["sd_types"].values())
+    assert all(t == "Fp8AllGatherWeight" for t in r["weight_types"].values())  # the parameters stay wrapped
+    plain = S.build("plain")  # nn.Linear, no FSDP: loads the FSDP2 + FP8 all-gather checkpoint
+    plain.load_state_dict(r["sd_full"])
+    for k, v in plain.state_dict().items():
+        assert torch.equal(v, r["sd_full"][k])
+    # and back: that checkpoint into an FSDP2 model with the extension
+    for types, same in pool.run(S.load_plain_checkpoint_into_fsdp2, plain.state_dict()):
+        assert set(types.values()) == {"Fp8AllGatherWeight"}
+        assert same
+
+
+# ----------------------------------------------------------------- rowwise
+def test_rowwise_keeps_the_exact_all_gather(runs):
+    with pytest.warns(UserWarning, match="tensorwise recipe only"):
+        model = S.build("fp8", recipe="rowwise", fp8_all_gather=True)
+    assert not any(isinstance(model.get_submodule(f).weight, Fp8AllGatherWeight) for f in S.fp8_fqns())
+    ext, base = runs(ext=True, recipe="rowwise"), runs(ext=False, recipe="rowwise")
+    for r, b in zip(ext, base):
+        assert all(r["seen"][f][0] == "hp" for f in S.fp8_fqns())
+        assert r["fwd_stats"]["bytes_sent"] == expected_forward_bytes(r["full"], 2, ext=False)
+        assert torch.equal(r["out0"], b["out0"])
+        assert r["losses"] == b["losses"]
+
+
+# ------------------------------------------------------------ DDP and FSDP1
+def test_ddp_trains_the_same_with_wrapped_weights(pool):
+    ext, base = pool.run(S.ddp_run, True), pool.run(S.ddp_run, False)
+    for (wrapped, losses, flat, stats), (_, b_losses, b_flat, _) in zip(ext, base):
+        assert all(wrapped)
+        assert losses == b_losses and torch.equal(flat, b_flat)
+        assert stats["per_op"]["all_reduce"]["compressed"] > 0  # DDP's gradient buckets went FP8
+    assert torch.equal(ext[0][2], ext[1][2])  # replicas identical
+
+
+def test_fsdp1_trains_and_tracks_nn_linear_over_gloo(pool):
+    fp8 = pool.run(S.fsdp1_run, "fp8")
+    plain = pool.run(S.fsdp1_run, "plain")
+    (wrapped, losses, stats, fp8_calls), (_, base, _, _) = fp8[0], plain[0]
+    assert all(wrapped) and fp8_calls > 0
+    assert stats["per_op"]["reduce_scatter_tensor"]["compressed"] > 0
+    assert losses[-1] < 0.97 * losses[0]  # it learns
+    tail, base_tail = sum(losses[-3:]) / 3, sum(base[-3:]) / 3
+    assert abs(tail - base_tail) <= 0.02 * base_tail, (losses, base)
+
+
+# ------------------------------------------------------ one process, no FSDP
+def _mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 32))
+
+
+def test_wrapped_weights_behave_as_plain_tensors_without_fsdp():
+    a = convert_to_fp8(_mlp(), module_filter_fn=lambda m, f: True)
+    b = convert_to_fp8(_mlp(), module_filter_fn=lambda m, f: True, fp8_all_gather=True)
+    assert isinstance(b[0].weight, Fp8AllGatherWeight) and isinstance(b[0].weight, nn.Parameter)
+    b.to("cpu")  # module._apply keeps the wrapper
+    assert isinstance(b[0].weight, Fp8AllGatherWeight)
+    oa, ob = torch.optim.AdamW(a.parameters(), lr=1e-2), torch.optim.AdamW(b.parameters(), lr=1e-2)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        x = torch.randn(32, 64, generator=gen)
+        ya, yb = a(x), b(x)
+        assert torch.equal(ya, yb)
+        ya.square().mean().backward()
+        yb.square().mean().backward()
+        assert type(b[0].weight.grad) is torch.Tensor and torch.equal(a[0].weight.grad, b[0].weight.grad)
+        oa.step()
+        ob.step()
+        oa.zero_grad()
+        ob.zero_grad()
+    assert torch.equal(a[0].weight, b[0].weight._tensor)
+    # state_dict: same keys, plain tensors; loads both ways; torch.load(weights_only=True) takes it
+    sd = b.state_dict()
+    assert list(sd) == list(a.state_dict()) and all(type(v) is torch.Tensor for v in sd.values())
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    buf.seek(0)
+    plain = _mlp()
+    plain.load_state_dict(torch.load(buf, weights_only=True))
+    assert torch.equal(plain[0].weight, a[0].weight)
+    c = convert_to_fp8(_mlp(), module_filter_fn=lambda m, f: True, fp8_all_gather=True)
+    c.load_state_dict(a.state_dict())
+    assert isinstance(c[0].weight, Fp8AllGatherWeight) and torch.equal(c[0].weight._tensor, a[0].weight)
+    # .data reads and writes the plain tensor inside; deepcopy keeps the wrapper
+    c[0].weight.data.mul_(2)
+    assert torch.equal(c[0].weight._tensor, 2 * a[0].weight)
+    c[0].weight.data = torch.zeros(128, 64)
+    assert torch.equal(c[0].weight._tensor, torch.zeros(128, 64)) and c[0].weight.shape == (128, 64)
+    assert isinstance(copy.deepcopy(c)[0].weight, Fp8AllGatherWeight)
+
+
+def test_fp8_weight_cast_feeds_the_gemm_and_dequantizes_elsewhere():
+    from fp8comm.nn.scaling import cast_with_amax
+
+    torch.manual_seed(0)
+    w = torch.randn(32, 64)
+    # bytes that use a third of the E4M3 range: casting them again would rescale (and round) them
+    data, inv = cast_with_amax(w, E4M3, 3 * w.abs().amax())
+    layer = Fp8Linear(64, 32, bias=False)
+    layer.weight = nn.Parameter(Fp8WeightCast(data, inv, torch.float32))
+    x = torch.randn(16, 64)
+    fp8comm.nn.reset_stats()
+    y = layer(x)
+    xq, xs = cast_to_fp8(x, E4M3, rowwise=False)
+    assert torch.equal(y, scaled_mm_cpu(xq, data.t(), xs, inv, torch.float32))
+    recast = Fp8Linear(64, 32, bias=False)
+    recast.weight = nn.Parameter(layer.weight.dequantize())
+    assert not torch.equal(y, recast(x))  # the bytes went in as they were, not cast again
+    assert fp8comm.nn.stats()["weight_precast_calls"] == 1
+    y.sum().backward()
+    assert type(layer.weight.grad) is torch.Tensor and layer.weight.grad.shape == (32, 64)
+    # a fallback GEMM (7 tokens) uses the dequantized weight, and its gradient still arrives
+    layer.weight.grad = None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        y7 = layer(x[:7])
+    assert torch.equal(y7, x[:7] @ (data.float() * inv).t())
+    y7.sum().backward()
+    assert torch.equal(layer.weight.grad, x[:7].sum(0).expand(32, 64))
+    with pytest.raises(RuntimeError, match="FP8-gathered weight"):
+        layer.weight.data.add_(1)
+    rowwise = Fp8Linear(64, 32, bias=False, recipe="rowwise")
+    rowwise.weight = layer.weight
+    with pytest.raises(RuntimeError, match="tensorwise recipe only"):
+        rowwise(x)

@@ -1,0 +1,33 @@
+"""Extra process groups a scenario needs besides the pool's, created once per
+worker process. Every rank runs the same scenarios in the same order, so every
+rank creates them in the same order, as new_group requires."""
+from __future__ import annotations
+
+import torch.distributed as dist
+
+import fp8comm
+
+_GROUPS: dict = {}
+
+
+def fp8_group(spec: str):
+    """An fp8gloo group over all ranks with the Options in `spec`
+    ("key=value;..."; compress as a comma list), cached by spec."""
+    if spec not in _GROUPS:
+        kwargs = dict(item.split("=") for item in spec.split(";"))
+        if "compress" in kwargs:
+            kwargs["compress"] = kwargs["compress"].split(",")
+        for key in ("block_size", "min_numel"):
+            if key in kwargs:
+                kwargs[key] = int(kwargs[key])
+        _GROUPS[spec] = dist.new_group(backend="fp8gloo", pg_options=fp8comm.Options(**kwargs))
+    return _GROUPS[spec]
+
+
+def plain_gloo_group():
+    """A second plain gloo group over all ranks, for barriers between cases:
+    after one of its ops has failed, the pool's gloo group may re-raise that
+    failure on some ranks only."""
+    if "gloo" not in _GROUPS:
+        _GROUPS["gloo"] = dist.new_group(backend="gloo")
+    return _GROUPS["gloo"]

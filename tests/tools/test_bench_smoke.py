@@ -1,0 +1,80 @@
+"""The benchmarks run in a seconds-long smoke mode so they cannot rot; these
+tests check the fields they report, never times."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import fp8comm
+from tests.support import REPO_ROOT
+
+ROOT = str(REPO_ROOT)
+
+
+def run_script(*args, timeout=300, cwd=ROOT, env=None):
+    out = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
+def test_codec_bench_quick(tmp_path):
+    path = tmp_path / "codec.json"
+    run_script("bench/codec.py", "--quick", "--device", "cpu", "--json", str(path))
+    result = json.loads(path.read_text())
+    assert result["benchmark"] == "codec" and result["torch"] and result["device"] and result["command"]
+    ops = {r["op"] for r in result["rows"]}
+    assert {"copy_fp32", "quantize", "dequantize", "dequant_sum_4", "dequant_sum_requantize_4", "quantize_1_thread"} <= ops
+    assert {r["dtype"] for r in result["rows"]} == {"float32", "bfloat16"}
+    for r in result["rows"]:
+        assert r["gb_per_s"] > 0 and r["seconds"] > 0
+
+
+def test_comm_bench_quick(tmp_path):
+    """Run as from an installed package: only the fp8comm package importable,
+    outside the source tree."""
+    shutil.copytree(os.path.dirname(fp8comm.__file__), tmp_path / "pkg" / "fp8comm",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "pkg")}
+    path = tmp_path / "comm.json"
+    png = tmp_path / "comm.png"
+    run_script("-m", "fp8comm.bench", "comm", "--nproc", "2", "--quick", "--json", str(path), "--plot", str(png),
+               cwd=tmp_path, env=env)
+    result = json.loads(path.read_text())
+    assert result["benchmark"] == "comm" and result["world_size"] == 2 and result["baseline"] == "gloo"
+    assert png.stat().st_size > 10_000
+    run_script("-m", "fp8comm.bench", "comm", "--replot", str(path), "--plot", str(tmp_path / "re.png"),
+               cwd=tmp_path, env=env)
+    assert (tmp_path / "re.png").stat().st_size > 10_000
+    ops = {(r["op"], r["dtype"]) for r in result["rows"]}
+    assert len(ops) == 10  # 5 op forms x 2 dtypes
+    for r in result["rows"]:
+        assert r["calls_compressed"] == 1
+        # the format's 0.258 / 0.516, plus the 16-byte header of each CPU wire segment (two phases at most)
+        bound = (0.26 if r["dtype"] == "float32" else 0.52) * r["bytes_sent_uncompressed"] + 2 * 16
+        assert r["bytes_sent"] <= bound
+        assert r["sqnr_db"] >= (27.0 if r["op"] == "all_reduce" else 30.0)
+        for side in ("fp8", "plain"):
+            assert r[side]["p10_s"] <= r[side]["median_s"] <= r[side]["p90_s"]
+            assert r[side]["busbw_gbps"] > 0
+
+
+def test_model_labels_everything_modeled(tmp_path):
+    path = tmp_path / "model.json"
+    out = run_script("bench/model.py", "--gpus", "8,64", "--sizes-mib", "64", "--json", str(path))
+    assert out.stdout.startswith("MODELED, not measured")
+    result = json.loads(path.read_text())
+    assert result["modeled"] is True and "assumed" in result["codec"]["source"]
+    for r in result["rows"]:
+        assert all(k.startswith("modeled_") for k in r if k.endswith("_ms") or k.startswith("speedup"))
+        # FP8 moves ~0.52 of BF16's bytes: never more than 2x, and faster on bandwidth-bound links
+        assert 1.0 < r["modeled_speedup_vs_bf16"] < 2.0
+
+
+def test_cpu_breakdown_quick():
+    out = run_script("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "bench/cpu_breakdown.py",
+                     "--mib", "1", "--reps", "2")
+    text = out.stdout
+    assert "codec (reduce + gather), one thread: quantize" in text and "transport, one all_to_all" in text
+    assert "gloo all_reduce: wall" in text and "fp8gloo all_reduce: wall" in text
+    assert "fp8gloo / gloo wall time:" in text
