@@ -1,0 +1,116 @@
+"""Frameworks (issue 14, item 3): each snippet of docs/integrations.md, run as
+printed there (2 CPU processes over fp8gloo), trains and reports through
+fp8comm.get_stats() that its gradients went over the wire FP8-compressed.
+
+Lightning (Fabric DDP, Trainer DDP with a validation loop; Lightning's FSDP
+is GPU-only) and Accelerate are optional packages: their tests skip,
+saying so, when the package is not installed. torchtitan needs GPUs and has
+no test (docs/integrations.md says so).
+"""
+import importlib.util
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOC = os.path.join(ROOT, "docs", "integrations.md")
+TIMEOUT_S = 300
+
+
+def snippet(name: str) -> str:
+    """The code block that follows ``<!-- snippet: name -->`` in the doc."""
+    with open(DOC) as f:
+        text = f.read()
+    m = re.search(r"<!-- snippet: " + re.escape(name) + r" -->\s*```python\n(.*?)```", text, re.S)
+    assert m, f"docs/integrations.md has no snippet {name!r}"
+    return m.group(1)
+
+
+def test_every_snippet_marker_is_tested():
+    with open(DOC) as f:
+        names = set(re.findall(r"<!-- snippet: (\w+) -->", f.read()))
+    assert names == set(LAUNCH), names
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")  # the launched processes import fp8comm
+    env["MASTER_ADDR"] = "127.0.0.1"
+    env["MASTER_PORT"] = str(_free_port())
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["CUDA_VISIBLE_DEVICES"] = ""  # the CPU path, also on a GPU machine
+    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK"):
+        env.pop(var, None)
+    return env
+
+
+def _self_launched(path, env):
+    """Lightning launches its own processes: the script is run once."""
+    return [sys.executable, path]
+
+
+def _torchrun(path, env):
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+            f"--master_port={env['MASTER_PORT']}", path]
+
+
+LAUNCH = {
+    "fabric_ddp": ("lightning", _self_launched),
+    "trainer_ddp": ("lightning", _self_launched),
+    "accelerate_cpu": ("accelerate", _torchrun),
+}
+
+STATS = re.compile(r"fp8comm: calls_compressed=(\d+) bytes_sent=(\d+) of (\d+)")
+
+
+def _run(name, code, tmp_path):
+    package, launch = LAUNCH[name]
+    if importlib.util.find_spec(package) is None:
+        pytest.skip(f"{package} is not installed (pip install lightning accelerate)")
+    path = tmp_path / f"{name}.py"
+    path.write_text(code)
+    env = _env()
+    return subprocess.run(launch(str(path), env), capture_output=True, text=True, timeout=TIMEOUT_S,
+                          cwd=tmp_path, env=env)
+
+
+@pytest.mark.parametrize("name", sorted(LAUNCH))
+def test_snippet_trains_with_fp8_compressed_gradients(name, tmp_path):
+    out = _run(name, snippet(name), tmp_path)
+    log = out.stdout[-3000:] + out.stderr[-5000:]
+    assert out.returncode == 0, log
+    found = STATS.findall(out.stdout)
+    assert len(found) == 1, log  # printed by rank 0 only
+    calls, sent, uncompressed = map(int, found[0])
+    assert calls >= 4, log  # at least one compressed gradient collective per step
+    assert sent < 0.5 * uncompressed, log
+    if name == "accelerate_cpu":
+        assert "DistributedType.MULTI_CPU" in out.stdout, log  # Accelerate saw 2 processes, wrapped DDP
+
+
+class IntegerAvgRefused(AssertionError):
+    pass
+
+
+@pytest.mark.xfail(strict=True, raises=IntegerAvgRefused, reason="fp8gloo refuses AVG of integer tensors, which Lightning's sync_dist "
+                   "asks for (its batch-size counter) when the backend is not named 'gloo'; "
+                   "docs/integrations.md, Lightning traps")
+def test_trainer_sync_dist_on_fp8gloo(tmp_path):
+    code = snippet("trainer_ddp")
+    old = 'self.log("val_loss", (self.net(x) - x).pow(2).mean())'  # epoch-level: syncs the batch-size counter
+    assert old in code and "max_steps=4" in code
+    code = code.replace(old, old[:-1] + ", sync_dist=True)").replace("max_steps=4", "max_steps=1")
+    out = _run("trainer_ddp", code, tmp_path)
+    if out.returncode != 0 and "AVG of Long tensors" in out.stderr:
+        raise IntegerAvgRefused(out.stderr[-1000:])  # the known failure; any other fails the test
+    assert out.returncode == 0, out.stderr[-3000:]
