@@ -19,8 +19,8 @@ import os
 import pytest
 import torch
 
-import integration_scenarios as I
-from dist_harness import DistPool
+from tests.support.harness import DistPool
+from tests.support.scenarios import integrations as I
 
 OPS = ("all_reduce", "all_gather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced")
 

@@ -16,7 +16,9 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.support import REPO_ROOT
+
+ROOT = str(REPO_ROOT)
 DOC = os.path.join(ROOT, "docs", "integrations.md")
 TIMEOUT_S = 300
 

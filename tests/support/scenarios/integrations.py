@@ -1,5 +1,5 @@
-"""Scenarios for tests/test_integrations_compile.py and
-tests/test_integrations_checkpoint.py (run on every rank of a DistPool; see
+"""Scenarios for tests/integrations/test_compile.py and
+tests/integrations/test_checkpoint.py (run on every rank of a DistPool; see
 dist_harness.py): torch.compile over functional collectives and FSDP2 on an
 fp8gloo group, and torch.distributed.checkpoint of an FSDP2 FP8 model.
 
@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 
 import fp8comm
-import fsdp_scenarios as S
-from dist_harness import ctx
+from tests.support.scenarios import fsdp as S
+from tests.support.harness import ctx
 
 _GROUPS: dict = {}
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import fp8comm
-import fsdp_scenarios as S
-import integration_scenarios as I
-from dist_harness import DistPool
 from fp8comm.nn import Fp8Linear
+from tests.support.harness import DistPool
+from tests.support.scenarios import fsdp as S
+from tests.support.scenarios import integrations as I
 
 
 def _signature(sd):
