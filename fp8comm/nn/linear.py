@@ -38,7 +38,7 @@ _counts: Counter = Counter()
 _warned: set = set()
 
 
-def stats() -> dict:
+def linear_stats() -> dict:
     """{"fp8_calls": n, "fallback_calls": n, "fallback_reasons": {reason: n},
     "weight_precast_calls": n} for all Fp8Linear forward calls in this process;
     weight_precast_calls counts the FP8 calls whose weight arrived already cast
@@ -48,7 +48,7 @@ def stats() -> dict:
             "weight_precast_calls": _counts["precast"]}
 
 
-def reset_stats() -> None:
+def reset_linear_stats() -> None:
     _counts.clear()
 
 
@@ -75,7 +75,7 @@ def _count_fallback(reason: str) -> None:
         _warned.add(reason)
         warnings.warn(
             f"fp8comm.nn.Fp8Linear: {reason}; this GEMM runs in high precision "
-            "(counted in fp8comm.nn.stats(); warned once per reason)",
+            "(counted in fp8comm.nn.linear_stats(); warned once per reason)",
             stacklevel=3,
         )
 
