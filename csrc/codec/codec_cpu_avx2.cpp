@@ -443,7 +443,7 @@ FP8C_AVX2 void dequant_sum_run(const BlockCodes& pieces, const Storage<E>* own, 
                                int post_div, int64_t j0, int64_t blocks, Storage<E>* dst) {
   alignas(32) float acc[kMaxBlockSize];
   const bool daz = denormals_are_zero();
-  if constexpr (E == ElemType::F32) {  // the sum is the output: no staging (streaming stores measured slower)
+  if constexpr (E == ElemType::F32) {  // the sum is the output: no staging; plain stores (docs/performance.md)
     for (int64_t j = j0; j < j0 + blocks; ++j) {
       sum_block<E, F, true>(pieces, own, own_premul, B, post_div, j, daz, dst + (j - j0) * B);
     }

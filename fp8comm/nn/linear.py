@@ -107,11 +107,10 @@ def scaled_mm_cpu(a, b, scale_a, scale_b, out_dtype):
     the result cast to out_dtype.
 
     Where torch takes that kernel itself, this is torch._scaled_mm. On CPUs
-    with AMX torch's _scaled_mm goes to oneDNN's reference FP8 loop instead:
-    on a 2-core Xeon with AMX (torch 2.13.0+cpu) 256x256x256 took 512 ms
-    against 0.96 ms emulated, 1024x256x768 6.0 s against 5.8 ms, with the same
-    result. There, and under torch.compile, the emulated kernel's steps run
-    here (no global switch, nothing for other threads to see);
+    with AMX torch's _scaled_mm goes to oneDNN's reference FP8 loop instead,
+    orders of magnitude slower for the same result (docs/fp8_linear.md, "Intel
+    CPUs with AMX"). There, and under torch.compile, the emulated kernel's
+    steps run here (no global switch, nothing for other threads to see);
     tests/test_linear.py checks them against torch._scaled_mm bit for bit.
     """
     if _CPU_SCALED_MM_IS_EMULATED and not torch.compiler.is_compiling():

@@ -15,9 +15,8 @@ Two implementations give the same bytes:
 - the eager chain of torch ops below (``eager_cast_fp8``), the reference.
 
 The CPU always uses the operator. CUDA uses it only with
-``FP8COMM_FUSED_CAST=1``: its kernels were compiled here but not yet run on a
-GPU; the default flips to on once tests/test_fused_cast_cuda.py passes on one
-(docs/fp8_linear.md, "Fused casts").
+``FP8COMM_FUSED_CAST=1``: off by default until tests/test_fused_cast_cuda.py
+has passed on a GPU (docs/fp8_linear.md, "Fused casts").
 """
 from __future__ import annotations
 
