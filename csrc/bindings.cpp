@@ -1,8 +1,9 @@
 // fp8comm._C: the Python face of the C++ parts. Importing it also registers the
 // torch.library operators (csrc/codec/codec_ops.cpp). torch.distributed must be
-// imported first: ProcessGroupFP8 derives from its c10d::Backend binding.
+// imported first: ProcessGroupFp8 derives from its c10d::Backend binding.
 #include <torch/csrc/utils/pybind.h>
 #include <torch/csrc/Dtype.h>
+#include <torch/csrc/DynamicTypes.h>
 #include <torch/extension.h>
 
 #include "backend/fp8_work.h"
@@ -20,18 +21,23 @@ c10::DeviceType device_type_of(const std::string& device) {
   TORCH_CHECK(false, "fp8comm: transports exist for \"cpu\" and \"cuda\", got \"", device, "\"");
 }
 
-// fp8_dtype as given: a name, or torch.float8_e4m3fn / torch.float8_e5m2.
-std::optional<std::string> fp8_dtype_name(const py::object& v) {
+// fp8_dtype as given: a name ("e4m3") or a torch dtype (torch.float8_e4m3fn).
+std::optional<fp8comm::Fp8Dtype> fp8_dtype_option(const py::object& v) {
   if (v.is_none()) return std::nullopt;
+  std::optional<fp8comm::Fp8Dtype> found;
   if (THPDtype_Check(v.ptr())) {
-    const auto dtype = reinterpret_cast<THPDtype*>(v.ptr())->scalar_type;
-    if (dtype == at::kFloat8_e4m3fn) return "e4m3";
-    if (dtype == at::kFloat8_e5m2) return "e5m2";
+    found = fp8comm::find_fp8_dtype(reinterpret_cast<THPDtype*>(v.ptr())->scalar_type);
   } else if (py::isinstance<py::str>(v)) {
-    return v.cast<std::string>();
+    found = fp8comm::find_fp8_dtype(v.cast<std::string>());
   }
-  TORCH_CHECK_VALUE(false, "fp8comm.Options: fp8_dtype must be 'e4m3' / torch.float8_e4m3fn or 'e5m2' / "
-                    "torch.float8_e5m2, got ", py::repr(v).cast<std::string>());
+  TORCH_CHECK_VALUE(found, "fp8comm.Options: fp8_dtype must be ", fp8comm::fp8_dtype_choices(true), ", got ",
+                    py::repr(v).cast<std::string>());
+  return found;
+}
+
+std::optional<std::string> fp8_dtype_name(const std::optional<fp8comm::Fp8Dtype>& f) {
+  if (!f) return std::nullopt;
+  return std::string(fp8comm::fp8_dtype_name(*f));
 }
 
 std::optional<int64_t> int_option(const py::object& v, const char* name, const char* rule) {
@@ -54,7 +60,7 @@ std::optional<std::vector<std::string>> compress_items(const py::object& v) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using fp8comm::Options;
-  using fp8comm::ProcessGroupFP8;
+  using fp8comm::ProcessGroupFp8;
   m.doc() = "fp8comm C++ extension: FP8 block codec and the fp8nccl / fp8gloo backend";
 #ifdef FP8COMM_WITH_CUDA
   m.attr("has_cuda") = true;
@@ -63,6 +69,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #endif
   m.def("segment_bytes", &fp8comm::segment_bytes, py::arg("segment_numel"), py::arg("block_size"),
         "Bytes of one wire segment [scales][codes] holding segment_numel elements.");
+
+  m.def(
+      "fp8_dtypes",
+      [] {
+        std::vector<std::tuple<std::string, py::object, float>> rows;
+        for (const auto& row : fp8comm::kFp8DtypeTable) {
+          const float max = fp8comm::dispatch_fp8_dtype(
+              row.fp8_dtype, [](auto c) { return fp8comm::Fp8Traits<decltype(c)::value>::kMax; });
+          auto dtype =
+              py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(row.scalar_type)));
+          rows.emplace_back(fp8comm::fp8_dtype_name(row.fp8_dtype), dtype, max);
+        }
+        return rows;
+      },
+      "(name, torch dtype, largest finite value) of every FP8 dtype fp8comm knows (csrc/codec/fp8_dtype_table.h).");
 
   m.def("cpu_simd_enabled", &fp8comm::cpu_simd_enabled,
         "Whether the CPU codec runs whole blocks through its AVX2 kernels.");
@@ -88,7 +109,7 @@ Options of one fp8nccl / fp8gloo process group; pass as ``pg_options`` to
 ``init_process_group`` or ``new_group``. A field left as None takes its
 FP8COMM_* environment variable when the group is created, then the default.
 
-block_size: elements per FP8 block, a multiple of 16 in [16, 4096] (FP8COMM_BLOCK_SIZE, 32).
+block_size: elements per FP8 block, )" FP8C_BLOCK_SIZE_RULE R"( (FP8COMM_BLOCK_SIZE, 32).
 fp8_dtype: "e4m3" / torch.float8_e4m3fn or "e5m2" / torch.float8_e5m2 (FP8COMM_FP8_DTYPE, e4m3).
 min_numel: per-rank element count below which a collective passes through exactly
     (FP8COMM_MIN_NUMEL, 16384: scalars such as the loss or a grad norm stay exact).
@@ -97,8 +118,8 @@ compress: which of all_reduce, reduce_scatter, all_gather are compressed: a list
       .def(py::init([](const py::object& block_size, const py::object& fp8_dtype, const py::object& min_numel,
                        const py::object& compress) {
              auto o = c10::make_intrusive<Options>();
-             o->block_size = int_option(block_size, "block_size", "a multiple of 16 in [16, 4096]");
-             o->fp8_dtype = fp8_dtype_name(fp8_dtype);
+             o->block_size = int_option(block_size, "block_size", FP8C_BLOCK_SIZE_RULE);
+             o->fp8_dtype = fp8_dtype_option(fp8_dtype);
              o->min_numel = int_option(min_numel, "min_numel", "an int >= 0");
              o->compress = compress_items(compress);
              return o;
@@ -106,7 +127,7 @@ compress: which of all_reduce, reduce_scatter, all_gather are compressed: a list
            py::arg("block_size") = py::none(), py::arg("fp8_dtype") = py::none(), py::arg("min_numel") = py::none(),
            py::arg("compress") = py::none())
       .def_property_readonly("block_size", [](const Options& o) { return o.block_size; })
-      .def_property_readonly("fp8_dtype", [](const Options& o) { return o.fp8_dtype; })
+      .def_property_readonly("fp8_dtype", [](const Options& o) { return fp8_dtype_name(o.fp8_dtype); })
       .def_property_readonly("min_numel", [](const Options& o) { return o.min_numel; })
       .def_property_readonly("compress",
                              [](const Options& o) -> py::object {
@@ -119,19 +140,19 @@ compress: which of all_reduce, reduce_scatter, all_gather are compressed: a list
            "Of resolved options: what every rank of a group must agree on, by name.")
       .def("__repr__", [](const Options& o) {
         auto show = [](const auto& v) { return v ? py::repr(py::cast(*v)).template cast<std::string>() : std::string("None"); };
-        return "fp8comm.Options(block_size=" + show(o.block_size) + ", fp8_dtype=" + show(o.fp8_dtype) +
+        return "fp8comm.Options(block_size=" + show(o.block_size) + ", fp8_dtype=" + show(fp8_dtype_name(o.fp8_dtype)) +
                ", min_numel=" + show(o.min_numel) + ", compress=" + show(o.compress) + ")";
       })
       .def(py::pickle(
           [](const Options& o) {  // copy.deepcopy(parent.options) when torch splits a group
-            return py::make_tuple(o.block_size, o.fp8_dtype, o.min_numel, o.compress, o.timeout.count(),
+            return py::make_tuple(o.block_size, fp8_dtype_name(o.fp8_dtype), o.min_numel, o.compress, o.timeout.count(),
                                   o.group_name, o.global_ranks_in_group);
           },
           [](const py::tuple& t) {
             TORCH_CHECK_VALUE(t.size() == 7, "fp8comm.Options: cannot unpickle a state of ", t.size(), " fields");
             auto o = c10::make_intrusive<Options>();
             o->block_size = t[0].cast<std::optional<int64_t>>();
-            o->fp8_dtype = t[1].cast<std::optional<std::string>>();
+            o->fp8_dtype = fp8_dtype_option(t[1]);
             o->min_numel = t[2].cast<std::optional<int64_t>>();
             o->compress = t[3].cast<std::optional<std::vector<std::string>>>();
             o->timeout = std::chrono::milliseconds(t[4].cast<int64_t>());
@@ -144,16 +165,16 @@ compress: which of all_reduce, reduce_scatter, all_gather are compressed: a list
                a.compress == b.compress;
       });
 
-  py::class_<ProcessGroupFP8, c10d::Backend, c10::intrusive_ptr<ProcessGroupFP8>>(m, "ProcessGroupFP8")
-      .def("stats", [](ProcessGroupFP8& pg) { return pg.stats().snapshot(); })
-      .def("reset_stats", [](ProcessGroupFP8& pg) { pg.stats().reset(); })
+  py::class_<ProcessGroupFp8, c10d::Backend, c10::intrusive_ptr<ProcessGroupFp8>>(m, "ProcessGroupFp8")
+      .def("stats", [](ProcessGroupFp8& pg) { return pg.stats().snapshot(); })
+      .def("reset_stats", [](ProcessGroupFp8& pg) { pg.stats().reset(); })
       .def(
           "transport",
-          [](ProcessGroupFP8& pg, const std::string& device) { return pg.transport(device_type_of(device)); },
+          [](ProcessGroupFp8& pg, const std::string& device) { return pg.transport(device_type_of(device)); },
           py::arg("device"), "The inner backend for tensors on `device` (None if there is none).")
       .def(
           "transport_identity",
-          [](ProcessGroupFP8& pg, const std::string& device) {
+          [](ProcessGroupFp8& pg, const std::string& device) {
             auto inner = pg.transport(device_type_of(device));
             TORCH_CHECK(inner, "fp8comm: no transport for ", device);
             return std::make_pair(inner->getGroupUid(), inner->getGroupDesc());
@@ -161,27 +182,27 @@ compress: which of all_reduce, reduce_scatter, all_gather are compressed: a list
           py::arg("device"), "(group name, group description) as the inner backend knows them.")
       .def(
           "wire_segment_bytes",
-          [](ProcessGroupFP8& pg, int64_t segment_numel, const std::string& device) {
+          [](ProcessGroupFp8& pg, int64_t segment_numel, const std::string& device) {
             return pg.wire_layout(device_type_of(device)).segment_bytes(segment_numel);
           },
           py::arg("segment_numel"), py::arg("device"),
           "Bytes this group sends for one segment of segment_numel elements over its transport for `device`.")
       .def(
           "transport_traits",
-          [](ProcessGroupFP8& pg, const std::string& device) {
+          [](ProcessGroupFp8& pg, const std::string& device) {
             const fp8comm::TransportTraits t = pg.traits_for(device_type_of(device));
             return py::dict(py::arg("segment_headers") = t.segment_headers,
                             py::arg("gather_by_all_to_all") = t.gather_by_all_to_all,
                             py::arg("reduces_avg_and_premul") = t.reduces_avg_and_premul);
           },
           py::arg("device"), "What the algorithms know of the transport for `device` (transport_traits.h).")
-      .def_property_readonly("options", [](ProcessGroupFP8& pg) { return pg.getBackendOptions(); },
+      .def_property_readonly("options", [](ProcessGroupFp8& pg) { return pg.getBackendOptions(); },
                              "The group's resolved fp8comm.Options.")
       // The resolved options' fields, as the group uses them.
-      .def_property_readonly("block_size", [](ProcessGroupFP8& pg) { return *pg.options().block_size; })
-      .def_property_readonly("fp8_format", [](ProcessGroupFP8& pg) { return *pg.options().fp8_dtype; })
-      .def_property_readonly("min_numel", [](ProcessGroupFP8& pg) { return *pg.options().min_numel; })
-      .def_property_readonly("compressed_ops", [](ProcessGroupFP8& pg) { return *pg.options().compress; });
+      .def_property_readonly("block_size", [](ProcessGroupFp8& pg) { return *pg.options().block_size; })
+      .def_property_readonly("fp8_dtype", [](ProcessGroupFp8& pg) { return fp8comm::fp8_dtype_name(*pg.options().fp8_dtype); })
+      .def_property_readonly("min_numel", [](ProcessGroupFp8& pg) { return *pg.options().min_numel; })
+      .def_property_readonly("compressed_ops", [](ProcessGroupFp8& pg) { return *pg.options().compress; });
 
   // ---- for tests (fp8comm.testing): NCCL's contracts on CPU processes
   py::class_<fp8comm::NcclLikeBackend, c10d::Backend, c10::intrusive_ptr<fp8comm::NcclLikeBackend>>(
@@ -194,7 +215,7 @@ compress: which of all_reduce, reduce_scatter, all_gather are compressed: a list
       "_work_over",
       [](const std::string& op, const std::vector<c10::intrusive_ptr<c10d::Work>>& inner) {
         return c10::intrusive_ptr<c10d::Work>(
-            c10::make_intrusive<fp8comm::FP8Work>(-1, c10d::OpType::UNKNOWN, op, std::vector<at::Tensor>{}, inner));
+            c10::make_intrusive<fp8comm::Fp8Work>(-1, c10d::OpType::UNKNOWN, op, std::vector<at::Tensor>{}, inner));
       },
       py::arg("op"), py::arg("inner"),
       "The Work of a compressed CPU call whose phases are `inner` (tests of its error and timeout reporting).");
@@ -208,5 +229,5 @@ compress: which of all_reduce, reduce_scatter, all_gather are compressed: a list
       },
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("group_id"), py::arg("device"), py::arg("inner"),
       py::arg("options"),
-      "The ProcessGroupFP8 of this group creation, with `inner` as its transport for `device`.");
+      "The ProcessGroupFp8 of this group creation, with `inner` as its transport for `device`.");
 }

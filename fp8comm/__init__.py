@@ -5,7 +5,7 @@
     model = fp8comm.convert_to_fp8(model)             # FP8 compute (Fp8Linear)
 """
 import torch
-import torch.distributed  # noqa: F401  (ProcessGroupFP8 derives from its Backend binding)
+import torch.distributed  # noqa: F401  (ProcessGroupFp8 derives from its Backend binding)
 
 from . import _C  # noqa: F401  (registers the torch.ops.fp8comm operators)
 from .backend import register as _register_backends

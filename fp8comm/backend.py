@@ -1,7 +1,7 @@
 """Registers the fp8nccl (CUDA) and fp8gloo (CPU) backends with torch.distributed.
 
 Each creator builds the inner transport exactly as torch builds its own nccl /
-gloo backends, then wraps it in the C++ ProcessGroupFP8 (DESIGN.md, "Layers").
+gloo backends, then wraps it in the C++ ProcessGroupFp8 (DESIGN.md, "Layers").
 """
 from __future__ import annotations
 

@@ -27,8 +27,26 @@ __all__ = [
     "dequant_sum_requantize",
 ]
 
-FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+# The FP8 dtypes, from the one registry (csrc/codec/fp8_block_math.h, the torch
+# dtypes in fp8_dtype_table.h): (name, torch dtype, largest finite value) each.
+_FP8_REGISTRY = _C.fp8_dtypes()
+FP8_DTYPES = tuple(dtype for _, dtype, _ in _FP8_REGISTRY)  # what fp8_dtype arguments take
+FP8_DTYPE_BY_NAME = {name: dtype for name, dtype, _ in _FP8_REGISTRY}  # "e4m3" -> torch.float8_e4m3fn
+_FP8_MAX = {dtype: fp8_max for _, dtype, fp8_max in _FP8_REGISTRY}
+E4M3 = FP8_DTYPE_BY_NAME["e4m3"]
+E5M2 = FP8_DTYPE_BY_NAME["e5m2"]
 CODEC_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def fp8_max(fp8_dtype: torch.dtype) -> float:
+    """The largest finite value of an FP8 dtype (448 for E4M3)."""
+    return _FP8_MAX[fp8_dtype]
+
+
+def fp8_dtype_choices() -> str:
+    """The FP8 dtypes as errors list them: torch.float8_e4m3fn or torch.float8_e5m2."""
+    names = [str(d) for d in FP8_DTYPES]
+    return ", ".join(names[:-1]) + " or " + names[-1]
 
 
 def segment_bytes(segment_numel: int, block_size: int = 32) -> int:
@@ -38,7 +56,7 @@ def segment_bytes(segment_numel: int, block_size: int = 32) -> int:
 
 
 def quantize(
-    x: torch.Tensor, *, block_size: int = 32, fp8_dtype: torch.dtype = torch.float8_e4m3fn
+    x: torch.Tensor, *, block_size: int = 32, fp8_dtype: torch.dtype = E4M3
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize ``x`` (float32/bfloat16/float16, any shape) to FP8 blocks.
 
@@ -63,7 +81,7 @@ def quantize_segments(
     segment_numel: int,
     *,
     block_size: int = 32,
-    fp8_dtype: torch.dtype = torch.float8_e4m3fn,
+    fp8_dtype: torch.dtype = E4M3,
     premul: float | torch.Tensor = 1.0,
 ) -> None:
     """Quantize ``x * premul`` (flattened; ``numel <= num_segments * segment_numel``)
@@ -81,50 +99,51 @@ def dequantize_segments(
     segment_numel: int,
     *,
     block_size: int = 32,
-    fp8_dtype: torch.dtype = torch.float8_e4m3fn,
+    fp8_dtype: torch.dtype = E4M3,
 ) -> None:
     """Decode ``num_segments`` wire segments into the first ``out.numel()`` elements
     of the flat ``out`` (contiguous, float32/bfloat16/float16)."""
     torch.ops.fp8comm.dequantize_segments(segments, out, num_segments, segment_numel, block_size, fp8_dtype)
 
 
-def dequant_sum(
-    pieces: torch.Tensor,
-    out: torch.Tensor,
-    num_pieces: int,
-    segment_numel: int,
-    *,
-    block_size: int = 32,
-    fp8_dtype: torch.dtype = torch.float8_e4m3fn,
-    post_div: int = 1,
-    own: torch.Tensor | None = None,
-    own_premul: float = 1.0,
-) -> None:
+def _sum_function(op, name: str, doc: str):
+    """dequant_sum and dequant_sum_requantize: the same arguments, another output."""
+
+    def run(
+        pieces: torch.Tensor,
+        out: torch.Tensor,
+        num_pieces: int,
+        segment_numel: int,
+        *,
+        block_size: int = 32,
+        fp8_dtype: torch.dtype = E4M3,
+        post_div: int = 1,
+        own: torch.Tensor | None = None,
+        own_premul: float = 1.0,
+    ) -> None:
+        op(pieces, out, num_pieces, segment_numel, block_size, fp8_dtype, post_div, own, own_premul)
+
+    run.__name__ = run.__qualname__ = name
+    run.__doc__ = doc
+    return run
+
+
+dequant_sum = _sum_function(
+    torch.ops.fp8comm.dequant_sum,
+    "dequant_sum",
     """``out = (own * own_premul + the decoded pieces) / post_div``, summed in
     float32, ``own`` first and then the pieces in order; ``out.numel() <=
     segment_numel``. ``own`` (optional, at most ``segment_numel`` elements, the
     dtype of ``out``) is a rank's own contribution, added without quantization,
-    zero past its end; with it ``num_pieces`` may be 0."""
-    torch.ops.fp8comm.dequant_sum(pieces, out, num_pieces, segment_numel, block_size, fp8_dtype, post_div, own,
-                                  own_premul)
+    zero past its end; with it ``num_pieces`` may be 0.""",
+)
 
-
-def dequant_sum_requantize(
-    pieces: torch.Tensor,
-    out: torch.Tensor,
-    num_pieces: int,
-    segment_numel: int,
-    *,
-    block_size: int = 32,
-    fp8_dtype: torch.dtype = torch.float8_e4m3fn,
-    post_div: int = 1,
-    own: torch.Tensor | None = None,
-    own_premul: float = 1.0,
-) -> None:
+dequant_sum_requantize = _sum_function(
+    torch.ops.fp8comm.dequant_sum_requantize,
+    "dequant_sum_requantize",
     """Like :func:`dequant_sum`, but quantizes the float32 sum into ``out``, one
-    wire segment of ``segment_numel`` elements (``own`` may have any codec dtype)."""
-    torch.ops.fp8comm.dequant_sum_requantize(pieces, out, num_pieces, segment_numel, block_size, fp8_dtype, post_div,
-                                             own, own_premul)
+    wire segment of ``segment_numel`` elements (``own`` may have any codec dtype).""",
+)
 
 
 # ---------------------------------------------------------------- fake kernels
@@ -141,23 +160,10 @@ def _dequantize_fake(codes, scales, block_size, dtype):
     return codes.new_empty((codes.numel(),), dtype=dtype)
 
 
-@torch.library.register_fake("fp8comm::quantize_segments")
-def _quantize_segments_fake(x, out, num_segments, segment_numel, block_size, fp8_dtype, premul=1.0, premul_tensor=None):
+def _writes_out(*args, **kwargs):
+    """The operators that write into ``out`` return nothing."""
     return None
 
 
-@torch.library.register_fake("fp8comm::dequantize_segments")
-def _dequantize_segments_fake(segments, out, num_segments, segment_numel, block_size, fp8_dtype):
-    return None
-
-
-@torch.library.register_fake("fp8comm::dequant_sum")
-def _dequant_sum_fake(pieces, out, num_pieces, segment_numel, block_size, fp8_dtype, post_div=1, own=None,
-                     own_premul=1.0):
-    return None
-
-
-@torch.library.register_fake("fp8comm::dequant_sum_requantize")
-def _dequant_sum_requantize_fake(pieces, out, num_pieces, segment_numel, block_size, fp8_dtype, post_div=1,
-                                 own=None, own_premul=1.0):
-    return None
+for _name in ("quantize_segments", "dequantize_segments", "dequant_sum", "dequant_sum_requantize"):
+    torch.library.register_fake(f"fp8comm::{_name}")(_writes_out)

@@ -10,7 +10,7 @@ STAT_KEYS = ("bytes_sent", "bytes_sent_uncompressed", "calls_compressed", "calls
 
 
 def fp8_backends(group=None) -> list:
-    """The distinct ProcessGroupFP8 objects behind ``group`` (default: the world)."""
+    """The distinct ProcessGroupFp8 objects behind ``group`` (default: the world)."""
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
     found = []
     for device in ("cpu", "cuda"):
@@ -18,7 +18,7 @@ def fp8_backends(group=None) -> list:
             backend = pg._get_backend(torch.device(device))
         except RuntimeError:
             continue
-        if isinstance(backend, _C.ProcessGroupFP8) and not any(backend is b for b in found):
+        if isinstance(backend, _C.ProcessGroupFp8) and not any(backend is b for b in found):
             found.append(backend)
     return found
 

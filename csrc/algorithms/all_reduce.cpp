@@ -26,7 +26,7 @@ void all_reduce(Transport& t, const WireLayout& wire, Workspace& ws, const at::T
   wire.check_headers(recv, t.peers(), m, Phase::kAllReducePieces, n, t.op());
 
   at::Tensor sum = gathered.narrow(0, t.gather_slot(rank) * S, S);
-  const OwnInput own{segments_of(flat, rank, 1, m), red.premul, red.premul_tensor};
+  const OwnAddendTensor own{segments_of(flat, rank, 1, m), red.premul, red.premul_tensor};
   dequant_sum_requantize_into(wire.codes(recv, P - 1, m), own, red.post_div, wire.codes(sum, 1, m), tensor.device());
   wire.write_headers(sum, 1, m, Phase::kAllReduceSums, n);
   t.wait(t.start_all_gather(gathered, S, scratch), "all_gather");

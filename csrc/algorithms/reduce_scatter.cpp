@@ -29,7 +29,7 @@ void reduce_scatter(Transport& t, const WireLayout& wire, Workspace& ws, const a
   at::Tensor recv = ws.bytes(Workspace::kRecv, (P - 1) * S, output);
   t.wait(t.start_exchange(recv, send, S), "all_to_all");
   wire.check_headers(recv, t.peers(), k, Phase::kReduceScatterPieces, k, t.op());
-  dequant_sum_into(wire.codes(recv, P - 1, k), OwnInput{own, red.premul, red.premul_tensor}, red.post_div, output);
+  dequant_sum_into(wire.codes(recv, P - 1, k), OwnAddendTensor{own, red.premul, red.premul_tensor}, red.post_div, output);
 }
 
 int64_t reduce_scatter_bytes_sent(int64_t group_size, const WireLayout& wire, int64_t output_numel) {

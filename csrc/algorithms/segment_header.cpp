@@ -3,6 +3,9 @@
 #include <c10/util/Exception.h>
 
 #include <cstring>
+#include <string>
+
+#include "../codec/fp8_dtype_table.h"
 
 namespace fp8comm {
 namespace {
@@ -17,7 +20,13 @@ const char* phase_name(Phase p) {
   return "an unknown phase";
 }
 
-const char* format_name(uint8_t f) { return f == static_cast<uint8_t>(Fp8Format::E4M3) ? "e4m3" : "e5m2"; }
+// A peer's header byte may hold any value: name it only when it is a dtype.
+std::string fp8_dtype_label(uint8_t v) {
+  for (const auto& row : kFp8DtypeTable) {
+    if (static_cast<uint8_t>(row.fp8_dtype) == v) return fp8_dtype_name(row.fp8_dtype);
+  }
+  return "unknown (" + std::to_string(v) + ")";
+}
 
 }  // namespace
 
@@ -38,8 +47,8 @@ void check_headers(const uint8_t* base, int64_t stride, const std::vector<int64_
                 ": the ranks did not call the same collective; every rank must issue the same collectives in "
                 "the same order (TORCH_DISTRIBUTED_DEBUG=DETAIL names the mismatched call)");
     TORCH_CHECK(false, "fp8comm ", op, ": rank ", r, " called it with ", got.numel, " elements, block_size ",
-                got.block_size, " and fp8_dtype ", format_name(got.format), ", but this rank with ", expected.numel,
-                ", ", expected.block_size, " and ", format_name(expected.format),
+                got.block_size, " and fp8_dtype ", fp8_dtype_label(got.fp8_dtype), ", but this rank with ", expected.numel,
+                ", ", expected.block_size, " and ", fp8_dtype_label(expected.fp8_dtype),
                 "; every rank must call a collective with the same sizes and the same fp8comm.Options");
   }
 }

@@ -1,8 +1,9 @@
 #pragma once
 // The 16 bytes in front of every wire segment of a host-memory transport
 // (TransportTraits::segment_headers: gloo on the CPU): what the segment
-// carries, the format, and the collective's size. The receiving rank checks them before it reads a piece, so ranks that
-// called with different sizes or options get an error naming the rank, not a
+// carries, the FP8 dtype, the block size and the collective's size. The
+// receiving rank checks them before it reads a piece, so ranks that called
+// with different sizes or options get an error naming the rank, not a
 // silently wrong result (gloo accepts a message shorter than the buffer
 // posted for it). Device-memory segments carry none: checking them would
 // block the host; there the options fingerprint that every rank checks at
@@ -30,12 +31,12 @@ struct SegmentHeader {
   static constexpr uint32_t kMagic = 0x38435046u;  // "FPC8"
   uint32_t magic = kMagic;
   Phase phase;
-  uint8_t format;       // Fp8Format
+  uint8_t fp8_dtype;    // Fp8Dtype
   uint16_t block_size;  // <= 4096
   int64_t numel;        // the collective's size: all_reduce n, reduce_scatter / all_gather per-rank numel
 
-  SegmentHeader(Phase p, Fp8Format f, int block, int64_t n)
-      : phase(p), format(static_cast<uint8_t>(f)), block_size(static_cast<uint16_t>(block)), numel(n) {}
+  SegmentHeader(Phase p, Fp8Dtype f, int block, int64_t n)
+      : phase(p), fp8_dtype(static_cast<uint8_t>(f)), block_size(static_cast<uint16_t>(block)), numel(n) {}
 };
 static_assert(sizeof(SegmentHeader) == 16, "the header is 16 bytes on the wire");
 

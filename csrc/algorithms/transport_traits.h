@@ -16,7 +16,8 @@ struct TransportTraits {
   // on the host (wire_layout.h): only where the bytes live in host memory.
   bool segment_headers = false;
   // all_gather runs as an all_to_all with a zero split for this rank, its own
-  // segment in the last slot (gloo moves those bytes faster); else one
+  // segment in the last slot (gloo moves an all_to_all faster than its
+  // all_gather, docs/performance.md); else one
   // in-place _allgather_base (NCCL).
   bool gather_by_all_to_all = false;
   // The transport reduces AVG and PREMUL_SUM itself; else fp8comm emulates

@@ -16,11 +16,11 @@ namespace fp8comm {
 
 class WireLayout {
  public:
-  WireLayout(const TransportTraits& traits, int block_size, Fp8Format format)
-      : headers_(traits.segment_headers), block_size_(block_size), format_(format) {}
+  WireLayout(const TransportTraits& traits, int block_size, Fp8Dtype fp8_dtype)
+      : headers_(traits.segment_headers), block_size_(block_size), fp8_dtype_(fp8_dtype) {}
 
   int block_size() const { return block_size_; }
-  Fp8Format format() const { return format_; }
+  Fp8Dtype fp8_dtype() const { return fp8_dtype_; }
   int64_t header_bytes() const { return headers_ ? int64_t{sizeof(SegmentHeader)} : 0; }
   // S: the bytes of one wire segment of m elements.
   int64_t segment_bytes(int64_t m) const { return header_bytes() + fp8comm::segment_bytes(m, block_size_); }
@@ -43,7 +43,7 @@ class WireLayout {
  private:
   bool headers_;
   int block_size_;
-  Fp8Format format_;
+  Fp8Dtype fp8_dtype_;
 };
 
 }  // namespace fp8comm

@@ -1,6 +1,6 @@
 #pragma once
 // Reusable CPU wire buffers, one per role: a fresh multi-MiB allocation
-// page-faults on first touch, which costs as much as moving its bytes over
+// page-faults on first touch, a cost of the order of moving its bytes over
 // loopback. CUDA buffers come from the caching allocator instead, allocated
 // on the stream the algorithm runs on. Buffers above kMaxCachedBytes are not
 // kept, so a group caches at most kSlots of them.

@@ -1,5 +1,5 @@
 #pragma once
-// The collectives of a ProcessGroupFP8, as one table: each c10d entry point's
+// The collectives of a ProcessGroupFp8, as one table: each c10d entry point's
 // name (as errors and stats name it), its OpType, which compressed algorithm
 // serves it (none: always exact passthrough), and how many bytes this rank
 // sends for it as a plain collective (the standard ring volumes, for stats).

@@ -1,5 +1,5 @@
 // The collectives that have a compressed algorithm: each checks its
-// arguments on the calling rank, decides (ProcessGroupFP8::compresses), and
+// arguments on the calling rank, decides (ProcessGroupFp8::compresses), and
 // runs the algorithm or passes the call through exactly (DESIGN.md, "Exact
 // passthrough").
 #include "../algorithms/algorithms.h"
@@ -18,11 +18,29 @@ void wait_for(const c10::intrusive_ptr<c10d::Work>& work) {
   if (work) work->wait();
 }
 
+std::vector<at::Tensor> pair_tensors(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs) {
+  std::vector<at::Tensor> all = inputs;
+  all.insert(all.end(), outputs.begin(), outputs.end());
+  return all;
+}
+
 }  // namespace
+
+template <typename Opts, typename Pair>
+c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::run_pairs(const Collective& c, std::vector<at::Tensor>& outputs,
+                                                          std::vector<at::Tensor>& inputs, const Opts& opts,
+                                                          const std::vector<at::Tensor>& user_tensors,
+                                                          const char* phase, Pair&& pair) {
+  Opts one = opts;
+  one.asyncOp = true;
+  return run(c, inputs[0].device(), opts.asyncOp, opts.timeout, user_tensors, outputs, [&](Transport& transport) {
+    for (size_t i = 0; i < inputs.size(); ++i) transport.wait(pair(outputs[i], inputs[i], one), phase);
+  });
+}
 
 // ------------------------------------------------------------------ all_reduce
 template <typename Opts, typename Call>
-c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::all_reduce_exact(const Collective& c, std::vector<at::Tensor>& tensors,
+c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::all_reduce_exact(const Collective& c, std::vector<at::Tensor>& tensors,
                                                                  const Opts& opts, bool emulate, Call&& call) {
   c10::intrusive_ptr<c10d::Work> work;
   if (emulate) {
@@ -38,7 +56,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::all_reduce_exact(const Collectiv
   return work;
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allreduce(std::vector<at::Tensor>& tensors,
+c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::allreduce(std::vector<at::Tensor>& tensors,
                                                           const c10d::AllreduceOptions& opts) {
   const Collective& c = collectives::kAllReduce;
   TORCH_CHECK(tensors.size() == 1, "fp8comm ", c.name, ": expected one tensor per call, got ", tensors.size());
@@ -67,7 +85,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allreduce(std::vector<at::Tensor
 }
 
 // One all_reduce of the concatenation, like a DDP bucket.
-c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                     const c10d::AllreduceCoalescedOptions& opts) {
   const Collective& c = collectives::kAllReduceCoalesced;
   TORCH_CHECK(!tensors.empty(), "fp8comm ", c.name, ": got no tensors");
@@ -109,7 +127,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allreduce_coalesced(std::vector<
 }
 
 // -------------------------------------------------------------- reduce_scatter
-void ProcessGroupFP8::check_reduce_scatter_tensor(const Collective& c, const at::Tensor& output,
+void ProcessGroupFp8::check_reduce_scatter_tensor(const Collective& c, const at::Tensor& output,
                                                   const at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
   check_same_device_and_dtype(c.name, input, output, "output");
   check_not_fp8_reduction(c.name, input);
@@ -119,7 +137,7 @@ void ProcessGroupFP8::check_reduce_scatter_tensor(const Collective& c, const at:
   check_reduce_op_supported(c.name, opts.reduceOp, input, traits_for(input.device().type()));
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::reduce_scatter_tensor_exact(const Collective& c, at::Tensor& output,
+c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::reduce_scatter_tensor_exact(const Collective& c, at::Tensor& output,
                                                                            at::Tensor& input,
                                                                            const c10d::ReduceScatterOptions& opts) {
   auto inner = inner_for(input.device(), c.name);
@@ -135,12 +153,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::reduce_scatter_tensor_exact(cons
   return passed({}, c, {output});
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                      const c10d::ReduceScatterOptions& opts) {
   return reduce_scatter_tensor(collectives::kReduceScatterTensor, output, input, opts);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::reduce_scatter_tensor(const Collective& c, at::Tensor& output,
+c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::reduce_scatter_tensor(const Collective& c, at::Tensor& output,
                                                                       at::Tensor& input,
                                                                       const c10d::ReduceScatterOptions& opts) {
   check_reduce_scatter_tensor(c, output, input, opts);
@@ -162,7 +180,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::reduce_scatter_tensor(const Coll
   return work;
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::reduce_scatter(std::vector<at::Tensor>& outputs,
+c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                                std::vector<std::vector<at::Tensor>>& inputs,
                                                                const c10d::ReduceScatterOptions& opts) {
   const Collective& c = collectives::kReduceScatter;
@@ -214,7 +232,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::reduce_scatter(std::vector<at::T
 // Each pair is its own collective (compressed or passed through, as it would
 // be alone), counted under this op's name. Every pair is checked before any
 // is issued, so a bad one never leaves the earlier ones written.
-c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::reduce_scatter_tensor_coalesced(
+c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
   const Collective& c = collectives::kReduceScatterTensorCoalesced;
   TORCH_CHECK(!inputs.empty() && outputs.size() == inputs.size(), "fp8comm ", c.name, ": got ", outputs.size(),
@@ -235,34 +253,26 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::reduce_scatter_tensor_coalesced(
     for (const auto& out : outputs) record_passthrough(c, bytes_of(out));
     return passed(std::move(work), c, outputs);
   }
-  std::vector<at::Tensor> user = inputs;
-  user.insert(user.end(), outputs.begin(), outputs.end());
-  // Each pair runs after the previous one on this call's stream; its Work is
-  // kept, so that its errors are this call's.
-  c10d::ReduceScatterOptions one = opts;
-  one.asyncOp = true;
-  return run(c, inputs[0].device(), opts.asyncOp, opts.timeout, with_factor(user, opts.reduceOp, red), outputs,
-             [&](Transport& transport) {
-               for (size_t i = 0; i < inputs.size(); ++i) {
-                 transport.wait(reduce_scatter_tensor(c, outputs[i], inputs[i], one), "reduce_scatter");
-               }
-             });
+  return run_pairs(c, outputs, inputs, opts, with_factor(pair_tensors(inputs, outputs), opts.reduceOp, red),
+                   "reduce_scatter", [&](at::Tensor& out, at::Tensor& in, const c10d::ReduceScatterOptions& one) {
+                     return reduce_scatter_tensor(c, out, in, one);
+                   });
 }
 
 // ------------------------------------------------------------------ all_gather
-void ProcessGroupFP8::check_all_gather_into_tensor(const Collective& c, const at::Tensor& output,
+void ProcessGroupFp8::check_all_gather_into_tensor(const Collective& c, const at::Tensor& output,
                                                    const at::Tensor& input) const {
   check_same_device_and_dtype(c.name, input, output, "output");
   check_writable(c.name, output, "the output");
   check_group_multiple(c.name, output, "output", input, "input", size_);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::_allgather_base(at::Tensor& output, at::Tensor& input,
+c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                 const c10d::AllgatherOptions& opts) {
   return all_gather_into_tensor(collectives::kAllGatherIntoTensor, output, input, opts);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::all_gather_into_tensor(const Collective& c, at::Tensor& output,
+c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::all_gather_into_tensor(const Collective& c, at::Tensor& output,
                                                                        at::Tensor& input,
                                                                        const c10d::AllgatherOptions& opts) {
   check_all_gather_into_tensor(c, output, input);
@@ -285,7 +295,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::all_gather_into_tensor(const Col
   return work;
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                           std::vector<at::Tensor>& inputs,
                                                           const c10d::AllgatherOptions& opts) {
   const Collective& c = collectives::kAllGather;
@@ -322,7 +332,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allgather(std::vector<std::vecto
 }
 
 // As reduce_scatter_tensor_coalesced: one collective per pair, all checked first.
-c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                                 std::vector<at::Tensor>& inputs,
                                                                                 const c10d::AllgatherOptions& opts) {
   const Collective& c = collectives::kAllGatherIntoTensorCoalesced;
@@ -344,15 +354,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allgather_into_tensor_coalesced(
     for (const auto& in : inputs) record_passthrough(c, bytes_of(in));
     return passed(std::move(work), c, outputs);
   }
-  std::vector<at::Tensor> user = inputs;
-  user.insert(user.end(), outputs.begin(), outputs.end());
-  c10d::AllgatherOptions one = opts;
-  one.asyncOp = true;
-  return run(c, inputs[0].device(), opts.asyncOp, opts.timeout, user, outputs, [&](Transport& transport) {
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      transport.wait(all_gather_into_tensor(c, outputs[i], inputs[i], one), "all_gather");
-    }
-  });
+  return run_pairs(c, outputs, inputs, opts, pair_tensors(inputs, outputs), "all_gather",
+                   [&](at::Tensor& out, at::Tensor& in, const c10d::AllgatherOptions& one) {
+                     return all_gather_into_tensor(c, out, in, one);
+                   });
 }
 
 }  // namespace fp8comm

@@ -8,7 +8,7 @@ namespace fp8comm {
 namespace c = collectives;
 
 template <typename Call>
-c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::forward(const Collective& collective, const at::Device& device,
+c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::forward(const Collective& collective, const at::Device& device,
                                                         int64_t payload, std::vector<at::Tensor> outputs,
                                                         Call&& call) {
   auto work = call(*inner_for(device, collective.name));
@@ -16,7 +16,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::forward(const Collective& collec
   return passed(std::move(work), collective, std::move(outputs));
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::broadcast(std::vector<at::Tensor>& tensors,
+c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::broadcast(std::vector<at::Tensor>& tensors,
                                                           const c10d::BroadcastOptions& opts) {
   check_writable(c::kBroadcast.name, tensors, "a tensor");
   auto ts = as_bytes_if_fp8(tensors);
@@ -24,7 +24,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::broadcast(std::vector<at::Tensor
                  [&](c10d::Backend& inner) { return inner.broadcast(ts, opts); });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::reduce(std::vector<at::Tensor>& tensors,
+c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::reduce(std::vector<at::Tensor>& tensors,
                                                        const c10d::ReduceOptions& opts) {
   check_not_fp8_reduction(c::kReduce.name, tensors);
   check_writable(c::kReduce.name, tensors, "a tensor");
@@ -32,7 +32,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::reduce(std::vector<at::Tensor>& 
                  [&](c10d::Backend& inner) { return inner.reduce(tensors, opts); });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                                     std::vector<at::Tensor>& inputs,
                                                                     const c10d::AllgatherOptions& opts) {
   check_writable(c::kAllGatherCoalesced.name, outputs, "an output");
@@ -42,7 +42,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::allgather_coalesced(std::vector<
                  [&](c10d::Backend& inner) { return inner.allgather_coalesced(outs, ins, opts); });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::gather(std::vector<std::vector<at::Tensor>>& outputs,
+c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                        std::vector<at::Tensor>& inputs,
                                                        const c10d::GatherOptions& opts) {
   check_writable(c::kGather.name, outputs, "an output");
@@ -52,7 +52,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::gather(std::vector<std::vector<a
                  [&](c10d::Backend& inner) { return inner.gather(outs, ins, opts); });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::scatter(std::vector<at::Tensor>& outputs,
+c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::scatter(std::vector<at::Tensor>& outputs,
                                                         std::vector<std::vector<at::Tensor>>& inputs,
                                                         const c10d::ScatterOptions& opts) {
   check_writable(c::kScatter.name, outputs, "the output");
@@ -62,7 +62,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::scatter(std::vector<at::Tensor>&
                  [&](c10d::Backend& inner) { return inner.scatter(outs, ins, opts); });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::alltoall_base(at::Tensor& output, at::Tensor& input,
+c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::alltoall_base(at::Tensor& output, at::Tensor& input,
                                                               std::vector<int64_t>& output_split_sizes,
                                                               std::vector<int64_t>& input_split_sizes,
                                                               const c10d::AllToAllOptions& opts) {
@@ -74,7 +74,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::alltoall_base(at::Tensor& output
   });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::alltoall(std::vector<at::Tensor>& outputs,
+c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::alltoall(std::vector<at::Tensor>& outputs,
                                                          std::vector<at::Tensor>& inputs,
                                                          const c10d::AllToAllOptions& opts) {
   check_writable(c::kAllToAll.name, outputs, "an output");
@@ -84,34 +84,34 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::alltoall(std::vector<at::Tensor>
                  [&](c10d::Backend& inner) { return inner.alltoall(outs, ins, opts); });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
   auto ts = as_bytes_if_fp8(tensors);
   return forward(c::kSend, tensors.at(0).device(), bytes_of(tensors), tensors,
                  [&](c10d::Backend& inner) { return inner.send(ts, dst_rank, tag); });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
   check_writable(c::kRecv.name, tensors, "the tensor");
   auto ts = as_bytes_if_fp8(tensors);
   return forward(c::kRecv, tensors.at(0).device(), bytes_of(tensors), tensors,
                  [&](c10d::Backend& inner) { return inner.recv(ts, src_rank, tag); });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
   check_writable(c::kRecvAnySource.name, tensors, "the tensor");
   auto ts = as_bytes_if_fp8(tensors);
   return forward(c::kRecvAnySource, tensors.at(0).device(), bytes_of(tensors), tensors,
                  [&](c10d::Backend& inner) { return inner.recvAnysource(ts, tag); });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::barrier(const c10d::BarrierOptions& opts) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::barrier(const c10d::BarrierOptions& opts) {
   auto work = opts.device ? inner_for(*opts.device, c::kBarrier.name)->barrier(opts)
                           : default_inner(c::kBarrier.name)->barrier(opts);
   record_passthrough(c::kBarrier, 0);
   return passed(std::move(work), c::kBarrier, {});
 }
 
-void ProcessGroupFP8::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
+void ProcessGroupFp8::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
   inner_for(at::Device(c10::DeviceType::CPU), "monitored_barrier")->monitoredBarrier(opts, wait_all_ranks);
 }
 

@@ -29,7 +29,7 @@ std::string what_of(const std::exception_ptr& e) {
 
 }  // namespace
 
-FP8Work::FP8Work(int rank, c10d::OpType type, std::string op, std::vector<at::Tensor> outputs, Inner inner)
+Fp8Work::Fp8Work(int rank, c10d::OpType type, std::string op, std::vector<at::Tensor> outputs, Inner inner)
     : c10d::Work(rank, type),
       op_(std::move(op)),
       outputs_(std::move(outputs)),
@@ -38,7 +38,7 @@ FP8Work::FP8Work(int rank, c10d::OpType type, std::string op, std::vector<at::Te
   completeFutureWithInner();
 }
 
-FP8Work::FP8Work(int rank, c10d::OpType type, std::string op, std::vector<at::Tensor> outputs, Inner inner,
+Fp8Work::Fp8Work(int rank, c10d::OpType type, std::string op, std::vector<at::Tensor> outputs, Inner inner,
                  c10::Event end, c10::Stream stream, std::vector<at::Tensor> keep_alive)
     : c10d::Work(rank, type),
       op_(std::move(op)),
@@ -54,7 +54,7 @@ FP8Work::FP8Work(int rank, c10d::OpType type, std::string op, std::vector<at::Te
   future_->markCompleted(c10::IValue(outputs_));
 }
 
-void FP8Work::completeFutureWithInner() {
+void Fp8Work::completeFutureWithInner() {
   auto finish_future = [future = future_, outputs = outputs_, op = op_](std::exception_ptr error) {
     if (error) {
       future->setError(std::make_exception_ptr(c10::DistBackendError(
@@ -82,21 +82,21 @@ void FP8Work::completeFutureWithInner() {
   }
 }
 
-bool FP8Work::innerCompleted() const {
+bool Fp8Work::innerCompleted() const {
   for (const auto& w : inner_) {
     if (!w->isCompleted()) return false;
   }
   return true;
 }
 
-std::exception_ptr FP8Work::innerException() const {
+std::exception_ptr Fp8Work::innerException() const {
   for (const auto& w : inner_) {
     if (auto e = w->exception()) return e;
   }
   return nullptr;
 }
 
-bool FP8Work::isCompleted() {
+bool Fp8Work::isCompleted() {
   if (innerException()) return true;
   if (end_ && !end_->query()) return false;
   if (!innerCompleted()) return false;
@@ -105,11 +105,11 @@ bool FP8Work::isCompleted() {
   return true;
 }
 
-bool FP8Work::isSuccess() const { return !innerException(); }
+bool Fp8Work::isSuccess() const { return !innerException(); }
 
-std::exception_ptr FP8Work::exception() const { return innerException(); }
+std::exception_ptr Fp8Work::exception() const { return innerException(); }
 
-bool FP8Work::wait(std::chrono::milliseconds timeout) {
+bool Fp8Work::wait(std::chrono::milliseconds timeout) {
   // With a timeout, or with no device stream to order (the inner Works may
   // still be running on the host): wait here, until done, failed or late.
   // A CUDA Work without a timeout only orders streams, as WorkNCCL::wait.
@@ -143,10 +143,10 @@ bool FP8Work::wait(std::chrono::milliseconds timeout) {
   return true;
 }
 
-void FP8Work::synchronize() { wait(); }
+void Fp8Work::synchronize() { wait(); }
 
-std::vector<at::Tensor> FP8Work::result() { return outputs_; }
+std::vector<at::Tensor> Fp8Work::result() { return outputs_; }
 
-c10::intrusive_ptr<c10::ivalue::Future> FP8Work::getFuture() { return future_; }
+c10::intrusive_ptr<c10::ivalue::Future> Fp8Work::getFuture() { return future_; }
 
 }  // namespace fp8comm

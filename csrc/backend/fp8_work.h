@@ -21,16 +21,16 @@
 
 namespace fp8comm {
 
-class FP8Work : public c10d::Work {
+class Fp8Work : public c10d::Work {
  public:
   using Inner = std::vector<c10::intrusive_ptr<c10d::Work>>;
 
   // A Work that is done when its inner Works are (CPU: they already are).
   // `op` names the collective in errors.
-  FP8Work(int rank, c10d::OpType type, std::string op, std::vector<at::Tensor> outputs, Inner inner = {});
+  Fp8Work(int rank, c10d::OpType type, std::string op, std::vector<at::Tensor> outputs, Inner inner = {});
   // A Work that is done when `end`, recorded on `stream`, is reached (CUDA);
   // `keep_alive` holds tensors the stream still uses until then.
-  FP8Work(int rank, c10d::OpType type, std::string op, std::vector<at::Tensor> outputs, Inner inner,
+  Fp8Work(int rank, c10d::OpType type, std::string op, std::vector<at::Tensor> outputs, Inner inner,
           c10::Event end, c10::Stream stream, std::vector<at::Tensor> keep_alive);
 
   bool isCompleted() override;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "../codec/codec_tensor.h"
 #include "../common/env.h"
 
 namespace fp8comm {
@@ -73,26 +74,20 @@ std::vector<std::string> parse_compress(const std::vector<std::string>& raw, con
 c10::intrusive_ptr<Options> Options::resolved() const {
   auto r = c10::make_intrusive<Options>(*this);
   r->block_size = block_size ? *block_size : env_int(env::kBlockSize);
-  TORCH_CHECK_VALUE(*r->block_size >= 16 && *r->block_size <= 4096 && *r->block_size % 16 == 0,
-                    "fp8comm.Options: block_size must be a multiple of 16 in [16, 4096], got ", *r->block_size,
-                    block_size ? "" : " (from FP8COMM_BLOCK_SIZE)");
-  std::string fmt = fp8_dtype ? *fp8_dtype : env::kFp8Dtype.value_or_fallback();
-  std::transform(fmt.begin(), fmt.end(), fmt.begin(), ::tolower);
-  TORCH_CHECK_VALUE(fmt == "e4m3" || fmt == "e5m2",
-                    "fp8comm.Options: fp8_dtype must be 'e4m3' / torch.float8_e4m3fn or 'e5m2' / "
-                    "torch.float8_e5m2, got '", fmt, "'", fp8_dtype ? "" : " (from FP8COMM_FP8_DTYPE)");
-  r->fp8_dtype = fmt;
+  check_block_size(*r->block_size, block_size ? "fp8comm.Options" : "fp8comm.Options (FP8COMM_BLOCK_SIZE)");
+  if (!fp8_dtype) {
+    const std::string name = env::kFp8Dtype.value_or_fallback();
+    const auto found = find_fp8_dtype(name);
+    TORCH_CHECK_VALUE(found, "fp8comm.Options: fp8_dtype must be ", fp8_dtype_choices(true), ", got '", name,
+                      "' (from FP8COMM_FP8_DTYPE)");
+    r->fp8_dtype = *found;
+  }
   r->min_numel = min_numel ? *min_numel : env_int(env::kMinNumel);
   TORCH_CHECK_VALUE(*r->min_numel >= 0, "fp8comm.Options: min_numel must be an int >= 0, got ", *r->min_numel,
                     min_numel ? "" : " (from FP8COMM_MIN_NUMEL)");
   r->compress = compress ? parse_compress(*compress, "fp8comm.Options.compress")
                          : parse_compress(split_commas(env::kCompress.value_or_fallback()), env::kCompress.name);
   return r;
-}
-
-Fp8Format Options::format() const {
-  TORCH_CHECK(fp8_dtype, "fp8comm.Options: format() of options that are not resolved");
-  return *fp8_dtype == "e5m2" ? Fp8Format::E5M2 : Fp8Format::E4M3;
 }
 
 bool Options::compresses(Algorithm algorithm) const {
@@ -111,7 +106,7 @@ std::map<std::string, std::string> Options::fingerprint() const {
   TORCH_CHECK(block_size && fp8_dtype && min_numel && compress, "fp8comm.Options: fingerprint() of options that "
               "are not resolved");
   return {{"block_size", std::to_string(*block_size)},
-          {"fp8_dtype", *fp8_dtype},
+          {"fp8_dtype", fp8_dtype_name(*fp8_dtype)},
           {"min_numel", std::to_string(*min_numel)},
           {"compress", compress->empty() ? "none" : join(*compress)}};
 }

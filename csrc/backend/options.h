@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "../codec/fp8_block_math.h"
+#include "../codec/fp8_dtype_table.h"
 #include "collectives.h"
 
 namespace fp8comm {
@@ -24,7 +24,7 @@ struct Options : c10d::Backend::Options {
   Options() : c10d::Backend::Options(kBackendName) {}
 
   std::optional<int64_t> block_size;
-  std::optional<std::string> fp8_dtype;             // "e4m3" / "e5m2"
+  std::optional<Fp8Dtype> fp8_dtype;
   std::optional<int64_t> min_numel;                 // per-rank elements below which calls pass through
   std::optional<std::vector<std::string>> compress;  // a subset of compressible_ops(), in their order
 
@@ -33,7 +33,6 @@ struct Options : c10d::Backend::Options {
   c10::intrusive_ptr<Options> resolved() const;
 
   // Of a resolved Options:
-  Fp8Format format() const;
   bool compresses(Algorithm algorithm) const;
   // What every rank of a group must agree on, by name: each changes the
   // bytes or the calls on the wire (device segments carry no header).

@@ -1,4 +1,4 @@
-// ProcessGroupFP8: the group, its transports, and the calls that concern the
+// ProcessGroupFp8: the group, its transports, and the calls that concern the
 // whole group. The collectives are in compressible_ops.cpp and exact_ops.cpp.
 #include "process_group_fp8.h"
 
@@ -9,14 +9,14 @@
 
 namespace fp8comm {
 
-ProcessGroupFP8::ProcessGroupFP8(int rank, int size, c10::intrusive_ptr<fp8comm::Options> options)
+ProcessGroupFp8::ProcessGroupFp8(int rank, int size, c10::intrusive_ptr<fp8comm::Options> options)
     : c10d::Backend(rank, size), options_(std::move(options)) {
   TORCH_CHECK(options_ && options_->block_size && options_->fp8_dtype && options_->min_numel && options_->compress,
-              "fp8comm: ProcessGroupFP8 needs resolved options (fp8comm.Options(...).resolved())");
+              "fp8comm: ProcessGroupFp8 needs resolved options (fp8comm.Options(...).resolved())");
   check_block_size(*options_->block_size, "fp8comm.Options");
 }
 
-void ProcessGroupFP8::add_transport(c10::DeviceType device_type, c10::intrusive_ptr<c10d::Backend> inner) {
+void ProcessGroupFp8::add_transport(c10::DeviceType device_type, c10::intrusive_ptr<c10d::Backend> inner) {
   TORCH_CHECK(inner, "fp8comm: the inner backend for ", device_type, " is null");
   TORCH_CHECK(inner->getRank() == rank_ && inner->getSize() == size_, "fp8comm: the inner ",
               inner->getBackendName(), " backend has rank ", inner->getRank(), " of ", inner->getSize(),
@@ -28,35 +28,35 @@ void ProcessGroupFP8::add_transport(c10::DeviceType device_type, c10::intrusive_
   inner_[device_type] = std::move(inner);
 }
 
-TransportTraits ProcessGroupFP8::traits_for(c10::DeviceType device_type) const {
+TransportTraits ProcessGroupFp8::traits_for(c10::DeviceType device_type) const {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = traits_.find(device_type);
   TORCH_CHECK(it != traits_.end(), "fp8comm: this process group has no transport for ", device_type);
   return it->second;
 }
 
-WireLayout ProcessGroupFP8::wire_layout(c10::DeviceType device_type) const {
-  return WireLayout(traits_for(device_type), static_cast<int>(*options_->block_size), options_->format());
+WireLayout ProcessGroupFp8::wire_layout(c10::DeviceType device_type) const {
+  return WireLayout(traits_for(device_type), static_cast<int>(*options_->block_size), *options_->fp8_dtype);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::passed(c10::intrusive_ptr<c10d::Work> work, const Collective& c,
+c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::passed(c10::intrusive_ptr<c10d::Work> work, const Collective& c,
                                                        std::vector<at::Tensor> outputs) const {
   if (work) return work;
-  return c10::make_intrusive<FP8Work>(rank_, c.type, c.name, std::move(outputs));
+  return c10::make_intrusive<Fp8Work>(rank_, c.type, c.name, std::move(outputs));
 }
 
-bool ProcessGroupFP8::has_transport(c10::DeviceType device_type) const {
+bool ProcessGroupFp8::has_transport(c10::DeviceType device_type) const {
   std::lock_guard<std::mutex> lock(mutex_);
   return inner_.count(device_type) > 0;
 }
 
-c10::intrusive_ptr<c10d::Backend> ProcessGroupFP8::transport(c10::DeviceType device_type) const {
+c10::intrusive_ptr<c10d::Backend> ProcessGroupFp8::transport(c10::DeviceType device_type) const {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = inner_.find(device_type);
   return it == inner_.end() ? c10::intrusive_ptr<c10d::Backend>() : it->second;
 }
 
-c10::intrusive_ptr<c10d::Backend> ProcessGroupFP8::inner_for(const at::Device& device, const char* op) {
+c10::intrusive_ptr<c10d::Backend> ProcessGroupFp8::inner_for(const at::Device& device, const char* op) {
   auto inner = transport(device.type());
   TORCH_CHECK(inner, "fp8comm ", op, ": got ", device, " tensors, but this process group has no transport for ",
               device.type(), " (", getBackendName(), "); create it with e.g. \"cpu:fp8gloo,cuda:fp8nccl\"");
@@ -70,16 +70,16 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupFP8::inner_for(const at::Device& d
   return inner;
 }
 
-c10::intrusive_ptr<c10d::Backend> ProcessGroupFP8::default_inner(const char* op) {
+c10::intrusive_ptr<c10d::Backend> ProcessGroupFp8::default_inner(const char* op) {
   if (has_transport(c10::DeviceType::CUDA)) return inner_for(at::Device(c10::DeviceType::CUDA), op);
   return inner_for(at::Device(c10::DeviceType::CPU), op);
 }
 
-const std::string ProcessGroupFP8::getBackendName() const {
+const std::string ProcessGroupFp8::getBackendName() const {
   return has_transport(c10::DeviceType::CUDA) ? "fp8nccl" : "fp8gloo";
 }
 
-bool ProcessGroupFP8::compresses(const Collective& c, const at::Tensor& t, int64_t per_rank_numel) const {
+bool ProcessGroupFp8::compresses(const Collective& c, const at::Tensor& t, int64_t per_rank_numel) const {
   const bool enabled = options_->compresses(c.algorithm);
   std::lock_guard<std::mutex> lock(mutex_);
   // Inside a coalescing block the inner backend defers its ops until
@@ -91,16 +91,16 @@ bool ProcessGroupFP8::compresses(const Collective& c, const at::Tensor& t, int64
 // Stats are recorded after a call has been issued (enqueued on CUDA, done on
 // the CPU): calls refused by a check, here or in the inner backend, and CPU
 // calls that fail in the transport are not counted.
-void ProcessGroupFP8::record_passthrough(const Collective& c, int64_t payload) {
+void ProcessGroupFp8::record_passthrough(const Collective& c, int64_t payload) {
   const int64_t plain = c.plain_bytes_sent(payload, size_);
   stats_.record(c.name, false, plain, plain);
 }
 
-void ProcessGroupFP8::record_compressed(const Collective& c, int64_t payload, int64_t wire) {
+void ProcessGroupFp8::record_compressed(const Collective& c, int64_t payload, int64_t wire) {
   stats_.record(c.name, true, wire, c.plain_bytes_sent(payload, size_));
 }
 
-c10::Stream ProcessGroupFP8::side_stream(const at::Device& device) {
+c10::Stream ProcessGroupFp8::side_stream(const at::Device& device) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = side_streams_.find(device.index());
   if (it == side_streams_.end()) {
@@ -111,7 +111,7 @@ c10::Stream ProcessGroupFP8::side_stream(const at::Device& device) {
 }
 
 // --------------------------------------------------------- group-level calls
-bool ProcessGroupFP8::supportsCoalescing() const {
+bool ProcessGroupFp8::supportsCoalescing() const {
   std::lock_guard<std::mutex> lock(mutex_);
   for (const auto& [device, inner] : inner_) {
     if (inner->supportsCoalescing()) return true;
@@ -122,7 +122,7 @@ bool ProcessGroupFP8::supportsCoalescing() const {
 // Inside a coalescing block the inner backend defers its ops until
 // endCoalescing (NCCL groups them), so the multi-step compressed algorithms
 // cannot run: collectives issued there pass through exactly.
-void ProcessGroupFP8::startCoalescing() {
+void ProcessGroupFp8::startCoalescing() {
   std::vector<c10::intrusive_ptr<c10d::Backend>> started;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -136,7 +136,7 @@ void ProcessGroupFP8::startCoalescing() {
   coalescing_ = std::move(started);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::endCoalescing() {
+c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::endCoalescing() {
   std::vector<c10::intrusive_ptr<c10d::Backend>> started;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -150,49 +150,49 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::endCoalescing() {
     if (last) last->wait();
     last = work;
   }
-  if (!last) last = c10::make_intrusive<FP8Work>(rank_, c10d::OpType::COALESCED, "coalesced", std::vector<at::Tensor>{});
+  if (!last) last = c10::make_intrusive<Fp8Work>(rank_, c10d::OpType::COALESCED, "coalesced", std::vector<at::Tensor>{});
   return last;
 }
 
-void ProcessGroupFP8::setTimeout(std::chrono::milliseconds timeout) {
+void ProcessGroupFp8::setTimeout(std::chrono::milliseconds timeout) {
   for (auto device : {c10::DeviceType::CPU, c10::DeviceType::CUDA}) {
     if (auto inner = transport(device)) inner->setTimeout(timeout);
   }
 }
 
-void ProcessGroupFP8::abort() {
+void ProcessGroupFp8::abort() {
   for (auto device : {c10::DeviceType::CPU, c10::DeviceType::CUDA}) {
     if (auto inner = transport(device)) inner->abort();
   }
 }
 
-void ProcessGroupFP8::shutdown() {
+void ProcessGroupFp8::shutdown() {
   for (auto device : {c10::DeviceType::CPU, c10::DeviceType::CUDA}) {
     if (auto inner = transport(device)) inner->shutdown();
   }
 }
 
-void ProcessGroupFP8::setGroupUid(const std::string& pg_uid) {
+void ProcessGroupFp8::setGroupUid(const std::string& pg_uid) {
   c10d::Backend::setGroupUid(pg_uid);
   for (auto device : {c10::DeviceType::CPU, c10::DeviceType::CUDA}) {
     if (auto inner = transport(device)) inner->setGroupUid(pg_uid);
   }
 }
 
-void ProcessGroupFP8::eagerConnectSingleDevice(at::Device device) {
+void ProcessGroupFp8::eagerConnectSingleDevice(at::Device device) {
   if (auto inner = transport(device.type())) {
     if (getBoundDeviceId()) inner->setBoundDeviceId(getBoundDeviceId());
     inner->eagerConnectSingleDevice(device);
   }
 }
 
-void ProcessGroupFP8::setSequenceNumberForGroup() {
+void ProcessGroupFp8::setSequenceNumberForGroup() {
   for (auto device : {c10::DeviceType::CPU, c10::DeviceType::CUDA}) {
     if (auto inner = transport(device)) inner->setSequenceNumberForGroup();
   }
 }
 
-uint64_t ProcessGroupFP8::getSequenceNumberForGroup() {
+uint64_t ProcessGroupFp8::getSequenceNumberForGroup() {
   return default_inner("get_sequence_number")->getSequenceNumberForGroup();
 }
 

@@ -1,5 +1,5 @@
 #pragma once
-// ProcessGroupFP8: a c10d::Backend that compresses float all-reduce,
+// ProcessGroupFp8: a c10d::Backend that compresses float all-reduce,
 // reduce-scatter and all-gather to FP8 blocks and forwards everything else,
 // untouched, to an inner transport backend — torch's ProcessGroupNCCL for CUDA
 // tensors ("fp8nccl"), ProcessGroupGloo for CPU tensors ("fp8gloo").
@@ -25,10 +25,10 @@
 
 namespace fp8comm {
 
-class ProcessGroupFP8 : public c10d::Backend {
+class ProcessGroupFp8 : public c10d::Backend {
  public:
   // `options`: resolved (Options::resolved).
-  ProcessGroupFP8(int rank, int size, c10::intrusive_ptr<fp8comm::Options> options);
+  ProcessGroupFp8(int rank, int size, c10::intrusive_ptr<fp8comm::Options> options);
 
   // Adds the transport for tensors of `device_type`; one per device type.
   void add_transport(c10::DeviceType device_type, c10::intrusive_ptr<c10d::Backend> inner);
@@ -138,6 +138,14 @@ class ProcessGroupFP8 : public c10d::Backend {
   template <typename Opts, typename Call>
   c10::intrusive_ptr<c10d::Work> all_reduce_exact(const Collective& c, std::vector<at::Tensor>& tensors,
                                                   const Opts& opts, bool emulate, Call&& call);
+
+  // A coalesced call as one collective per (output, input) pair, each
+  // pair(output, input, opts) issued in order on this call's stream with its
+  // Work kept, so that its errors are this call's.
+  template <typename Opts, typename Pair>
+  c10::intrusive_ptr<c10d::Work> run_pairs(const Collective& c, std::vector<at::Tensor>& outputs,
+                                           std::vector<at::Tensor>& inputs, const Opts& opts,
+                                           const std::vector<at::Tensor>& user_tensors, const char* phase, Pair&& pair);
 
   // The tensor forms, also run per pair by their coalesced forms (named `c`).
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor(const Collective& c, at::Tensor& output, at::Tensor& input,

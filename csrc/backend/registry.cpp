@@ -9,7 +9,7 @@ namespace fp8comm {
 namespace {
 
 struct Entry {
-  c10::weak_intrusive_ptr<ProcessGroupFP8> backend;
+  c10::weak_intrusive_ptr<ProcessGroupFp8> backend;
   c10::weak_intrusive_ptr<c10d::Store> group_store;
 };
 
@@ -28,7 +28,7 @@ c10::intrusive_ptr<c10d::Store> group_store_of(const c10::intrusive_ptr<c10d::St
 
 }  // namespace
 
-c10::intrusive_ptr<ProcessGroupFP8> attach_or_create(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+c10::intrusive_ptr<ProcessGroupFp8> attach_or_create(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                                      int size, const std::string& group_id,
                                                      c10::DeviceType device_type,
                                                      c10::intrusive_ptr<c10d::Backend> inner,
@@ -49,10 +49,10 @@ c10::intrusive_ptr<ProcessGroupFP8> attach_or_create(const c10::intrusive_ptr<c1
       return existing;
     }
   }
-  auto backend = c10::make_intrusive<ProcessGroupFP8>(rank, size, std::move(options));
+  auto backend = c10::make_intrusive<ProcessGroupFp8>(rank, size, std::move(options));
   backend->add_transport(device_type, std::move(inner));
   entries.erase(group_id);
-  entries.emplace(group_id, Entry{c10::weak_intrusive_ptr<ProcessGroupFP8>(backend),
+  entries.emplace(group_id, Entry{c10::weak_intrusive_ptr<ProcessGroupFp8>(backend),
                                   c10::weak_intrusive_ptr<c10d::Store>(group_store)});
   return backend;
 }

@@ -1,5 +1,5 @@
 #pragma once
-// ProcessGroupFP8::run, the stream and Work contract of a compressed call
+// ProcessGroupFp8::run, the stream and Work contract of a compressed call
 // (DESIGN.md, "Streams and Work"): on CUDA with async_op the side stream
 // first waits for the caller's stream, the algorithm runs there, and the
 // user's tensors are marked in use by it; without async_op it runs on the
@@ -18,7 +18,7 @@
 namespace fp8comm {
 
 template <typename Body>
-c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::run(const Collective& c, const at::Device& device, bool async_op,
+c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::run(const Collective& c, const at::Device& device, bool async_op,
                                                     std::chrono::milliseconds timeout,
                                                     const std::vector<at::Tensor>& user_tensors,
                                                     std::vector<at::Tensor> outputs, Body&& body) {
@@ -26,7 +26,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::run(const Collective& c, const a
   Transport transport(inner_for(device, c.name), traits_for(device.type()), rank_, size_, timeout, c.name);
   if (device.is_cpu()) {
     body(transport);  // every phase waited for on the host: any error has been raised
-    return c10::make_intrusive<FP8Work>(rank_, c.type, c.name, std::move(outputs));
+    return c10::make_intrusive<Fp8Work>(rank_, c.type, c.name, std::move(outputs));
   }
   c10::impl::VirtualGuardImpl impl(device.type());
   c10::DeviceGuard device_guard(device);
@@ -44,7 +44,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFP8::run(const Collective& c, const a
   body(transport);
   c10::Event end(device.type());
   end.record(stream);
-  return c10::make_intrusive<FP8Work>(rank_, c.type, c.name, std::move(outputs), transport.take_works(),
+  return c10::make_intrusive<Fp8Work>(rank_, c.type, c.name, std::move(outputs), transport.take_works(),
                                       std::move(end), stream, user_tensors);
 }
 

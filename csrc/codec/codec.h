@@ -29,7 +29,7 @@ struct BlockCodes {
   // uninitialized memory ever goes on the wire.
   int64_t scale_padding = 0;
   int block_size = 32;
-  Fp8Format format = Fp8Format::E4M3;
+  Fp8Dtype fp8_dtype = Fp8Dtype::E4M3;
 };
 
 // A rank's own contribution to a sum, never quantized (DESIGN.md,
@@ -58,7 +58,7 @@ inline int64_t segment_bytes(int64_t m, int64_t block) {
 
 // The layout of P wire segments of m elements each, back to back from `base`.
 inline BlockCodes wire_segments(uint8_t* base, int64_t num_segments, int64_t m, int block,
-                                Fp8Format format) {
+                                Fp8Dtype fp8_dtype) {
   BlockCodes c;
   c.scales = base;
   c.codes = base + segment_scale_bytes(m, block);
@@ -68,26 +68,8 @@ inline BlockCodes wire_segments(uint8_t* base, int64_t num_segments, int64_t m, 
   c.capacity = segment_code_bytes(m, block);
   c.scale_padding = segment_scale_bytes(m, block) - ceil_div(m, block);
   c.block_size = block;
-  c.format = format;
+  c.fp8_dtype = fp8_dtype;
   return c;
-}
-
-// Calls fn(e, f) with the element type and format as compile-time constants
-// (std::integral_constant); the CPU loops are instantiated through it.
-template <typename Fn>
-void with_codec_types(ElemType type, Fp8Format format, Fn&& fn) {
-  auto with_format = [&](auto e) {
-    if (format == Fp8Format::E4M3) {
-      fn(e, std::integral_constant<Fp8Format, Fp8Format::E4M3>{});
-    } else {
-      fn(e, std::integral_constant<Fp8Format, Fp8Format::E5M2>{});
-    }
-  };
-  switch (type) {
-    case ElemType::F32: with_format(std::integral_constant<ElemType, ElemType::F32>{}); break;
-    case ElemType::BF16: with_format(std::integral_constant<ElemType, ElemType::BF16>{}); break;
-    case ElemType::F16: with_format(std::integral_constant<ElemType, ElemType::F16>{}); break;
-  }
 }
 
 // ---------------------------------------------------------------- operations

@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "codec.h"
+#include "codec_tensor.h"
 #include "codec_cpu_avx2.h"
 #include "codec_cpu_avx512.h"
 
@@ -26,8 +27,6 @@
 
 namespace fp8comm {
 namespace {
-
-constexpr int kMaxBlock = kMaxCpuBlock;
 
 // FP8COMM_CPU_SIMD=0 keeps the scalar loops, =avx2 the AVX2 kernels without
 // the AVX-512 ones, =1 (or unset) every kernel the CPU runs (the tests
@@ -63,9 +62,6 @@ Simd simd_level() {
 // Enough blocks per task that a task moves ~64 KiB of input.
 int64_t grain_blocks(int block_size) { return std::max<int64_t>(1, 16384 / block_size); }
 
-template <ElemType E>
-using Storage = typename Elem<E>::storage;
-
 // The per-block element loops. `n` is either a compile-time 32 (a full block
 // of the default size: the loops unroll into a few AVX2 registers with no
 // remainder handling) or a run-time count.
@@ -73,7 +69,7 @@ using Full32 = std::integral_constant<int64_t, 32>;
 
 // Two passes over the (cache-hot) block: a pure max-reduction, then the
 // encode; gcc vectorizes each, but not a reduction fused with stores.
-template <ElemType E, Fp8Format F, typename Count>
+template <ElemType E, Fp8Dtype F, typename Count>
 FP8C_HD uint8_t quantize_run(const Storage<E>* s, Count n, float premul, uint8_t* codes) {
   uint32_t amax = 0;
   for (int64_t i = 0; i < n; ++i) amax = std::max(amax, finite_abs_bits(Elem<E>::load(s[i]) * premul));
@@ -86,7 +82,7 @@ FP8C_HD uint8_t quantize_run(const Storage<E>* s, Count n, float premul, uint8_t
 
 // decode_fp8 of every byte: on the CPU a table lookup (an AVX2 gather) is
 // cheaper than the branch-free bit math, and gives the same floats.
-template <Fp8Format F>
+template <Fp8Dtype F>
 struct DecodeTable {
   float value[256];
   DecodeTable() {
@@ -94,19 +90,19 @@ struct DecodeTable {
   }
 };
 
-template <Fp8Format F>
+template <Fp8Dtype F>
 const float* decode_table() {
   static const DecodeTable<F> table;
   return table.value;
 }
 
-template <ElemType E, Fp8Format F, typename Count>
+template <ElemType E, Fp8Dtype F, typename Count>
 FP8C_HD void dequantize_run(const uint8_t* codes, float scale, Count n, Storage<E>* d) {
   const float* lut = decode_table<F>();
   for (int64_t i = 0; i < n; ++i) d[i] = Elem<E>::store(lut[codes[i]] * scale);
 }
 
-template <Fp8Format F, typename Count>
+template <Fp8Dtype F, typename Count>
 FP8C_HD uint8_t requantize_run(const float* acc, Count n, uint8_t* codes) {
   uint32_t amax = 0;
   for (int64_t i = 0; i < n; ++i) amax = std::max(amax, finite_abs_bits(acc[i]));
@@ -119,7 +115,7 @@ FP8C_HD uint8_t requantize_run(const float* acc, Count n, uint8_t* codes) {
 
 // Blocks [begin, end) of all segments, numbered segment-major; with `simd`,
 // each run of whole blocks goes to a SIMD kernel in one call.
-template <ElemType E, Fp8Format F>
+template <ElemType E, Fp8Dtype F>
 FP8C_VECTOR_CLONES void quantize_blocks(const Storage<E>* src, int64_t numel, float premul,
                                         const BlockCodes dst, int64_t begin, int64_t end, Simd simd) {
   const int64_t B = dst.block_size;
@@ -154,7 +150,7 @@ FP8C_VECTOR_CLONES void quantize_blocks(const Storage<E>* src, int64_t numel, fl
   }
 }
 
-template <ElemType E, Fp8Format F>
+template <ElemType E, Fp8Dtype F>
 FP8C_VECTOR_CLONES void dequantize_blocks(const BlockCodes src, Storage<E>* dst, int64_t numel,
                                           int64_t begin, int64_t end, bool simd, int64_t output_bytes) {
   const int64_t B = src.block_size;
@@ -185,7 +181,7 @@ FP8C_VECTOR_CLONES void dequantize_blocks(const BlockCodes src, Storage<E>* dst,
 
 // acc[0, width) <- (own + the pieces' block j, added in order) / post_div. E is
 // the own addend's element type (unused without one).
-template <ElemType E, Fp8Format F, typename Count>
+template <ElemType E, Fp8Dtype F, typename Count>
 FP8C_HD void sum_run(const BlockCodes& pieces, const OwnAddend& own, int post_div, int64_t j, Count width,
                      float* acc) {
   const int64_t B = pieces.block_size;
@@ -216,7 +212,7 @@ FP8C_HD void sum_run(const BlockCodes& pieces, const OwnAddend& own, int post_di
   }
 }
 
-template <ElemType E, Fp8Format F>
+template <ElemType E, Fp8Dtype F>
 FP8C_HD void sum_block(const BlockCodes& pieces, const OwnAddend& own, int post_div, int64_t j, int64_t width,
                        float* acc) {
   if (width == 32) {
@@ -235,11 +231,11 @@ int64_t whole_blocks_from(int64_t j, int64_t B, int64_t numel, const OwnAddend& 
 }
 
 // E is the output's element type and the own addend's.
-template <ElemType E, Fp8Format F>
+template <ElemType E, Fp8Dtype F>
 FP8C_VECTOR_CLONES void dequant_sum_blocks(const BlockCodes pieces, const OwnAddend own, int post_div,
                                            Storage<E>* dst, int64_t numel, int64_t begin, int64_t end, bool simd) {
   const int64_t B = pieces.block_size;
-  float acc[kMaxBlock];
+  float acc[kMaxBlockSize];
   for (int64_t j = begin; j < end; ++j) {
     const int64_t width = std::min(B, numel - j * B);
     const int64_t whole = simd ? std::min(end - j, whole_blocks_from(j, B, numel, own)) : 0;
@@ -256,7 +252,7 @@ FP8C_VECTOR_CLONES void dequant_sum_blocks(const BlockCodes pieces, const OwnAdd
 
 // The output capacity is whole blocks, so every block here is a full one; E
 // is the own addend's element type.
-template <ElemType E, Fp8Format F>
+template <ElemType E, Fp8Dtype F>
 FP8C_VECTOR_CLONES void dequant_sum_requantize_blocks(const BlockCodes pieces, const OwnAddend own, int post_div,
                                                       const BlockCodes out, int64_t begin, int64_t end,
                                                       Simd simd) {
@@ -274,7 +270,7 @@ FP8C_VECTOR_CLONES void dequant_sum_requantize_blocks(const BlockCodes pieces, c
     }
     j += std::max<int64_t>(0, whole);
   }
-  float acc[kMaxBlock];
+  float acc[kMaxBlockSize];
   for (; j < end; ++j) {
     const int64_t width = std::min(B, out.capacity - j * B);
     sum_block<E, F>(pieces, own, post_div, j, width, acc);
@@ -286,9 +282,17 @@ FP8C_VECTOR_CLONES void dequant_sum_requantize_blocks(const BlockCodes pieces, c
   }
 }
 
-void check_block(int block_size) {
-  TORCH_CHECK(block_size >= 16 && block_size <= kMaxBlock && block_size % 16 == 0,
-              "fp8comm codec: block_size must be a multiple of 16 in [16, 4096], got ", block_size);
+}  // namespace
+
+namespace {
+
+// Switches one kernel level; returns the old setting.
+bool switch_kernels(std::atomic<bool>& flag, bool enabled, bool supported, const char* what, const char* needs,
+                    const char* fallback) {
+  TORCH_CHECK(!enabled || supported, "fp8comm codec: ", what, "(True) needs a CPU with ", needs,
+              ", and this one lacks them; ", fallback, " stay in use (same bytes). Switch it on only where the CPU "
+              "has them (catch this error to find out).");
+  return flag.exchange(enabled);
 }
 
 }  // namespace
@@ -296,29 +300,22 @@ void check_block(int block_size) {
 bool cpu_simd_enabled() { return simd_flag().load(std::memory_order_relaxed); }
 
 bool set_cpu_simd(bool enabled) {
-  TORCH_CHECK(!enabled || avx2::supported(),
-              "fp8comm codec: set_cpu_simd(True) needs a CPU with AVX2 and F16C, and this one lacks them; the scalar "
-              "loops stay in use (same bytes). Switch it on only where the CPU has them (catch this error to "
-              "find out).");
-  return simd_flag().exchange(enabled);
+  return switch_kernels(simd_flag(), enabled, avx2::supported(), "set_cpu_simd", "AVX2 and F16C", "the scalar loops");
 }
 
 bool cpu_avx512_enabled() { return avx512_flag().load(std::memory_order_relaxed); }
 
 bool set_cpu_avx512(bool enabled) {
-  TORCH_CHECK(!enabled || avx512::supported(),
-              "fp8comm codec: set_cpu_avx512(True) needs a CPU with AVX-512 F and BW (and AVX2, F16C), and this one "
-              "lacks them; the AVX2 kernels stay in use (same bytes). Switch it on only where the CPU has them "
-              "(catch this error to find out).");
-  return avx512_flag().exchange(enabled);
+  return switch_kernels(avx512_flag(), enabled, avx512::supported(), "set_cpu_avx512",
+                        "AVX-512 F and BW (and AVX2, F16C)", "the AVX2 kernels");
 }
 
 void quantize_cpu(const void* src, ElemType type, int64_t numel, float premul, const BlockCodes& dst) {
-  check_block(dst.block_size);
+  check_block_size(dst.block_size, "fp8comm codec");
   const int64_t total = dst.num_segments * ceil_div(dst.capacity, dst.block_size);
-  with_codec_types(type, dst.format, [&](auto e, auto f) {
+  with_codec_types(type, dst.fp8_dtype, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
-    constexpr Fp8Format F = decltype(f)::value;
+    constexpr Fp8Dtype F = decltype(f)::value;
     auto* s = static_cast<const Storage<E>*>(src);
     const Simd simd = simd_level();
     at::parallel_for(0, total, grain_blocks(dst.block_size), [&](int64_t b, int64_t end) {
@@ -328,11 +325,11 @@ void quantize_cpu(const void* src, ElemType type, int64_t numel, float premul, c
 }
 
 void dequantize_cpu(const BlockCodes& src, void* dst, ElemType type, int64_t numel) {
-  check_block(src.block_size);
+  check_block_size(src.block_size, "fp8comm codec");
   const int64_t total = src.num_segments * ceil_div(src.segment_numel, src.block_size);
-  with_codec_types(type, src.format, [&](auto e, auto f) {
+  with_codec_types(type, src.fp8_dtype, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
-    constexpr Fp8Format F = decltype(f)::value;
+    constexpr Fp8Dtype F = decltype(f)::value;
     auto* d = static_cast<Storage<E>*>(dst);
     const bool simd = cpu_simd_enabled();
     const int64_t output_bytes = numel * static_cast<int64_t>(sizeof(Storage<E>));
@@ -344,14 +341,14 @@ void dequantize_cpu(const BlockCodes& src, void* dst, ElemType type, int64_t num
 
 void dequant_sum_cpu(const BlockCodes& pieces, const OwnAddend& own, int post_div, void* dst, ElemType type,
                      int64_t numel) {
-  check_block(pieces.block_size);
+  check_block_size(pieces.block_size, "fp8comm codec");
   TORCH_CHECK(numel <= pieces.segment_numel, "fp8comm codec: dequant_sum output larger than a piece");
   TORCH_CHECK(!own.present || own.type == type, "fp8comm codec: dequant_sum's own addend must have the output's dtype");
   TORCH_CHECK(own.present || pieces.num_segments >= 1, "fp8comm codec: dequant_sum of no pieces and no own addend");
   const int64_t total = ceil_div(numel, pieces.block_size);
-  with_codec_types(type, pieces.format, [&](auto e, auto f) {
+  with_codec_types(type, pieces.fp8_dtype, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
-    constexpr Fp8Format F = decltype(f)::value;
+    constexpr Fp8Dtype F = decltype(f)::value;
     auto* d = static_cast<Storage<E>*>(dst);
     const int64_t addends = pieces.num_segments + (own.present ? 1 : 0);
     const int64_t grain = std::max<int64_t>(1, grain_blocks(pieces.block_size) / addends);
@@ -363,8 +360,8 @@ void dequant_sum_cpu(const BlockCodes& pieces, const OwnAddend& own, int post_di
 }
 
 void dequant_sum_requantize_cpu(const BlockCodes& pieces, const OwnAddend& own, int post_div, const BlockCodes& out) {
-  check_block(pieces.block_size);
-  TORCH_CHECK(out.block_size == pieces.block_size && out.format == pieces.format &&
+  check_block_size(pieces.block_size, "fp8comm codec");
+  TORCH_CHECK(out.block_size == pieces.block_size && out.fp8_dtype == pieces.fp8_dtype &&
                   out.capacity <= pieces.capacity,
               "fp8comm codec: dequant_sum_requantize output layout does not match its pieces");
   TORCH_CHECK(own.present || pieces.num_segments >= 1,
@@ -373,9 +370,9 @@ void dequant_sum_requantize_cpu(const BlockCodes& pieces, const OwnAddend& own, 
   const int64_t addends = pieces.num_segments + (own.present ? 1 : 0);
   const int64_t grain = std::max<int64_t>(1, grain_blocks(pieces.block_size) / addends);
   const Simd simd = simd_level();
-  with_codec_types(own.type, pieces.format, [&](auto e, auto f) {
+  with_codec_types(own.type, pieces.fp8_dtype, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
-    constexpr Fp8Format F = decltype(f)::value;
+    constexpr Fp8Dtype F = decltype(f)::value;
     at::parallel_for(0, total, grain, [&](int64_t b, int64_t end) {
       dequant_sum_requantize_blocks<E, F>(pieces, own, post_div, out, b, end, simd);
     });

@@ -23,9 +23,6 @@ namespace {
 #define FP8C_AVX2 __attribute__((target("avx2,f16c")))
 #define FP8C_AVX2_INLINE inline __attribute__((target("avx2,f16c"), always_inline))
 
-template <ElemType E>
-using Storage = typename Elem<E>::storage;
-
 // The block size: the default 32 as a compile-time constant (loops unroll,
 // constants stay in registers), any other multiple of 16 at run time.
 using Block32 = std::integral_constant<int64_t, 32>;
@@ -111,7 +108,7 @@ FP8C_AVX2_INLINE uint32_t min_lane(__m256i v) {
 enum class Lanes { kNormal, kFinite, kAny };
 
 // encode_fp8 of eight lanes, as uint32 codes; the cases `L` excludes skipped.
-template <Fp8Format F, Lanes L>
+template <Fp8Dtype F, Lanes L>
 FP8C_AVX2_INLINE __m256i encode8(__m256 v, __m256i limit) {
   using T = Fp8Traits<F>;
   constexpr int kDrop = 23 - T::kMantBits;
@@ -129,11 +126,9 @@ FP8C_AVX2_INLINE __m256i encode8(__m256 v, __m256i limit) {
   __m256i code = _mm256_blendv_epi8(normal, sub, _mm256_cmpgt_epi32(splat(T::kMinNormalBits), a));
   if constexpr (L == Lanes::kFinite) return _mm256_or_si256(code, sign);
   code = _mm256_or_si256(_mm256_min_epu32(code, limit), sign);
-  __m256i special;
-  if constexpr (F == Fp8Format::E4M3) {
-    special = splat(0x7F);
-  } else {
-    special = _mm256_blendv_epi8(splat(0x7E), _mm256_or_si256(splat(0x7C), sign),
+  __m256i special = splat(T::kNanCode);
+  if constexpr (T::kHasInf) {
+    special = _mm256_blendv_epi8(special, _mm256_or_si256(splat(T::kInfCode), sign),
                                  _mm256_cmpeq_epi32(a, splat(0x7F800000)));
   }
   return _mm256_blendv_epi8(code, special, _mm256_cmpgt_epi32(a, splat(0x7F7FFFFF)));
@@ -148,7 +143,7 @@ FP8C_AVX2_INLINE void store_codes16(uint8_t* p, __m256i lo, __m256i hi) {
 }
 
 // decode_fp8 of eight codes, any codes.
-template <Fp8Format F>
+template <Fp8Dtype F>
 FP8C_AVX2_INLINE __m256 decode8(const uint8_t* p) {
   using T = Fp8Traits<F>;
   const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
@@ -158,11 +153,9 @@ FP8C_AVX2_INLINE __m256 decode8(const uint8_t* p) {
   const __m256i sub =
       _mm256_castps_si256(_mm256_mul_ps(_mm256_cvtepi32_ps(mant), _mm256_set1_ps(1.0f / T::kSubnormalInv)));
   __m256i bits = _mm256_blendv_epi8(normal, sub, _mm256_cmpgt_epi32(splat(1u << T::kMantBits), em));
-  if constexpr (F == Fp8Format::E4M3) {
-    bits = _mm256_blendv_epi8(bits, splat(0x7FC00000u), _mm256_cmpeq_epi32(em, splat(0x7F)));
-  } else {
-    bits = _mm256_blendv_epi8(bits, splat(0x7F800000u), _mm256_cmpeq_epi32(em, splat(0x7C)));
-    bits = _mm256_blendv_epi8(bits, splat(0x7FC00000u), _mm256_cmpgt_epi32(em, splat(0x7C)));
+  bits = _mm256_blendv_epi8(bits, splat(0x7FC00000u), _mm256_cmpgt_epi32(em, splat(T::kFirstNonFinite - 1)));
+  if constexpr (T::kHasInf) {
+    bits = _mm256_blendv_epi8(bits, splat(0x7F800000u), _mm256_cmpeq_epi32(em, splat(T::kInfCode)));
   }
   return _mm256_castsi256_ps(_mm256_or_si256(bits, _mm256_slli_epi32(_mm256_and_si256(c, splat(0x80)), 24)));
 }
@@ -172,7 +165,7 @@ FP8C_AVX2_INLINE __m256 decode8(const uint8_t* p) {
 // subnormals). One multiply by 2^(kRebias + e) then gives decode * 2^e with
 // the same single rounding as the scalar `decode * scale`. Valid when no code
 // is Inf/NaN, 2^(kRebias + e) is a float, and denormals are not treated as zero.
-template <Fp8Format F>
+template <Fp8Dtype F>
 FP8C_AVX2_INLINE __m256 decode8_raw(const uint8_t* p) {
   using T = Fp8Traits<F>;
   int64_t eight;
@@ -182,13 +175,13 @@ FP8C_AVX2_INLINE __m256 decode8_raw(const uint8_t* p) {
       _mm256_set1_epi64x(eight), _mm256_setr_epi8(-1, -1, -1, 0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3,  //
                                                   -1, -1, -1, 4, -1, -1, -1, 5, -1, -1, -1, 6, -1, -1, -1, 7));
   // sign stays at bit 31; exponent and mantissa move down to fp32's top exponent/mantissa bits
-  constexpr int kShift = T::kMantBits + 1;  // E4M3: bits 30..24 -> 26..20; E5M2: 30..24 -> 27..21
+  constexpr int kShift = T::kMantBits + 1;  // bits 30..24 -> 30-kShift..24-kShift
   const uint32_t keep = 0x80000000u | (0x7Fu << (23 - T::kMantBits));
   return _mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(top, kShift), splat(keep)));
 }
 
 // decode8_raw of sixteen codes, as two vectors: one 16-byte load, two shuffles.
-template <Fp8Format F>
+template <Fp8Dtype F>
 FP8C_AVX2_INLINE void decode16_raw(const uint8_t* p, __m256& lo, __m256& hi) {
   using T = Fp8Traits<F>;
   const __m256i c = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -226,7 +219,7 @@ struct Accumulated {
 
 // One block of B (a multiple of 16) float lanes `x(i)` (i counts vectors of
 // eight) quantized into codes; returns the scale byte.
-template <Fp8Format F, Lanes L, typename Source>
+template <Fp8Dtype F, Lanes L, typename Source>
 FP8C_AVX2_INLINE void encode_scaled(Source x, int64_t vectors, __m256 inv, __m256i limit, uint8_t* codes) {
   for (int64_t i = 0; i < vectors; i += 2) {
     store_codes16(codes + 8 * i, encode8<F, L>(_mm256_mul_ps(x(i), inv), limit),
@@ -234,12 +227,12 @@ FP8C_AVX2_INLINE void encode_scaled(Source x, int64_t vectors, __m256 inv, __m25
   }
 }
 
-template <Fp8Format F, Lanes L, typename Source>
+template <Fp8Dtype F, Lanes L, typename Source>
 FP8C_AVX2_INLINE void encode_block(Source x, int64_t vectors, uint8_t sb, uint8_t* codes) {
   encode_scaled<F, L>(x, vectors, _mm256_set1_ps(inv_scale_from_byte(sb)), splat(code_limit<F>(sb)), codes);
 }
 
-template <Fp8Format F, typename Source>
+template <Fp8Dtype F, typename Source>
 FP8C_AVX2_INLINE uint8_t quantize_block(Source x, int64_t vectors, uint8_t* codes) {
   // First the max of |x| over all lanes, non-finite ones included (when it is
   // finite it is the block amax), and the smallest non-zero |x| (a - 1 wraps
@@ -290,7 +283,7 @@ struct Shifted {
 
 // Eight blocks of 32 lanes x(0..31) (block b: x(4b..4b+3)) into codes and
 // scales; false (nothing written) when a block needs quantize_block.
-template <Fp8Format F, typename Source>
+template <Fp8Dtype F, typename Source>
 FP8C_AVX2_INLINE bool quantize_group_normal(Source x, uint8_t* codes, uint8_t* scales) {
   using T = Fp8Traits<F>;
   __m256i raw[kGroup], low[kGroup];
@@ -334,7 +327,7 @@ FP8C_AVX2_INLINE void store_f32(float* p, __m256 v, bool stream) {
 // acc[0, B) <- (own + the pieces' block j, added in rank order) / post_div;
 // `own` (element type E) is null or holds the whole block. kOutput: acc is a
 // float32 output, so its NaNs are written as Elem<F32>::store writes them.
-template <ElemType E, Fp8Format F, bool kOutput, typename Count>
+template <ElemType E, Fp8Dtype F, bool kOutput, typename Count>
 FP8C_AVX2_INLINE void sum_block(const BlockCodes& pieces, const Storage<E>* own, float own_premul, Count B,
                                 int post_div, int64_t j, bool daz, float* acc) {
   const __m256 div = _mm256_set1_ps(static_cast<float>(post_div));
@@ -403,7 +396,7 @@ FP8C_AVX2_INLINE void sum_block(const BlockCodes& pieces, const Storage<E>* own,
   }
 }
 
-template <ElemType E, Fp8Format F, bool kPremul, typename Count>
+template <ElemType E, Fp8Dtype F, bool kPremul, typename Count>
 FP8C_AVX2 void quantize_run(const Storage<E>* src, int64_t blocks, Count B, float premul, uint8_t* codes,
                             uint8_t* scales) {
   const __m256 pm = _mm256_set1_ps(premul);
@@ -421,7 +414,7 @@ FP8C_AVX2 void quantize_run(const Storage<E>* src, int64_t blocks, Count B, floa
   }
 }
 
-template <ElemType E, Fp8Format F, typename Count>
+template <ElemType E, Fp8Dtype F, typename Count>
 FP8C_AVX2 void dequantize_run(const uint8_t* codes, const uint8_t* scales, int64_t blocks, Count B, Storage<E>* dst,
                               int64_t output_bytes) {
   const bool daz = denormals_are_zero();
@@ -445,12 +438,12 @@ FP8C_AVX2 void dequantize_run(const uint8_t* codes, const uint8_t* scales, int64
   if (stream) _mm_sfence();
 }
 
-template <ElemType E, Fp8Format F, typename Count>
+template <ElemType E, Fp8Dtype F, typename Count>
 FP8C_AVX2 void dequant_sum_run(const BlockCodes& pieces, const Storage<E>* own, float own_premul, Count B,
                                int post_div, int64_t j0, int64_t blocks, Storage<E>* dst) {
-  alignas(32) float acc[kMaxCpuBlock];
+  alignas(32) float acc[kMaxBlockSize];
   const bool daz = denormals_are_zero();
-  if constexpr (E == ElemType::F32) {  // the sum is the output: no staging (streaming stores measured slower)
+  if constexpr (E == ElemType::F32) {  // the sum is the output: no staging; plain stores (docs/performance.md)
     for (int64_t j = j0; j < j0 + blocks; ++j) {
       sum_block<E, F, true>(pieces, own, own_premul, B, post_div, j, daz, dst + (j - j0) * B);
     }
@@ -462,10 +455,10 @@ FP8C_AVX2 void dequant_sum_run(const BlockCodes& pieces, const Storage<E>* own, 
   }
 }
 
-template <ElemType E, Fp8Format F, typename Count>
+template <ElemType E, Fp8Dtype F, typename Count>
 FP8C_AVX2 void dequant_sum_requantize_run(const BlockCodes& pieces, const Storage<E>* own, float own_premul, Count B,
                                           int post_div, int64_t j0, int64_t blocks, uint8_t* codes, uint8_t* scales) {
-  alignas(32) float acc[kMaxCpuBlock];
+  alignas(32) float acc[kMaxBlockSize];
   const bool daz = denormals_are_zero();
   int64_t j = j0;
   if constexpr (std::is_same_v<Count, Block32>) {  // eight blocks summed, then quantized as a group
@@ -492,11 +485,11 @@ bool supported() {
   return ok;
 }
 
-void quantize_full_blocks(const void* src, ElemType type, Fp8Format format, int64_t blocks, int block_size,
+void quantize_full_blocks(const void* src, ElemType type, Fp8Dtype fp8_dtype, int64_t blocks, int block_size,
                           float premul, uint8_t* codes, uint8_t* scales) {
-  with_codec_types(type, format, [&](auto e, auto f) {
+  with_codec_types(type, fp8_dtype, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
-    constexpr Fp8Format F = decltype(f)::value;
+    constexpr Fp8Dtype F = decltype(f)::value;
     auto* s = static_cast<const Storage<E>*>(src);
     with_block(block_size, [&](auto B) {
       if (premul == 1.0f) {
@@ -508,9 +501,9 @@ void quantize_full_blocks(const void* src, ElemType type, Fp8Format format, int6
   });
 }
 
-void dequantize_full_blocks(const uint8_t* codes, const uint8_t* scales, Fp8Format format, int64_t blocks,
+void dequantize_full_blocks(const uint8_t* codes, const uint8_t* scales, Fp8Dtype fp8_dtype, int64_t blocks,
                             int block_size, void* dst, ElemType type, int64_t output_bytes) {
-  with_codec_types(type, format, [&](auto e, auto f) {
+  with_codec_types(type, fp8_dtype, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
     with_block(block_size, [&](auto B) {
       dequantize_run<E, decltype(f)::value>(codes, scales, blocks, B, static_cast<Storage<E>*>(dst), output_bytes);
@@ -520,7 +513,7 @@ void dequantize_full_blocks(const uint8_t* codes, const uint8_t* scales, Fp8Form
 
 void dequant_sum_full_blocks(const BlockCodes& pieces, const OwnAddend& own, int post_div, int64_t first_block,
                              int64_t blocks, void* dst, ElemType type) {
-  with_codec_types(type, pieces.format, [&](auto e, auto f) {
+  with_codec_types(type, pieces.fp8_dtype, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
     const auto* o = own.present ? static_cast<const Storage<E>*>(own.src) : nullptr;
     with_block(pieces.block_size, [&](auto B) {
@@ -532,7 +525,7 @@ void dequant_sum_full_blocks(const BlockCodes& pieces, const OwnAddend& own, int
 
 void dequant_sum_requantize_full_blocks(const BlockCodes& pieces, const OwnAddend& own, int post_div,
                                         int64_t first_block, int64_t blocks, uint8_t* codes, uint8_t* scales) {
-  with_codec_types(own.type, pieces.format, [&](auto e, auto f) {
+  with_codec_types(own.type, pieces.fp8_dtype, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
     const auto* o = own.present ? static_cast<const Storage<E>*>(own.src) : nullptr;
     with_block(pieces.block_size, [&](auto B) {

@@ -20,8 +20,6 @@
 
 namespace fp8comm {
 
-constexpr int kMaxCpuBlock = 4096;
-
 namespace avx2 {
 
 #if FP8C_HAVE_AVX2_KERNELS
@@ -30,10 +28,10 @@ bool supported();
 
 // `blocks` whole blocks of `block_size` (a multiple of 16) elements: codes and
 // scales of block j at codes + j * block_size and scales[j].
-void quantize_full_blocks(const void* src, ElemType type, Fp8Format format, int64_t blocks, int block_size,
+void quantize_full_blocks(const void* src, ElemType type, Fp8Dtype fp8_dtype, int64_t blocks, int block_size,
                           float premul, uint8_t* codes, uint8_t* scales);
 // output_bytes: the size of the call's whole output (streaming stores are chosen by it).
-void dequantize_full_blocks(const uint8_t* codes, const uint8_t* scales, Fp8Format format, int64_t blocks,
+void dequantize_full_blocks(const uint8_t* codes, const uint8_t* scales, Fp8Dtype fp8_dtype, int64_t blocks,
                             int block_size, void* dst, ElemType type, int64_t output_bytes);
 // Blocks [first_block, first_block + blocks) of the pieces, summed as
 // dequant_sum_cpu sums them; dst / codes / scales point at the first one's
@@ -49,10 +47,10 @@ void dequant_sum_requantize_full_blocks(const BlockCodes& pieces, const OwnAdden
 // unwritten).
 inline bool supported() { return false; }
 [[noreturn]] inline void unreachable() { std::abort(); }
-inline void quantize_full_blocks(const void*, ElemType, Fp8Format, int64_t, int, float, uint8_t*, uint8_t*) {
+inline void quantize_full_blocks(const void*, ElemType, Fp8Dtype, int64_t, int, float, uint8_t*, uint8_t*) {
   unreachable();
 }
-inline void dequantize_full_blocks(const uint8_t*, const uint8_t*, Fp8Format, int64_t, int, void*, ElemType, int64_t) {
+inline void dequantize_full_blocks(const uint8_t*, const uint8_t*, Fp8Dtype, int64_t, int, void*, ElemType, int64_t) {
   unreachable();
 }
 inline void dequant_sum_full_blocks(const BlockCodes&, const OwnAddend&, int, int64_t, int64_t, void*, ElemType) {

@@ -20,9 +20,6 @@ namespace {
 #define FP8C_AVX512 __attribute__((target("avx512f,avx512bw,avx2,f16c")))
 #define FP8C_AVX512_INLINE inline __attribute__((target("avx512f,avx512bw,avx2,f16c"), always_inline))
 
-template <ElemType E>
-using Storage = typename Elem<E>::storage;
-
 constexpr int64_t kBlock = 32;
 constexpr int64_t kGroup = x86::kGroupBlocks;  // blocks per group
 constexpr int64_t kVectors = 2 * kGroup;       // vectors of sixteen per group
@@ -55,7 +52,7 @@ FP8C_AVX512_INLINE void block_extremes(__m512 v0, __m512 v1, __m256i& raw, __m25
 // encode_fp8 of sixteen scaled lanes that are finite and each zero or an FP8
 // normal (the AVX2 kernels' Lanes::kNormal case): round to nearest even by
 // integer arithmetic on the bits, sign to bit 7, one byte per lane.
-template <Fp8Format F>
+template <Fp8Dtype F>
 FP8C_AVX512_INLINE __m128i encode16(__m512 v) {
   using T = Fp8Traits<F>;
   constexpr int kDrop = 23 - T::kMantBits;
@@ -71,7 +68,7 @@ FP8C_AVX512_INLINE __m128i encode16(__m512 v) {
 
 // The group's sixteen vectors (block b: v[2b], v[2b + 1]) into codes and
 // scales; false (nothing written) unless every block takes the plain encode.
-template <Fp8Format F>
+template <Fp8Dtype F>
 FP8C_AVX512_INLINE bool quantize_group(const __m512* v, uint8_t* codes, uint8_t* scales) {
   __m256i raw[kGroup], low[kGroup];
   for (int64_t b = 0; b < kGroup; ++b) block_extremes(v[2 * b], v[2 * b + 1], raw[b], low[b]);
@@ -86,7 +83,7 @@ FP8C_AVX512_INLINE bool quantize_group(const __m512* v, uint8_t* codes, uint8_t*
   return true;
 }
 
-template <ElemType E, Fp8Format F, bool kPremul>
+template <ElemType E, Fp8Dtype F, bool kPremul>
 FP8C_AVX512 void quantize_run(const Storage<E>* src, int64_t blocks, float premul, uint8_t* codes, uint8_t* scales) {
   const __m512 pm = _mm512_set1_ps(premul);
   int64_t j = 0;
@@ -108,7 +105,7 @@ FP8C_AVX512 void quantize_run(const Storage<E>* src, int64_t blocks, float premu
 // The fast decode of sixteen codes (the AVX2 kernels' decode16_raw): code i
 // placed as the top bits of an fp32 lane, so lane = decode_fp8(code) *
 // 2^-kRebias exactly.
-template <Fp8Format F>
+template <Fp8Dtype F>
 FP8C_AVX512_INLINE __m512 decode16_raw(const uint8_t* p) {
   using T = Fp8Traits<F>;
   constexpr int kShift = T::kMantBits + 1;
@@ -121,7 +118,7 @@ FP8C_AVX512_INLINE __m512 decode16_raw(const uint8_t* p) {
 // (the own addend times its factor, or else piece 0; then the other pieces in
 // rank order; then the division), into v; false when a piece's block needs
 // the exact decode (then the AVX2 kernels take the group).
-template <ElemType E, Fp8Format F>
+template <ElemType E, Fp8Dtype F>
 FP8C_AVX512_INLINE bool sum_group(const BlockCodes& pieces, const Storage<E>* own, float own_premul, int post_div,
                                   int64_t j, bool daz, __m512* v) {
   constexpr int64_t kMaxFastPieces = 64;  // as the AVX2 kernels
@@ -166,7 +163,7 @@ FP8C_AVX512_INLINE bool sum_group(const BlockCodes& pieces, const Storage<E>* ow
   return true;
 }
 
-template <ElemType E, Fp8Format F>
+template <ElemType E, Fp8Dtype F>
 FP8C_AVX512 void sum_requantize_run(const BlockCodes& pieces, const OwnAddend& addend, int post_div, int64_t j0,
                                     int64_t blocks, uint8_t* codes, uint8_t* scales) {
   const auto* own = addend.present ? static_cast<const Storage<E>*>(addend.src) : nullptr;
@@ -193,11 +190,11 @@ bool supported() {
   return ok;
 }
 
-void quantize_blocks32(const void* src, ElemType type, Fp8Format format, int64_t blocks, float premul,
+void quantize_blocks32(const void* src, ElemType type, Fp8Dtype fp8_dtype, int64_t blocks, float premul,
                        uint8_t* codes, uint8_t* scales) {
-  with_codec_types(type, format, [&](auto e, auto f) {
+  with_codec_types(type, fp8_dtype, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
-    constexpr Fp8Format F = decltype(f)::value;
+    constexpr Fp8Dtype F = decltype(f)::value;
     auto* s = static_cast<const Storage<E>*>(src);
     if (premul == 1.0f) {
       quantize_run<E, F, false>(s, blocks, premul, codes, scales);
@@ -209,7 +206,7 @@ void quantize_blocks32(const void* src, ElemType type, Fp8Format format, int64_t
 
 void dequant_sum_requantize_blocks32(const BlockCodes& pieces, const OwnAddend& own, int post_div,
                                      int64_t first_block, int64_t blocks, uint8_t* codes, uint8_t* scales) {
-  with_codec_types(own.type, pieces.format, [&](auto e, auto f) {
+  with_codec_types(own.type, pieces.fp8_dtype, [&](auto e, auto f) {
     sum_requantize_run<decltype(e)::value, decltype(f)::value>(pieces, own, post_div, first_block, blocks, codes,
                                                                scales);
   });

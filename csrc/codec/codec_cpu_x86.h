@@ -37,7 +37,7 @@ FP8C_GROUP_INLINE __m256i reduce_8x8(const __m256i* v) {
 }
 
 // The largest scale exponent whose code_limit is the format's largest code.
-template <Fp8Format F>
+template <Fp8Dtype F>
 constexpr int largest_unlimited_exp() {
   using T = Fp8Traits<F>;
   int e = 127;
@@ -54,7 +54,7 @@ constexpr int largest_unlimited_exp() {
 // block takes the plain encode: finite, no code limit, and its smallest
 // non-zero |x| (if any) an FP8 normal after scaling. Otherwise false, and
 // nothing written.
-template <Fp8Format F>
+template <Fp8Dtype F>
 FP8C_GROUP_INLINE bool plain_scales(const __m256i* raw, const __m256i* low, uint8_t* scales, float* inv) {
   using T = Fp8Traits<F>;
   const __m256i amax = reduce_8x8<true>(raw);
@@ -87,23 +87,21 @@ FP8C_GROUP_INLINE bool plain_scales(const __m256i* raw, const __m256i* low, uint
 // lanes, so lane = decode_fp8(code) * 2^-kRebias) for a block scale byte, or 0
 // when the block must take the exact decode (scale too large, or DAZ set in
 // this thread).
-template <Fp8Format F>
+template <Fp8Dtype F>
 FP8C_GROUP_INLINE float raw_decode_factor(uint8_t scale_byte, bool daz) {
   const int exp = static_cast<int>(Fp8Traits<F>::kRebias) + static_cast<int>(scale_byte) - kScaleBias;
   return daz || exp > 127 ? 0.0f : pow2f(exp);
 }
 
 // Whether a block's codes hold no Inf/NaN code (so the fast decode applies).
-template <Fp8Format F, typename Count>
+template <Fp8Dtype F, typename Count>
 FP8C_GROUP_INLINE bool plain_codes(const uint8_t* codes, Count B) {
   __m128i special = _mm_setzero_si128();
   for (int64_t i = 0; i < B; i += 16) {
     const __m128i em = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i)), _mm_set1_epi8(0x7F));
-    if constexpr (F == Fp8Format::E4M3) {
-      special = _mm_or_si128(special, _mm_cmpeq_epi8(em, _mm_set1_epi8(0x7F)));
-    } else {  // 0x7C..0x7F
-      special = _mm_or_si128(special, _mm_cmpeq_epi8(_mm_max_epu8(em, _mm_set1_epi8(0x7C)), em));
-    }
+    // em >= kFirstNonFinite, unsigned
+    const __m128i first = _mm_set1_epi8(static_cast<char>(Fp8Traits<F>::kFirstNonFinite));
+    special = _mm_or_si128(special, _mm_cmpeq_epi8(_mm_max_epu8(em, first), em));
   }
   return _mm_testz_si128(special, special);
 }

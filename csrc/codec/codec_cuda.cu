@@ -21,17 +21,10 @@
 namespace fp8comm {
 namespace {
 
-using chunk_io::aligned16;
-using chunk_io::clamp_chunk;
-using chunk_io::kChunk;
-using chunk_io::load_chunk;
-using chunk_io::store_codes;
+using namespace chunk_io;  // NOLINT: the chunk accesses every kernel here uses
 
 constexpr int kThreads = 256;
 constexpr int64_t kMaxGrid = int64_t{1} << 20;
-
-template <ElemType E>
-using Storage = typename Elem<E>::storage;
 
 template <ElemType E>
 __device__ __forceinline__ void store_chunk(Storage<E>* p, int valid, const float (&v)[kChunk]) {
@@ -92,7 +85,7 @@ struct TensorSource {
 // (own + the pieces, in piece order) / post_div (dequant-sum-requantize and
 // dequant-sum); E is the own addend's element type. Padding codes are zeros,
 // so the whole capacity is summed.
-template <ElemType E, Fp8Format F>
+template <ElemType E, Fp8Dtype F>
 __device__ __forceinline__ void sum_pieces(const BlockCodes& pieces, const OwnAddend& own, int post_div, int64_t i0,
                                            int valid, float (&acc)[kChunk]) {
   const int64_t j = i0 / pieces.block_size;
@@ -121,7 +114,7 @@ __device__ __forceinline__ void sum_pieces(const BlockCodes& pieces, const OwnAd
   }
 }
 
-template <ElemType E, Fp8Format F>
+template <ElemType E, Fp8Dtype F>
 struct PiecesSource {
   BlockCodes pieces;
   OwnAddend own;
@@ -137,7 +130,7 @@ struct PiecesSource {
 // ------------------------------------------------------------- quantizing
 // Encodes one chunk with its block's scale byte; writes zero codes past the
 // valid elements up to the capacity.
-template <Fp8Format F>
+template <Fp8Dtype F>
 __device__ __forceinline__ void encode_chunk(const float (&v)[kChunk], int valid, uint8_t sb, uint8_t* codes,
                                              int count) {
   const float inv = inv_scale_from_byte(sb);
@@ -168,7 +161,7 @@ __device__ __forceinline__ void write_scale(const BlockCodes& dst, int64_t r, in
 }
 
 // Blocks of lanes_per_block (a power of two <= 32) adjacent lanes.
-template <class Source, Fp8Format F>
+template <class Source, Fp8Dtype F>
 __global__ void __launch_bounds__(kThreads) quantize_shuffle_kernel(Source source, BlockCodes dst,
                                                                     int64_t total_blocks, int lanes_per_block) {
   const int64_t B = dst.block_size;
@@ -201,7 +194,7 @@ __global__ void __launch_bounds__(kThreads) quantize_shuffle_kernel(Source sourc
 
 // Any block size: one warp per block walks its chunks twice (amax, encode);
 // the second pass re-reads the source, which is in L1/L2 by then.
-template <class Source, Fp8Format F>
+template <class Source, Fp8Dtype F>
 __global__ void __launch_bounds__(kThreads) quantize_warp_kernel(Source source, BlockCodes dst,
                                                                  int64_t total_blocks) {
   const int64_t B = dst.block_size;
@@ -239,7 +232,7 @@ int64_t grid_for(int64_t threads) {
   return blocks < 1 ? 1 : (blocks > kMaxGrid ? kMaxGrid : blocks);
 }
 
-template <class Source, Fp8Format F>
+template <class Source, Fp8Dtype F>
 int launch_quantize(const Source& source, const BlockCodes& dst, cudaStream_t stream) {
   const int64_t blocks_per_segment = (dst.capacity + dst.block_size - 1) / dst.block_size;
   const int64_t total_blocks = dst.num_segments * blocks_per_segment;
@@ -257,7 +250,7 @@ int launch_quantize(const Source& source, const BlockCodes& dst, cudaStream_t st
 
 // ------------------------------------------------------------- decoding
 // One thread per chunk of 16 codes: dst[r * m + i0 + t] for the valid ones.
-template <ElemType E, Fp8Format F>
+template <ElemType E, Fp8Dtype F>
 __global__ void __launch_bounds__(kThreads) dequantize_kernel(BlockCodes src, Storage<E>* dst, int64_t numel,
                                                               int64_t chunks_per_segment) {
   const int64_t m = src.segment_numel;
@@ -280,7 +273,7 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(BlockCodes src, St
   }
 }
 
-template <ElemType E, Fp8Format F>
+template <ElemType E, Fp8Dtype F>
 __global__ void __launch_bounds__(kThreads) dequant_sum_kernel(BlockCodes pieces, OwnAddend own, int post_div,
                                                                Storage<E>* dst, int64_t numel) {
   const int64_t total = (numel + kChunk - 1) / kChunk;
@@ -294,28 +287,13 @@ __global__ void __launch_bounds__(kThreads) dequant_sum_kernel(BlockCodes pieces
   }
 }
 
-// ------------------------------------------------------------- dispatch
-template <typename Fn>
-int with_types(ElemType type, Fp8Format format, Fn&& fn) {
-  auto with_format = [&](auto e) {
-    return format == Fp8Format::E4M3 ? fn(e, std::integral_constant<Fp8Format, Fp8Format::E4M3>{})
-                                     : fn(e, std::integral_constant<Fp8Format, Fp8Format::E5M2>{});
-  };
-  switch (type) {
-    case ElemType::F32: return with_format(std::integral_constant<ElemType, ElemType::F32>{});
-    case ElemType::BF16: return with_format(std::integral_constant<ElemType, ElemType::BF16>{});
-    case ElemType::F16: return with_format(std::integral_constant<ElemType, ElemType::F16>{});
-  }
-  return static_cast<int>(cudaErrorInvalidValue);
-}
-
 }  // namespace
 
 int quantize_cuda(const void* src, ElemType type, int64_t numel, float premul, const float* premul_device,
                   const BlockCodes& dst, void* stream) {
-  return with_types(type, dst.format, [&](auto e, auto f) {
+  return with_codec_types(type, dst.fp8_dtype, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
-    constexpr Fp8Format F = decltype(f)::value;
+    constexpr Fp8Dtype F = decltype(f)::value;
     TensorSource<E> source{static_cast<const Storage<E>*>(src), numel, dst.segment_numel, premul, premul_device};
     return launch_quantize<TensorSource<E>, F>(source, dst, static_cast<cudaStream_t>(stream));
   });
@@ -325,9 +303,9 @@ int dequantize_cuda(const BlockCodes& src, void* dst, ElemType type, int64_t num
   const int64_t chunks_per_segment = (src.segment_numel + kChunk - 1) / kChunk;
   const int64_t total = src.num_segments * chunks_per_segment;
   if (total == 0 || numel == 0) return 0;
-  return with_types(type, src.format, [&](auto e, auto f) {
+  return with_codec_types(type, src.fp8_dtype, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
-    constexpr Fp8Format F = decltype(f)::value;
+    constexpr Fp8Dtype F = decltype(f)::value;
     FP8C_LAUNCH(grid_for(total), kThreads, 0, static_cast<cudaStream_t>(stream), dequantize_kernel<E, F>)(
         src, static_cast<Storage<E>*>(dst), numel, chunks_per_segment);
     return static_cast<int>(cudaGetLastError());
@@ -338,9 +316,9 @@ int dequant_sum_cuda(const BlockCodes& pieces, const OwnAddend& own, int post_di
                      int64_t numel, void* stream) {
   if (numel == 0) return 0;
   if (own.present && own.type != type) return static_cast<int>(cudaErrorInvalidValue);
-  return with_types(type, pieces.format, [&](auto e, auto f) {
+  return with_codec_types(type, pieces.fp8_dtype, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
-    constexpr Fp8Format F = decltype(f)::value;
+    constexpr Fp8Dtype F = decltype(f)::value;
     FP8C_LAUNCH(grid_for((numel + kChunk - 1) / kChunk), kThreads, 0, static_cast<cudaStream_t>(stream),
                 dequant_sum_kernel<E, F>)(pieces, own, post_div, static_cast<Storage<E>*>(dst), numel);
     return static_cast<int>(cudaGetLastError());
@@ -349,9 +327,9 @@ int dequant_sum_cuda(const BlockCodes& pieces, const OwnAddend& own, int post_di
 
 int dequant_sum_requantize_cuda(const BlockCodes& pieces, const OwnAddend& own, int post_div, const BlockCodes& out,
                                 void* stream) {
-  return with_types(own.type, pieces.format, [&](auto e, auto f) {
+  return with_codec_types(own.type, pieces.fp8_dtype, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
-    constexpr Fp8Format F = decltype(f)::value;
+    constexpr Fp8Dtype F = decltype(f)::value;
     return launch_quantize<PiecesSource<E, F>, F>({pieces, own, post_div}, out, static_cast<cudaStream_t>(stream));
   });
 }

@@ -10,7 +10,7 @@ namespace fp8comm {
 namespace {
 
 BlockCodes flat_codes(const at::Tensor& scales, const at::Tensor& codes, int64_t numel,
-                      int64_t block_size, Fp8Format format) {
+                      int64_t block_size, Fp8Dtype fp8_dtype) {
   BlockCodes c;
   c.scales = static_cast<uint8_t*>(scales.data_ptr());
   c.codes = static_cast<uint8_t*>(codes.data_ptr());
@@ -18,7 +18,7 @@ BlockCodes flat_codes(const at::Tensor& scales, const at::Tensor& codes, int64_t
   c.segment_numel = numel;
   c.capacity = numel;
   c.block_size = static_cast<int>(block_size);
-  c.format = format;
+  c.fp8_dtype = fp8_dtype;
   return c;
 }
 
@@ -43,16 +43,16 @@ void check_out(const char* op, const at::Tensor& out, const at::Tensor& like, in
 }
 
 std::tuple<at::Tensor, at::Tensor> quantize(const at::Tensor& x, int64_t block_size,
-                                            at::ScalarType fp8_dtype) {
+                                            at::ScalarType fp8_scalar_type) {
   const char* op = "fp8comm.quantize";
   check_block_size(block_size, op);
-  const Fp8Format format = fp8_format_of(fp8_dtype, op);
+  const Fp8Dtype fp8_dtype = fp8_dtype_of(fp8_scalar_type, op);
   elem_type_of(x.scalar_type(), op);
   const at::Tensor src = x.contiguous();
   const int64_t n = src.numel();
-  at::Tensor codes = at::empty({n}, src.options().dtype(fp8_dtype));
+  at::Tensor codes = at::empty({n}, src.options().dtype(fp8_scalar_type));
   at::Tensor scales = at::empty({ceil_div(n, block_size)}, src.options().dtype(at::kFloat8_e8m0fnu));
-  if (n > 0) quantize_into(src, 1.0f, std::nullopt, flat_codes(scales, codes, n, block_size, format));
+  if (n > 0) quantize_into(src, 1.0f, std::nullopt, flat_codes(scales, codes, n, block_size, fp8_dtype));
   return {codes, scales};
 }
 
@@ -60,7 +60,7 @@ at::Tensor dequantize(const at::Tensor& codes, const at::Tensor& scales, int64_t
                       at::ScalarType dtype) {
   const char* op = "fp8comm.dequantize";
   check_block_size(block_size, op);
-  const Fp8Format format = fp8_format_of(codes.scalar_type(), "fp8comm.dequantize codes");
+  const Fp8Dtype fp8_dtype = fp8_dtype_of(codes.scalar_type(), "fp8comm.dequantize codes");
   elem_type_of(dtype, op);
   TORCH_CHECK(scales.scalar_type() == at::kFloat8_e8m0fnu || scales.scalar_type() == at::kByte, op,
               ": scales must be float8_e8m0fnu or uint8, got ", scales.scalar_type());
@@ -72,16 +72,16 @@ at::Tensor dequantize(const at::Tensor& codes, const at::Tensor& scales, int64_t
   const at::Tensor c = codes.contiguous();
   const at::Tensor s = scales.contiguous();
   at::Tensor out = at::empty({n}, codes.options().dtype(dtype));
-  if (n > 0) dequantize_into(flat_codes(s, c, n, block_size, format), out);
+  if (n > 0) dequantize_into(flat_codes(s, c, n, block_size, fp8_dtype), out);
   return out;
 }
 
 void quantize_segments(const at::Tensor& x, const at::Tensor& out, int64_t num_segments,
-                       int64_t segment_numel, int64_t block_size, at::ScalarType fp8_dtype,
+                       int64_t segment_numel, int64_t block_size, at::ScalarType fp8_scalar_type,
                        double premul, const std::optional<at::Tensor>& premul_tensor) {
   const char* op = "fp8comm.quantize_segments";
   check_block_size(block_size, op);
-  const Fp8Format format = fp8_format_of(fp8_dtype, op);
+  const Fp8Dtype fp8_dtype = fp8_dtype_of(fp8_scalar_type, op);
   check_wire(op, "out", out, num_segments, segment_numel, block_size);
   elem_type_of(x.scalar_type(), op);
   TORCH_CHECK(x.device() == out.device(), op, ": x on ", x.device(), " but out on ", out.device());
@@ -95,18 +95,18 @@ void quantize_segments(const at::Tensor& x, const at::Tensor& out, int64_t num_s
   }
   quantize_into(x.contiguous(), static_cast<float>(premul), factor,
                 wire_segments(static_cast<uint8_t*>(out.data_ptr()), num_segments, segment_numel,
-                              static_cast<int>(block_size), format));
+                              static_cast<int>(block_size), fp8_dtype));
 }
 
 void dequantize_segments(const at::Tensor& segments, const at::Tensor& out, int64_t num_segments,
-                         int64_t segment_numel, int64_t block_size, at::ScalarType fp8_dtype) {
+                         int64_t segment_numel, int64_t block_size, at::ScalarType fp8_scalar_type) {
   const char* op = "fp8comm.dequantize_segments";
   check_block_size(block_size, op);
-  const Fp8Format format = fp8_format_of(fp8_dtype, op);
+  const Fp8Dtype fp8_dtype = fp8_dtype_of(fp8_scalar_type, op);
   check_wire(op, "segments", segments, num_segments, segment_numel, block_size);
   check_out(op, out, segments, num_segments * segment_numel);
   dequantize_into(wire_segments(static_cast<uint8_t*>(segments.data_ptr()), num_segments,
-                                segment_numel, static_cast<int>(block_size), format),
+                                segment_numel, static_cast<int>(block_size), fp8_dtype),
                   out);
 }
 
@@ -116,9 +116,9 @@ void check_post_div(const char* op, int64_t post_div) {
 
 // The own addend of dequant_sum / dequant_sum_requantize: at most one piece's
 // elements, on the pieces' device; with it, num_pieces may be 0.
-OwnInput own_input(const char* op, const std::optional<at::Tensor>& own, double own_premul,
+OwnAddendTensor own_addend(const char* op, const std::optional<at::Tensor>& own, double own_premul,
                    const at::Tensor& pieces, int64_t segment_numel) {
-  OwnInput in;
+  OwnAddendTensor in;
   in.premul = static_cast<float>(own_premul);
   if (!own) return in;
   elem_type_of(own->scalar_type(), op);
@@ -131,37 +131,37 @@ OwnInput own_input(const char* op, const std::optional<at::Tensor>& own, double 
 }
 
 void dequant_sum(const at::Tensor& pieces, const at::Tensor& out, int64_t num_pieces, int64_t segment_numel,
-                 int64_t block_size, at::ScalarType fp8_dtype, int64_t post_div, const std::optional<at::Tensor>& own,
+                 int64_t block_size, at::ScalarType fp8_scalar_type, int64_t post_div, const std::optional<at::Tensor>& own,
                  double own_premul) {
   const char* op = "fp8comm.dequant_sum";
   check_block_size(block_size, op);
   check_post_div(op, post_div);
-  const Fp8Format format = fp8_format_of(fp8_dtype, op);
+  const Fp8Dtype fp8_dtype = fp8_dtype_of(fp8_scalar_type, op);
   check_wire(op, "pieces", pieces, num_pieces, segment_numel, block_size, own ? 0 : 1);
   check_out(op, out, pieces, segment_numel);
   TORCH_CHECK(!own || own->scalar_type() == out.scalar_type(), op, ": own is ", own ? own->scalar_type() : at::kFloat,
               " but out is ", out.scalar_type(), "; give both the same dtype");
   dequant_sum_into(wire_segments(static_cast<uint8_t*>(pieces.data_ptr()), num_pieces, segment_numel,
-                                 static_cast<int>(block_size), format),
-                   own_input(op, own, own_premul, pieces, segment_numel), static_cast<int>(post_div), out);
+                                 static_cast<int>(block_size), fp8_dtype),
+                   own_addend(op, own, own_premul, pieces, segment_numel), static_cast<int>(post_div), out);
 }
 
 void dequant_sum_requantize(const at::Tensor& pieces, const at::Tensor& out, int64_t num_pieces,
-                            int64_t segment_numel, int64_t block_size, at::ScalarType fp8_dtype, int64_t post_div,
+                            int64_t segment_numel, int64_t block_size, at::ScalarType fp8_scalar_type, int64_t post_div,
                             const std::optional<at::Tensor>& own, double own_premul) {
   const char* op = "fp8comm.dequant_sum_requantize";
   check_block_size(block_size, op);
   check_post_div(op, post_div);
-  const Fp8Format format = fp8_format_of(fp8_dtype, op);
+  const Fp8Dtype fp8_dtype = fp8_dtype_of(fp8_scalar_type, op);
   check_wire(op, "pieces", pieces, num_pieces, segment_numel, block_size, own ? 0 : 1);
   check_wire(op, "out", out, 1, segment_numel, block_size);
   TORCH_CHECK(out.device() == pieces.device(), op, ": out on ", out.device(), " but pieces on ",
               pieces.device());
   const int block = static_cast<int>(block_size);
   dequant_sum_requantize_into(
-      wire_segments(static_cast<uint8_t*>(pieces.data_ptr()), num_pieces, segment_numel, block, format),
-      own_input(op, own, own_premul, pieces, segment_numel), static_cast<int>(post_div),
-      wire_segments(static_cast<uint8_t*>(out.data_ptr()), 1, segment_numel, block, format), pieces.device());
+      wire_segments(static_cast<uint8_t*>(pieces.data_ptr()), num_pieces, segment_numel, block, fp8_dtype),
+      own_addend(op, own, own_premul, pieces, segment_numel), static_cast<int>(post_div),
+      wire_segments(static_cast<uint8_t*>(out.data_ptr()), 1, segment_numel, block, fp8_dtype), pieces.device());
 }
 
 }  // namespace

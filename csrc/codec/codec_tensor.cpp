@@ -12,19 +12,8 @@ ElemType elem_type_of(at::ScalarType dtype, const char* what) {
     case at::kHalf: return ElemType::F16;
     default:
       TORCH_CHECK(false, what, ": expected a float32, bfloat16 or float16 tensor, got ", dtype,
-                  "; convert it first (the FP8 codec only encodes these dtypes)");
+                  "; convert it first (fp8comm encodes only these dtypes)");
   }
-}
-
-Fp8Format fp8_format_of(at::ScalarType fp8_dtype, const char* what) {
-  if (fp8_dtype == at::kFloat8_e4m3fn) return Fp8Format::E4M3;
-  if (fp8_dtype == at::kFloat8_e5m2) return Fp8Format::E5M2;
-  TORCH_CHECK(false, what, ": fp8_dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got ",
-              fp8_dtype);
-}
-
-at::ScalarType fp8_dtype_of(Fp8Format format) {
-  return format == Fp8Format::E4M3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2;
 }
 
 bool is_codec_dtype(at::ScalarType dtype) {
@@ -32,8 +21,8 @@ bool is_codec_dtype(at::ScalarType dtype) {
 }
 
 void check_block_size(int64_t block_size, const char* what) {
-  TORCH_CHECK(block_size >= 16 && block_size <= 4096 && block_size % 16 == 0, what,
-              ": block_size must be a multiple of 16 between 16 and 4096, got ", block_size);
+  TORCH_CHECK_VALUE(is_valid_block_size(block_size), what, ": block_size must be " FP8C_BLOCK_SIZE_RULE ", got ",
+                    block_size);
 }
 
 namespace {
@@ -100,7 +89,7 @@ void dequantize_into(const BlockCodes& src, const at::Tensor& dst) {
 
 namespace {
 
-OwnAddend addend_of(const OwnInput& own, bool cuda) {
+OwnAddend addend_of(const OwnAddendTensor& own, bool cuda) {
   OwnAddend a;
   if (!own.src.defined()) return a;
   a.present = true;
@@ -120,7 +109,7 @@ OwnAddend addend_of(const OwnInput& own, bool cuda) {
 
 }  // namespace
 
-void dequant_sum_into(const BlockCodes& pieces, const OwnInput& own, int post_div, const at::Tensor& dst) {
+void dequant_sum_into(const BlockCodes& pieces, const OwnAddendTensor& own, int post_div, const at::Tensor& dst) {
   const ElemType type = elem_type_of(dst.scalar_type(), "fp8comm dequant_sum output");
   if (!on_cuda(dst.device(), "dequant_sum")) {
     dequant_sum_cpu(pieces, addend_of(own, false), post_div, dst.data_ptr(), type, dst.numel());
@@ -132,7 +121,7 @@ void dequant_sum_into(const BlockCodes& pieces, const OwnInput& own, int post_di
              "dequant_sum");
 }
 
-void dequant_sum_requantize_into(const BlockCodes& pieces, const OwnInput& own, int post_div, const BlockCodes& out,
+void dequant_sum_requantize_into(const BlockCodes& pieces, const OwnAddendTensor& own, int post_div, const BlockCodes& out,
                                  const at::Device& device) {
   if (!on_cuda(device, "dequant_sum_requantize")) {
     dequant_sum_requantize_cpu(pieces, addend_of(own, false), post_div, out);

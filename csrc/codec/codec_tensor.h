@@ -7,14 +7,15 @@
 #include <optional>
 
 #include "codec.h"
+#include "fp8_dtype_table.h"
 
 namespace fp8comm {
 
-// dtype -> codec enums; both raise an error naming `what` when unsupported.
+// dtype -> ElemType; raises an error naming `what` when unsupported (the FP8
+// dtypes: fp8_dtype_of in fp8_dtype_table.h).
 ElemType elem_type_of(at::ScalarType dtype, const char* what);
-Fp8Format fp8_format_of(at::ScalarType fp8_dtype, const char* what);
-at::ScalarType fp8_dtype_of(Fp8Format format);
 bool is_codec_dtype(at::ScalarType dtype);  // float32, bfloat16, float16
+// The one block-size rule (is_valid_block_size); raises ValueError naming `what`.
 void check_block_size(int64_t block_size, const char* what);
 
 // The same operations as codec.h; `src`/`dst` are contiguous tensors on the
@@ -26,14 +27,14 @@ void dequantize_into(const BlockCodes& src, const at::Tensor& dst);
 
 // The own addend of a sum (codec.h, OwnAddend) as a tensor: `src` undefined
 // for none, else contiguous on the sum's device; premul_tensor as above.
-struct OwnInput {
+struct OwnAddendTensor {
   at::Tensor src;
   float premul = 1.0f;
   std::optional<at::Tensor> premul_tensor;
 };
 
-void dequant_sum_into(const BlockCodes& pieces, const OwnInput& own, int post_div, const at::Tensor& dst);
-void dequant_sum_requantize_into(const BlockCodes& pieces, const OwnInput& own, int post_div, const BlockCodes& out,
+void dequant_sum_into(const BlockCodes& pieces, const OwnAddendTensor& own, int post_div, const at::Tensor& dst);
+void dequant_sum_requantize_into(const BlockCodes& pieces, const OwnAddendTensor& own, int post_div, const BlockCodes& out,
                                  const at::Device& device);
 
 }  // namespace fp8comm

@@ -2,12 +2,18 @@
 // The scalar math of the FP8 block format (DESIGN.md, "Wire format"), shared by
 // the CPU and CUDA codecs so that both produce bit-identical bytes.
 //
-// Torch-free and branch-free: every function is plain integer / IEEE float
+// Torch-free. The element math is branch-free: plain integer / IEEE float
 // arithmetic with selects, so the CPU loops vectorize and the CUDA kernels do
 // not diverge. Nothing here may depend on FMA contraction or on flush-to-zero:
 // every product below is exact or is a single correctly rounded operation.
+// It also holds the registry of FP8 dtypes (Fp8Traits) and the host-side
+// dispatch that instantiates code over dtypes and element types.
 #include <stdint.h>
 #include <string.h>
+
+#include <stdexcept>
+#include <string>
+#include <type_traits>
 
 #if defined(__CUDACC__)
 #define FP8C_HD __host__ __device__ __forceinline__
@@ -17,10 +23,20 @@
 
 namespace fp8comm {
 
-enum class Fp8Format : int { E4M3 = 0, E5M2 = 1 };
+// The FP8 dtypes (DESIGN.md, "Wire format"). Each has one Fp8Traits entry
+// below, one case in dispatch_fp8_dtype and one row in the torch table
+// (fp8_dtype_table.h); every other piece of code reaches it through those.
+enum class Fp8Dtype : int { E4M3 = 0, E5M2 = 1 };
 
 // Element types the codec reads and writes.
 enum class ElemType : int { F32 = 0, BF16 = 1, F16 = 2 };
+
+// Elements per block: a multiple of 16 (vector width, 16-byte aligned codes)
+// in [16, 4096] (the CPU loops keep one block of float sums on the stack).
+constexpr int kMinBlockSize = 16;
+constexpr int kMaxBlockSize = 4096;
+#define FP8C_BLOCK_SIZE_RULE "a multiple of 16 in [16, 4096]"
+inline bool is_valid_block_size(int64_t b) { return b >= kMinBlockSize && b <= kMaxBlockSize && b % 16 == 0; }
 
 // The E8M0 byte of a scale 2^e is e + 127. Scales are kept in [2^-126, 2^127]
 // so that they and their inverses are normal floats.
@@ -61,43 +77,98 @@ FP8C_HD uint32_t finite_abs_bits(float v) {
   return a & (0u - static_cast<uint32_t>(a < 0x7F800000u));
 }
 
-// ---------------------------------------------------------------- formats
-// fp8_max = 1.75 * 2^kMaxExp for both formats (448 and 57344).
-template <Fp8Format F>
+// ---------------------------------------------------------------- FP8 dtypes
+// An FP8 dtype by its bits: exponent bias, mantissa bits, the largest finite
+// magnitude code, whether the code above it is Inf (else every code above is
+// NaN), and the one NaN code the codec writes (positive: which NaN a sum of
+// NaNs yields differs by device, the bytes must not). The rest follows.
+template <int Bias, int MantBits, uint32_t MaxCode, bool HasInf, uint32_t NanCode>
+struct Fp8Bits {
+  static constexpr int kMantBits = MantBits;
+  static constexpr uint32_t kRebias = 127 - Bias;  // fp32 bias - fp8 bias
+  static constexpr uint32_t kMaxCode = MaxCode;    // the largest finite magnitude
+  static constexpr bool kHasInf = HasInf;
+  static constexpr uint32_t kFirstNonFinite = MaxCode + 1;  // Inf when kHasInf, else NaN
+  static constexpr uint32_t kInfCode = MaxCode + 1;         // with kHasInf
+  static constexpr uint32_t kNanCode = NanCode;
+  static constexpr uint32_t kMinNormalBits = static_cast<uint32_t>(128 - Bias) << 23;  // 2^(1 - Bias)
+  static constexpr float kSubnormalInv = static_cast<float>(uint64_t{1} << (Bias - 1 + MantBits));  // 1 / min subnormal
+  // fp8_max = 1.m * 2^kMaxExp; kMaxMantissa: its m as fp32 mantissa bits.
+  static constexpr int kMaxExp = static_cast<int>(MaxCode >> MantBits) - Bias;
+  static constexpr uint32_t kMaxMantissa = (MaxCode & ((1u << MantBits) - 1u)) << (23 - MantBits);
+  static constexpr float kMax = static_cast<float>((MaxCode & ((1u << MantBits) - 1u)) | (1u << MantBits)) *
+                                static_cast<float>(uint64_t{1} << (kMaxExp - MantBits));
+};
+
+template <Fp8Dtype F>
 struct Fp8Traits;
 
 template <>
-struct Fp8Traits<Fp8Format::E4M3> {
-  static constexpr int kMaxExp = 8;
-  static constexpr int kMantBits = 3;
-  static constexpr uint32_t kRebias = 127 - 7;      // fp32 bias - fp8 bias
-  static constexpr uint32_t kMinNormalBits = 0x3C800000u;  // 2^-6
-  static constexpr float kSubnormalInv = 512.0f;    // 1 / 2^-9
-  static constexpr uint32_t kMaxCode = 0x7E;        // 448
+struct Fp8Traits<Fp8Dtype::E4M3> : Fp8Bits<7, 3, 0x7E, false, 0x7F> {
+  static constexpr const char* kName = "e4m3";
 };
 
 template <>
-struct Fp8Traits<Fp8Format::E5M2> {
-  static constexpr int kMaxExp = 15;
-  static constexpr int kMantBits = 2;
-  static constexpr uint32_t kRebias = 127 - 15;
-  static constexpr uint32_t kMinNormalBits = 0x38800000u;  // 2^-14
-  static constexpr float kSubnormalInv = 65536.0f;  // 1 / 2^-16
-  static constexpr uint32_t kMaxCode = 0x7B;        // 57344
+struct Fp8Traits<Fp8Dtype::E5M2> : Fp8Bits<15, 2, 0x7B, true, 0x7E> {
+  static constexpr const char* kName = "e5m2";
 };
+
+static_assert(Fp8Traits<Fp8Dtype::E4M3>::kMax == 448.0f && Fp8Traits<Fp8Dtype::E5M2>::kMax == 57344.0f,
+              "fp8_max of the OCP FP8 formats");
+
+template <Fp8Dtype F>
+using Fp8Constant = std::integral_constant<Fp8Dtype, F>;
+
+// Calls fn(Fp8Constant<f>{}) with f as a compile-time constant and returns
+// its result: every instantiation over FP8 dtypes goes through here, so a
+// value without a case raises instead of taking another dtype's code.
+template <typename Fn>
+decltype(auto) dispatch_fp8_dtype(Fp8Dtype f, Fn&& fn) {
+  switch (f) {
+    case Fp8Dtype::E4M3: return fn(Fp8Constant<Fp8Dtype::E4M3>{});
+    case Fp8Dtype::E5M2: return fn(Fp8Constant<Fp8Dtype::E5M2>{});
+  }
+  throw std::invalid_argument("fp8comm: unknown Fp8Dtype " + std::to_string(static_cast<int>(f)));
+}
+
+// The same over element types.
+template <typename Fn>
+decltype(auto) dispatch_elem_type(ElemType e, Fn&& fn) {
+  switch (e) {
+    case ElemType::F32: return fn(std::integral_constant<ElemType, ElemType::F32>{});
+    case ElemType::BF16: return fn(std::integral_constant<ElemType, ElemType::BF16>{});
+    case ElemType::F16: return fn(std::integral_constant<ElemType, ElemType::F16>{});
+  }
+  throw std::invalid_argument("fp8comm: unknown ElemType " + std::to_string(static_cast<int>(e)));
+}
+
+// Calls fn(e, f) with the element type and FP8 dtype as compile-time
+// constants (std::integral_constant) and returns its result; every codec
+// loop and kernel is instantiated through it.
+template <typename Fn>
+decltype(auto) with_codec_types(ElemType type, Fp8Dtype fp8_dtype, Fn&& fn) {
+  return dispatch_elem_type(type, [&](auto e) -> decltype(auto) {
+    return dispatch_fp8_dtype(fp8_dtype, [&](auto f) -> decltype(auto) { return fn(e, f); });
+  });
+}
+
+// "e4m3", "e5m2": the name options and errors use.
+inline const char* fp8_dtype_name(Fp8Dtype f) {
+  return dispatch_fp8_dtype(f, [](auto c) { return Fp8Traits<decltype(c)::value>::kName; });
+}
 
 // Smallest e with amax <= fp8_max * 2^e (the block maximum never saturates),
 // clamped to the scale range. amax_bits: bits of a finite non-negative float.
-template <Fp8Format F>
+template <Fp8Dtype F>
 FP8C_HD int scale_exponent(uint32_t amax_bits) {
   int exp = static_cast<int>(amax_bits >> 23) - 127;
-  // amax = 1.m * 2^exp; fp8_max = 1.75 * 2^kMaxExp; 0.75 * 2^23 = 0x600000.
-  int e = exp - Fp8Traits<F>::kMaxExp + ((amax_bits & 0x7FFFFFu) > 0x600000u ? 1 : 0);
+  // amax = 1.m * 2^exp; fp8_max = 1.m' * 2^kMaxExp: one more when m > m'.
+  int e = exp - Fp8Traits<F>::kMaxExp + ((amax_bits & 0x7FFFFFu) > Fp8Traits<F>::kMaxMantissa ? 1 : 0);
   e = e < kMinScaleExp ? kMinScaleExp : e;
   return amax_bits == 0 ? 0 : e;
 }
 
-template <Fp8Format F>
+template <Fp8Dtype F>
 FP8C_HD uint8_t scale_byte(uint32_t amax_bits) {
   return static_cast<uint8_t>(scale_exponent<F>(amax_bits) + kScaleBias);
 }
@@ -105,7 +176,7 @@ FP8C_HD uint8_t scale_byte(uint32_t amax_bits) {
 // The largest code whose value times 2^e is a finite float. It is kMaxCode
 // except for blocks whose amax is within an FP8 rounding step of FLT_MAX: there
 // RNE could round up to 2^128, and such values round down instead.
-template <Fp8Format F>
+template <Fp8Dtype F>
 FP8C_HD uint32_t code_limit(uint8_t scale_byte) {
   using T = Fp8Traits<F>;
   // fp8 exponent field of the binade just below 2^128 / 2^e.
@@ -122,10 +193,10 @@ FP8C_HD float inv_scale_from_byte(uint8_t b) { return pow2f(kScaleBias - static_
 
 // fp32 -> fp8, round to nearest even. v is already divided by the block scale,
 // so |v| <= fp8_max for every finite element; `limit` (code_limit) caps the
-// magnitude code. NaN -> NaN; Inf -> NaN (E4M3, which has no Inf) or Inf (E5M2).
+// magnitude code. NaN -> NaN; Inf -> Inf where the dtype has one (E5M2), else NaN.
 // NaN is always written as the one positive NaN code: which NaN a sum of NaNs
 // yields (its sign) differs between compilers and devices, the bytes must not.
-template <Fp8Format F>
+template <Fp8Dtype F>
 FP8C_HD uint8_t encode_fp8(float v, uint32_t limit) {
   using T = Fp8Traits<F>;
   constexpr int kDrop = 23 - T::kMantBits;
@@ -142,18 +213,14 @@ FP8C_HD uint8_t encode_fp8(float v, uint32_t limit) {
   uint32_t code = a < T::kMinNormalBits ? sub : normal;
   code = code > limit ? limit : code;
   code |= sign;
-  uint32_t special;
-  if constexpr (F == Fp8Format::E4M3) {
-    special = 0x7Fu;
-  } else {
-    special = a == 0x7F800000u ? (0x7Cu | sign) : 0x7Eu;
-  }
+  uint32_t special = T::kNanCode;
+  if constexpr (T::kHasInf) special = a == 0x7F800000u ? (T::kInfCode | sign) : special;
   code = a >= 0x7F800000u ? special : code;
   return static_cast<uint8_t>(code);
 }
 
 // fp8 -> fp32, exact.
-template <Fp8Format F>
+template <Fp8Dtype F>
 FP8C_HD float decode_fp8(uint8_t c) {
   using T = Fp8Traits<F>;
   const uint32_t sign = static_cast<uint32_t>(c & 0x80u) << 24;
@@ -163,12 +230,8 @@ FP8C_HD float decode_fp8(uint8_t c) {
   const uint32_t normal_bits = (em << (23 - T::kMantBits)) + (T::kRebias << 23);
   const uint32_t sub_bits = float_bits(static_cast<float>(mant) * (1.0f / T::kSubnormalInv));
   uint32_t bits = exp == 0 ? sub_bits : normal_bits;
-  if constexpr (F == Fp8Format::E4M3) {
-    bits = em == 0x7Fu ? 0x7FC00000u : bits;
-  } else {
-    bits = em == 0x7Cu ? 0x7F800000u : bits;
-    bits = em > 0x7Cu ? 0x7FC00000u : bits;
-  }
+  bits = em >= T::kFirstNonFinite ? 0x7FC00000u : bits;
+  if constexpr (T::kHasInf) bits = em == T::kInfCode ? 0x7F800000u : bits;
   return bits_float(bits | sign);
 }
 
@@ -241,6 +304,10 @@ struct Elem<ElemType::F16> {
   static FP8C_HD float load(uint16_t x) { return f16_to_float(x); }
   static FP8C_HD uint16_t store(float x) { return float_to_f16(x); }
 };
+
+// The C type an element of type E is stored as.
+template <ElemType E>
+using Storage = typename Elem<E>::storage;
 
 // ---------------------------------------------------------------- the sum
 // Pieces are added in rank order starting from piece 0 (so -0 stays -0), then

@@ -8,6 +8,8 @@
 #include <optional>
 #include <string>
 
+#include "../codec/fp8_block_math.h"
+
 namespace fp8comm {
 
 struct EnvVar {
@@ -26,7 +28,7 @@ struct EnvVar {
 
 namespace env {
 // clang-format off
-inline constexpr EnvVar kBlockSize{"FP8COMM_BLOCK_SIZE", "32", "Options.block_size: elements per FP8 block, a multiple of 16 in [16, 4096]"};
+inline constexpr EnvVar kBlockSize{"FP8COMM_BLOCK_SIZE", "32", "Options.block_size: elements per FP8 block, " FP8C_BLOCK_SIZE_RULE};
 inline constexpr EnvVar kFp8Dtype{"FP8COMM_FP8_DTYPE", "e4m3", "Options.fp8_dtype: the FP8 format on the wire, e4m3 or e5m2"};
 inline constexpr EnvVar kMinNumel{"FP8COMM_MIN_NUMEL", "16384", "Options.min_numel: per-rank element count below which a collective passes through exactly"};
 inline constexpr EnvVar kCompress{"FP8COMM_COMPRESS", "all_reduce,reduce_scatter", "Options.compress: comma list of all_reduce, reduce_scatter, all_gather; or all / none"};

@@ -27,7 +27,7 @@ struct CastArgs {
   ElemType type = ElemType::F32;
   int64_t rows = 0;
   int64_t cols = 0;
-  Fp8Format format = Fp8Format::E4M3;
+  Fp8Dtype fp8_dtype = Fp8Dtype::E4M3;
   bool rowwise = false;
   uint8_t* data = nullptr;
   float* inv_scale = nullptr;    // with data

@@ -22,9 +22,6 @@ namespace fp8comm {
 namespace cast {
 namespace {
 
-template <ElemType E>
-using Storage = typename Elem<E>::storage;
-
 // Transposes go through tiles of kTileRows x kTileCols: each output row gets a
 // run of kTileRows bytes (a cache line), and few output rows are open at a time
 // (power-of-two strides alias in the cache).
@@ -40,7 +37,7 @@ FP8C_CAST_CLONES uint32_t amax_run(const Storage<E>* s, int64_t n) {
   return m;
 }
 
-template <ElemType E, Fp8Format F>
+template <ElemType E, Fp8Dtype F>
 FP8C_CAST_CLONES void cast_run(const Storage<E>* s, int64_t n, float scale, uint8_t* d) {
   for (int64_t i = 0; i < n; ++i) d[i] = cast_elem<F>(Elem<E>::load(s[i]), scale);
 }
@@ -56,14 +53,14 @@ FP8C_CAST_CLONES void col_amax_run(const Storage<E>* s, int64_t rows, int64_t co
 }
 
 // Row i of a tile, each column with its own scale (rowwise data_t).
-template <ElemType E, Fp8Format F>
+template <ElemType E, Fp8Dtype F>
 FP8C_CAST_CLONES void cast_run_scales(const Storage<E>* s, int64_t n, const float* scales, uint8_t* d) {
   for (int64_t i = 0; i < n; ++i) d[i] = cast_elem<F>(Elem<E>::load(s[i]), scales[i]);
 }
 
 // The tile [r0, r0 + h) x [c0, c0 + w) of x, cast and written transposed into
 // data_t ([cols, rows]). col_scales: per column of x (rowwise), else null.
-template <ElemType E, Fp8Format F>
+template <ElemType E, Fp8Dtype F>
 void cast_tile_transposed(const CastArgs& a, int64_t r0, int64_t h, int64_t c0, int64_t w, float scale,
                           const float* col_scales) {
   const auto* src = static_cast<const Storage<E>*>(a.src);
@@ -104,7 +101,7 @@ void transpose_bytes(const CastArgs& a) {
                    });
 }
 
-template <ElemType E, Fp8Format F>
+template <ElemType E, Fp8Dtype F>
 void transposed_pass(const CastArgs& a, float scale, const float* col_scales) {
   const int64_t tr = (a.rows + kTileRows - 1) / kTileRows;
   const int64_t tc = (a.cols + kTileCols - 1) / kTileCols;
@@ -118,7 +115,7 @@ void transposed_pass(const CastArgs& a, float scale, const float* col_scales) {
   });
 }
 
-template <ElemType E, Fp8Format F>
+template <ElemType E, Fp8Dtype F>
 void cast_tensorwise(const CastArgs& a) {
   const auto* src = static_cast<const Storage<E>*>(a.src);
   const int64_t n = a.rows * a.cols;
@@ -149,7 +146,7 @@ void cast_tensorwise(const CastArgs& a) {
   }
 }
 
-template <ElemType E, Fp8Format F>
+template <ElemType E, Fp8Dtype F>
 void cast_rowwise(const CastArgs& a) {
   const auto* src = static_cast<const Storage<E>*>(a.src);
   const int64_t rows = a.rows, cols = a.cols;
@@ -188,27 +185,15 @@ void cast_rowwise(const CastArgs& a) {
 void cast_fp8_cpu(const CastArgs& a) {
   TORCH_CHECK(a.rows > 0 && a.cols > 0, "fp8comm cast: empty tensors are handled by the operator");
   TORCH_CHECK(!(a.rowwise && a.amax != nullptr), "fp8comm cast: a given amax is for the tensorwise cast");
-  auto run = [&](auto e, auto f) {
+  with_codec_types(a.type, a.fp8_dtype, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
-    constexpr Fp8Format F = decltype(f)::value;
+    constexpr Fp8Dtype F = decltype(f)::value;
     if (a.rowwise) {
       cast_rowwise<E, F>(a);
     } else {
       cast_tensorwise<E, F>(a);
     }
-  };
-  auto with_format = [&](auto e) {
-    if (a.format == Fp8Format::E4M3) {
-      run(e, std::integral_constant<Fp8Format, Fp8Format::E4M3>{});
-    } else {
-      run(e, std::integral_constant<Fp8Format, Fp8Format::E5M2>{});
-    }
-  };
-  switch (a.type) {
-    case ElemType::F32: with_format(std::integral_constant<ElemType, ElemType::F32>{}); break;
-    case ElemType::BF16: with_format(std::integral_constant<ElemType, ElemType::BF16>{}); break;
-    case ElemType::F16: with_format(std::integral_constant<ElemType, ElemType::F16>{}); break;
-  }
+  });
 }
 
 }  // namespace cast

@@ -30,18 +30,11 @@ namespace fp8comm {
 namespace cast {
 namespace {
 
-using chunk_io::aligned16;
-using chunk_io::clamp_chunk;
-using chunk_io::kChunk;
-using chunk_io::load_chunk;
-using chunk_io::store_codes;
+using namespace chunk_io;  // NOLINT: the chunk accesses every kernel here uses
 
 constexpr int kThreads = 256;
 constexpr int kTile = 64;        // tile kernels: thread t covers row t / 4, columns (t % 4) * 16 + [0, 16)
 constexpr int kTileStride = 68;  // shared tile row (bytes): 4-byte writes, fewer bank conflicts on the column reads
-
-template <ElemType E>
-using Storage = typename Elem<E>::storage;
 
 __device__ __forceinline__ uint32_t max_u32(uint32_t a, uint32_t b) { return a > b ? a : b; }
 
@@ -81,7 +74,7 @@ __global__ void __launch_bounds__(kThreads) amax_flat_kernel(const Storage<E>* s
 }
 
 // data = cast(x) with the scale of *amax; block 0 writes the inverse scale.
-template <ElemType E, Fp8Format F>
+template <ElemType E, Fp8Dtype F>
 __global__ void __launch_bounds__(kThreads) cast_flat_kernel(const Storage<E>* src, int64_t n, const float* amax,
                                                              uint8_t* data, float* inv) {
   const Scale s = scale_of<F>(*amax);
@@ -101,7 +94,7 @@ __global__ void __launch_bounds__(kThreads) cast_flat_kernel(const Storage<E>* s
 
 // ------------------------------------------------------------ rowwise, rows only
 // One warp per row: the row's amax, then its cast.
-template <ElemType E, Fp8Format F>
+template <ElemType E, Fp8Dtype F>
 __global__ void __launch_bounds__(kThreads) cast_rows_kernel(const Storage<E>* src, int64_t rows, int64_t cols,
                                                              uint8_t* data, float* inv) {
   const int lane = threadIdx.x & 31;
@@ -179,7 +172,7 @@ __global__ void __launch_bounds__(kThreads) amax_tile_kernel(const Storage<E>* s
 // *amax. Rowwise: row scales from row_amax (when data), column scales from
 // col_amax. Inverse scales are written by the blocks of the first tile column
 // (rows) and first tile row (columns).
-template <ElemType E, Fp8Format F, bool Rowwise>
+template <ElemType E, Fp8Dtype F, bool Rowwise>
 __global__ void __launch_bounds__(kThreads) cast_tile_kernel(const Storage<E>* src, TileGrid g, const float* amax,
                                                              const uint32_t* row_amax, const uint32_t* col_amax,
                                                              uint8_t* data, float* inv, uint8_t* data_t,
@@ -258,7 +251,7 @@ int64_t grid_for(int64_t work_items, int64_t per_block, int64_t cap) {
   return blocks < 1 ? 1 : (blocks > cap ? cap : blocks);
 }
 
-template <ElemType E, Fp8Format F>
+template <ElemType E, Fp8Dtype F>
 int launch(const CastArgs& a, cudaStream_t stream) {
   int device = 0, sms = 132;
   cudaError_t err = cudaGetDevice(&device);
@@ -309,16 +302,9 @@ int cast_fp8_cuda(const CastArgs& a, void* stream) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
   const auto s = static_cast<cudaStream_t>(stream);
-  auto with_format = [&](auto e) {
-    constexpr ElemType E = decltype(e)::value;
-    return a.format == Fp8Format::E4M3 ? launch<E, Fp8Format::E4M3>(a, s) : launch<E, Fp8Format::E5M2>(a, s);
-  };
-  switch (a.type) {
-    case ElemType::F32: return with_format(std::integral_constant<ElemType, ElemType::F32>{});
-    case ElemType::BF16: return with_format(std::integral_constant<ElemType, ElemType::BF16>{});
-    case ElemType::F16: return with_format(std::integral_constant<ElemType, ElemType::F16>{});
-  }
-  return static_cast<int>(cudaErrorInvalidValue);
+  return with_codec_types(a.type, a.fp8_dtype, [&](auto e, auto f) {
+    return launch<decltype(e)::value, decltype(f)::value>(a, s);
+  });
 }
 
 const char* cast_cuda_error_string(int error) { return cudaGetErrorString(static_cast<cudaError_t>(error)); }

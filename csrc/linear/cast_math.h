@@ -34,17 +34,6 @@
 namespace fp8comm {
 namespace cast {
 
-template <Fp8Format F>
-struct CastTraits;
-template <>
-struct CastTraits<Fp8Format::E4M3> {
-  static constexpr float kMax = 448.0f;
-};
-template <>
-struct CastTraits<Fp8Format::E5M2> {
-  static constexpr float kMax = 57344.0f;
-};
-
 // float32(1e-12): the `clamp(min=1e-12)` bound after torch rounds it to float.
 constexpr float kAmaxEps = 1e-12f;
 
@@ -59,62 +48,48 @@ struct Scale {
   float inv;    // what _scaled_mm multiplies back: 1 / scale
 };
 
-// scale = reciprocal(clamp(amax, min=eps)) * fp8_max; inv = reciprocal(scale).
-// A NaN amax stays that NaN (quieted) through clamp, reciprocal and product.
+// The NaN scale and code of these casts (see the header comment).
 constexpr uint32_t kCanonicalNan = 0x7FFFFFFFu;  // CUDA's NaN
-constexpr uint8_t kNanCode = 0x7F;                 // +NaN in E4M3 and E5M2
+constexpr uint8_t kNanCode = 0x7F;                 // torch's NaN code: the all-ones magnitude
 
 // scale = reciprocal(clamp(amax, min=eps)) * fp8_max; inv = reciprocal(scale).
 // A NaN amax gives NaN for both.
-template <Fp8Format F>
+template <Fp8Dtype F>
 FP8C_HD Scale scale_of(float amax) {
   const float a = amax < kAmaxEps ? kAmaxEps : amax;  // NaN compares false: stays NaN
   const float r = 1.0f / a;
-  const float s = r * CastTraits<F>::kMax;
+  const float s = r * Fp8Traits<F>::kMax;
   const float inv = 1.0f / s;
   const float q = bits_float(kCanonicalNan);
   const bool nan = is_nan(amax);
   return Scale{nan ? q : s, nan ? q : inv};
 }
 
-// c10's fp32 -> fp8 conversions, branch-free (the same integer steps).
-template <Fp8Format F>
-FP8C_HD uint32_t torch_fp8_bits(float f);
-
-template <>
-FP8C_HD uint32_t torch_fp8_bits<Fp8Format::E4M3>(float f) {
-  constexpr uint32_t kFp8Max = UINT32_C(1087) << 20;  // 480: first value past the range
-  constexpr uint32_t kDenormMask = UINT32_C(141) << 23;
+// c10's fp32 -> fp8 conversion, branch-free (the same integer steps), from
+// the dtype's bits: round to nearest even; past the range Inf where the dtype
+// has one, else its largest finite code; NaN the all-ones code 0x7F.
+template <Fp8Dtype F>
+FP8C_HD uint32_t torch_fp8_bits(float f) {
+  using T = Fp8Traits<F>;
+  constexpr int kDrop = 23 - T::kMantBits;
+  // The fp32 bits of the value code kMaxCode + 1 would have: the first past the range.
+  constexpr uint32_t kPastMax = (T::kFirstNonFinite << kDrop) + (T::kRebias << 23);
+  constexpr uint32_t kDenormMask = (T::kRebias + kDrop + 1) << 23;
   const uint32_t bits = float_bits(f);
   const uint32_t sign = bits & 0x80000000u;
   const uint32_t a = bits ^ sign;
   const uint32_t sub = float_bits(bits_float(a) + bits_float(kDenormMask)) - kDenormMask;
-  uint32_t normal = ((a + (static_cast<uint32_t>(7 - 127) << 23) + 0x7FFFFu + ((a >> 20) & 1u)) >> 20) & 0xFFu;
-  normal = normal == 0x7Fu ? 0x7Eu : normal;
-  uint32_t r = a < (UINT32_C(121) << 23) ? (sub & 0xFFu) : normal;
-  r = a >= kFp8Max ? (a > 0x7F800000u ? 0x7Fu : 0x7Eu) : r;
-  return r | (sign >> 24);
-}
-
-template <>
-FP8C_HD uint32_t torch_fp8_bits<Fp8Format::E5M2>(float f) {
-  constexpr uint32_t kFp8Max = UINT32_C(143) << 23;  // 65536
-  constexpr uint32_t kDenormMask = UINT32_C(134) << 23;
-  const uint32_t bits = float_bits(f);
-  const uint32_t sign = bits & 0x80000000u;
-  const uint32_t a = bits ^ sign;
-  const uint32_t sub = float_bits(bits_float(a) + bits_float(kDenormMask)) - kDenormMask;
-  const uint32_t normal =
-      ((a + (static_cast<uint32_t>(15 - 127) << 23) + 0xFFFFFu + ((a >> 21) & 1u)) >> 21) & 0xFFu;
-  uint32_t r = a < (UINT32_C(113) << 23) ? (sub & 0xFFu) : normal;
-  r = a >= kFp8Max ? (a > 0x7F800000u ? 0x7Fu : 0x7Cu) : r;
+  uint32_t normal = ((a - (T::kRebias << 23) + ((1u << (kDrop - 1)) - 1u) + ((a >> kDrop) & 1u)) >> kDrop) & 0xFFu;
+  if constexpr (!T::kHasInf) normal = normal == T::kFirstNonFinite ? T::kMaxCode : normal;
+  uint32_t r = a < T::kMinNormalBits ? (sub & 0xFFu) : normal;
+  r = a >= kPastMax ? (a > 0x7F800000u ? 0x7Fu : (T::kHasInf ? T::kInfCode : T::kMaxCode)) : r;
   return r | (sign >> 24);
 }
 
 // One element: saturate(x * scale) as fp8; NaN as kNanCode.
-template <Fp8Format F>
+template <Fp8Dtype F>
 FP8C_HD uint8_t cast_elem(float x, float scale) {
-  constexpr float m = CastTraits<F>::kMax;
+  constexpr float m = Fp8Traits<F>::kMax;
   float y = x * scale;
   y = y < -m ? -m : y;  // clamp(-m, m): NaN and -0 pass unchanged
   y = y > m ? m : y;

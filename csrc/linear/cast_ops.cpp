@@ -17,6 +17,7 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/library.h>
 
+#include "../codec/codec_tensor.h"
 #include "cast.h"
 
 namespace fp8comm {
@@ -25,30 +26,14 @@ namespace {
 
 constexpr const char* kOp = "fp8comm.cast_fp8";
 
-ElemType elem_type(at::ScalarType dtype) {
-  switch (dtype) {
-    case at::kFloat: return ElemType::F32;
-    case at::kBFloat16: return ElemType::BF16;
-    case at::kHalf: return ElemType::F16;
-    default:
-      TORCH_CHECK(false, kOp, ": x must be float32, bfloat16 or float16, got ", dtype);
-  }
-}
-
-Fp8Format fp8_format(at::ScalarType dtype) {
-  if (dtype == at::kFloat8_e4m3fn) return Fp8Format::E4M3;
-  if (dtype == at::kFloat8_e5m2) return Fp8Format::E5M2;
-  TORCH_CHECK(false, kOp, ": fp8_dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got ", dtype);
-}
-
-float fp8_max(Fp8Format f) {
-  return f == Fp8Format::E4M3 ? CastTraits<Fp8Format::E4M3>::kMax : CastTraits<Fp8Format::E5M2>::kMax;
+float fp8_max(Fp8Dtype f) {
+  return dispatch_fp8_dtype(f, [](auto c) { return Fp8Traits<decltype(c)::value>::kMax; });
 }
 
 // The eager chain on an amax tensor: what an empty x gets (amax 0, or the
 // given one). Any device.
-at::Tensor inv_of_amax(const at::Tensor& amax, Fp8Format f) {
-  return (amax.clamp_min(1e-12).reciprocal() * fp8_max(f)).reciprocal();
+at::Tensor inv_of_amax(const at::Tensor& amax, Fp8Dtype fp8_dtype) {
+  return (amax.clamp_min(1e-12).reciprocal() * fp8_max(fp8_dtype)).reciprocal();
 }
 
 #ifdef FP8COMM_WITH_CUDA
@@ -70,12 +55,12 @@ void launch_cuda(const CastArgs&, const at::Device&, const at::Tensor&) {
 }
 #endif
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cast_fp8(const at::Tensor& x, at::ScalarType fp8_dtype,
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cast_fp8(const at::Tensor& x, at::ScalarType fp8_scalar_type,
                                                                     bool rowwise, bool with_data, bool with_transpose,
                                                                     const std::optional<at::Tensor>& amax) {
   TORCH_CHECK(x.dim() == 2, kOp, ": x must be 2-D ([rows, cols]), got ", x.dim(), "-D of shape ", x.sizes());
-  const ElemType type = elem_type(x.scalar_type());
-  const Fp8Format format = fp8_format(fp8_dtype);
+  const ElemType type = elem_type_of(x.scalar_type(), "fp8comm.cast_fp8 x");
+  const Fp8Dtype fp8_dtype = fp8_dtype_of(fp8_scalar_type, kOp);
   TORCH_CHECK(with_data || with_transpose, kOp, ": nothing to do (with_data and with_transpose are both False)");
   const at::Device device = x.device();
   TORCH_CHECK(device.is_cpu() || device.is_cuda(), kOp, ": supports CPU and CUDA tensors, got ", device);
@@ -90,7 +75,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cast_fp8(const at::Te
   const at::Tensor src = x.contiguous();
   const int64_t M = src.size(0), K = src.size(1);
   const auto f32 = src.options().dtype(at::kFloat);
-  const auto f8 = src.options().dtype(fp8_dtype);
+  const auto f8 = src.options().dtype(fp8_scalar_type);
   at::Tensor empty8 = at::empty({0}, f8), empty32 = at::empty({0}, f32);
   at::Tensor data = with_data ? at::empty({M, K}, f8) : empty8;
   at::Tensor data_t = with_transpose ? at::empty({K, M}, f8) : at::empty({0}, f8);
@@ -99,7 +84,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cast_fp8(const at::Te
 
   if (M == 0 || K == 0) {  // nothing to cast; the scales of empty rows / columns see amax 0
     const at::Tensor a = amax_t.defined() ? amax_t : at::zeros({}, f32);
-    const at::Tensor v = inv_of_amax(a, format);
+    const at::Tensor v = inv_of_amax(a, fp8_dtype);
     if (with_data) inv.copy_(v.expand_as(inv));
     if (with_transpose) inv_t.copy_(v.expand_as(inv_t));
     return {data, inv, data_t, inv_t};
@@ -110,7 +95,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cast_fp8(const at::Te
   args.type = type;
   args.rows = M;
   args.cols = K;
-  args.format = format;
+  args.fp8_dtype = fp8_dtype;
   args.rowwise = rowwise;
   args.data = with_data ? static_cast<uint8_t*>(data.data_ptr()) : nullptr;
   args.inv_scale = with_data ? inv.data_ptr<float>() : nullptr;

@@ -50,7 +50,7 @@ c10::intrusive_ptr<c10d::Work> NcclLikeBackend::returned(c10::intrusive_ptr<c10d
 c10::intrusive_ptr<c10d::Work> NcclLikeBackend::done(bool async_op, c10d::OpType type,
                                                      std::vector<at::Tensor> outputs) const {
   if (!async_op) return {};
-  return c10::make_intrusive<FP8Work>(rank_, type, "nccl-like transport", std::move(outputs));
+  return c10::make_intrusive<Fp8Work>(rank_, type, "nccl-like transport", std::move(outputs));
 }
 
 std::vector<at::Tensor> NcclLikeBackend::sumInputs(const char* op, const std::vector<at::Tensor>& inputs,

@@ -4,7 +4,7 @@
 // runs fp8nccl's exact algorithm path on CPU processes (fp8comm.testing
 // registers it as the "fp8ncclsim" backend).
 //
-// - It is named "nccl", so ProcessGroupFP8 gives it NCCL's traits
+// - It is named "nccl", so ProcessGroupFp8 gives it NCCL's traits
 //   (transport_traits.h): no segment headers, in-place _allgather_base, one
 //   all_reduce chunk, AVG and PREMUL_SUM reduced by the transport.
 // - A synchronous call (asyncOp false) returns no Work, as

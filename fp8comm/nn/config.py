@@ -10,6 +10,8 @@ import dataclasses
 
 import torch
 
+from ..codec import E4M3, E5M2
+
 
 @dataclasses.dataclass(frozen=True)
 class Recipe:
@@ -31,10 +33,10 @@ class Recipe:
 RECIPES = {
     # E4M3 for forward operands, E5M2 (more range) for gradients; one scale
     # per tensor, so the backward GEMMs reuse the forward casts transposed.
-    "tensorwise": Recipe("tensorwise", torch.float8_e4m3fn, torch.float8_e4m3fn, torch.float8_e5m2, rowwise=False),
+    "tensorwise": Recipe("tensorwise", E4M3, E4M3, E5M2, rowwise=False),
     # E4M3 everywhere with a scale per row: a row with one outlier does not
     # crush the others. Backward casts again along the new contracted dims.
-    "rowwise": Recipe("rowwise", torch.float8_e4m3fn, torch.float8_e4m3fn, torch.float8_e4m3fn, rowwise=True),
+    "rowwise": Recipe("rowwise", E4M3, E4M3, E4M3, rowwise=True),
 }
 
 

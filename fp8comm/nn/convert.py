@@ -15,13 +15,13 @@ def default_filter(module: nn.Linear, fqn: str, recipe: Recipe) -> bool:
     """Which linears gain from FP8 unless told otherwise.
 
     Every dim must be a multiple of 16 (_scaled_mm). Beyond that the cast
-    overhead must be amortized by a GEMM large enough: we follow the H100
-    thresholds torchao measured for its float8 training (its README's
-    tensorwise / rowwise tables): tensorwise skips layers with out <= 4096 and
+    overhead must be amortized by a GEMM large enough: we follow torchao's
+    H100 thresholds for its float8 training (its README's tensorwise /
+    rowwise tables): tensorwise skips layers with out <= 4096 and
     in <= 1024; rowwise skips in <= 2048, out <= 1024, or (in <= 4096 and
     out <= 2048). These are GPU figures; on the CPU FP8 GEMMs are never faster
     (docs/fp8_linear.md), so pass module_filter_fn to convert small or CPU
-    models. bench/linear.py re-measures the crossover on the GPU at hand.
+    models. bench/linear.py finds the crossover on the GPU at hand.
     """
     out_f, in_f = module.weight.shape
     if in_f % 16 or out_f % 16:

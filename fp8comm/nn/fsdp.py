@@ -40,6 +40,7 @@ import torch.nn as nn
 import torch.utils._pytree as pytree
 from torch.distributed.tensor import DTensor
 
+from ..codec import E4M3
 from .scaling import cast_with_amax
 
 _aten = torch.ops.aten
@@ -110,7 +111,7 @@ class Fp8AllGatherWeight(torch.Tensor):
     _pre: _Precomputed
 
     @staticmethod
-    def __new__(cls, tensor: torch.Tensor, fp8_dtype: torch.dtype = torch.float8_e4m3fn, _pre=None):
+    def __new__(cls, tensor: torch.Tensor, fp8_dtype: torch.dtype = E4M3, _pre=None):
         return torch.Tensor._make_wrapper_subclass(
             cls,
             tensor.size(),
@@ -122,7 +123,7 @@ class Fp8AllGatherWeight(torch.Tensor):
             requires_grad=tensor.requires_grad,
         )
 
-    def __init__(self, tensor: torch.Tensor, fp8_dtype: torch.dtype = torch.float8_e4m3fn, _pre=None):
+    def __init__(self, tensor: torch.Tensor, fp8_dtype: torch.dtype = E4M3, _pre=None):
         if isinstance(tensor, Fp8AllGatherWeight):
             tensor = tensor._tensor
         self._tensor = tensor
@@ -297,7 +298,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t._local_tensor if isinstance(t, DTensor) else t
 
 
-def wrap_weight(linear: nn.Module, fp8_dtype: torch.dtype = torch.float8_e4m3fn) -> None:
+def wrap_weight(linear: nn.Module, fp8_dtype: torch.dtype = E4M3) -> None:
     """Makes ``linear.weight`` an Fp8AllGatherWeight (before ``fully_shard``).
     The parameter object is replaced; its values are shared, not copied."""
     w = linear.weight

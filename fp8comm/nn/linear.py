@@ -38,7 +38,7 @@ _counts: Counter = Counter()
 _warned: set = set()
 
 
-def stats() -> dict:
+def linear_stats() -> dict:
     """{"fp8_calls": n, "fallback_calls": n, "fallback_reasons": {reason: n},
     "weight_precast_calls": n} for all Fp8Linear forward calls in this process;
     weight_precast_calls counts the FP8 calls whose weight arrived already cast
@@ -48,7 +48,7 @@ def stats() -> dict:
             "weight_precast_calls": _counts["precast"]}
 
 
-def reset_stats() -> None:
+def reset_linear_stats() -> None:
     _counts.clear()
 
 
@@ -75,7 +75,7 @@ def _count_fallback(reason: str) -> None:
         _warned.add(reason)
         warnings.warn(
             f"fp8comm.nn.Fp8Linear: {reason}; this GEMM runs in high precision "
-            "(counted in fp8comm.nn.stats(); warned once per reason)",
+            "(counted in fp8comm.nn.linear_stats(); warned once per reason)",
             stacklevel=3,
         )
 
@@ -107,11 +107,10 @@ def scaled_mm_cpu(a, b, scale_a, scale_b, out_dtype):
     the result cast to out_dtype.
 
     Where torch takes that kernel itself, this is torch._scaled_mm. On CPUs
-    with AMX torch's _scaled_mm goes to oneDNN's reference FP8 loop instead:
-    on a 2-core Xeon with AMX (torch 2.13.0+cpu) 256x256x256 took 512 ms
-    against 0.96 ms emulated, 1024x256x768 6.0 s against 5.8 ms, with the same
-    result. There, and under torch.compile, the emulated kernel's steps run
-    here (no global switch, nothing for other threads to see);
+    with AMX torch's _scaled_mm goes to oneDNN's reference FP8 loop instead,
+    orders of magnitude slower for the same result (docs/fp8_linear.md, "Intel
+    CPUs with AMX"). There, and under torch.compile, the emulated kernel's
+    steps run here (no global switch, nothing for other threads to see);
     tests/nn/test_linear.py checks them against torch._scaled_mm bit for bit.
     """
     if _CPU_SCALED_MM_IS_EMULATED and not torch.compiler.is_compiling():

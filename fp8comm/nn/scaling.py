@@ -15,9 +15,8 @@ Two implementations give the same bytes:
 - the eager chain of torch ops below (``eager_cast_fp8``), the reference.
 
 The CPU always uses the operator. CUDA uses it only with
-``FP8COMM_FUSED_CAST=1``: its kernels were compiled here but not yet run on a
-GPU; the default flips to on once tests/nn/test_fused_cast_cuda.py passes on one
-(docs/fp8_linear.md, "Fused casts").
+``FP8COMM_FUSED_CAST=1``: off by default until tests/nn/test_fused_cast_cuda.py
+has passed on a GPU (docs/fp8_linear.md, "Fused casts").
 """
 from __future__ import annotations
 
@@ -25,6 +24,8 @@ import os
 from typing import NamedTuple, Optional
 
 import torch
+
+from ..codec import CODEC_DTYPES, FP8_DTYPES, fp8_dtype_choices, fp8_max
 
 EPS = 1e-12
 FUSED_CAST_ENV = "FP8COMM_FUSED_CAST"
@@ -39,10 +40,6 @@ class Fp8Cast(NamedTuple):
     inv_scale: Optional[torch.Tensor]
     data_t: Optional[torch.Tensor]
     inv_scale_t: Optional[torch.Tensor]
-
-
-def fp8_max(dtype: torch.dtype) -> float:
-    return float(torch.finfo(dtype).max)
 
 
 def fused_cast_enabled(device: torch.device) -> bool:
@@ -142,12 +139,12 @@ def eager_cast_fp8(
 def _cast_fp8_fake(x, fp8_dtype, rowwise, with_data=True, with_transpose=False, amax=None):
     torch._check(x.dim() == 2, lambda: f"fp8comm.cast_fp8: x must be 2-D ([rows, cols]), got {x.dim()}-D")
     torch._check(
-        x.dtype in (torch.float32, torch.bfloat16, torch.float16),
-        lambda: f"fp8comm.cast_fp8: x must be float32, bfloat16 or float16, got {x.dtype}",
+        x.dtype in CODEC_DTYPES,
+        lambda: f"fp8comm.cast_fp8 x: expected a float32, bfloat16 or float16 tensor, got {x.dtype}",
     )
     torch._check(
-        fp8_dtype in (torch.float8_e4m3fn, torch.float8_e5m2),
-        lambda: f"fp8comm.cast_fp8: fp8_dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {fp8_dtype}",
+        fp8_dtype in FP8_DTYPES,
+        lambda: f"fp8comm.cast_fp8: fp8_dtype must be {fp8_dtype_choices()}, got {fp8_dtype}",
     )
     torch._check(with_data or with_transpose, lambda: "fp8comm.cast_fp8: nothing to do")
     torch._check(amax is None or not rowwise, lambda: "fp8comm.cast_fp8: amax is for the tensorwise cast")

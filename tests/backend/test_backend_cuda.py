@@ -1,6 +1,6 @@
 """fp8nccl at world size 1 on one GPU (marked cuda; skipped without one).
 
-The default group is "cpu:fp8gloo,cuda:fp8nccl", so one ProcessGroupFP8 holds
+The default group is "cpu:fp8gloo,cuda:fp8nccl", so one ProcessGroupFp8 holds
 both transports: every collective runs on CUDA and on the CPU with the same data
 and the results must agree bit for bit (the codecs are bit-identical and the
 algorithm is the same)."""
@@ -48,7 +48,7 @@ def inputs(n, dtype, seed=0):
 def test_one_object_holds_both_transports():
     be_cpu = dist.group.WORLD._get_backend(torch.device("cpu"))
     be_cuda = dist.group.WORLD._get_backend(torch.device("cuda"))
-    assert isinstance(be_cuda, fp8comm._C.ProcessGroupFP8)
+    assert isinstance(be_cuda, fp8comm._C.ProcessGroupFp8)
     assert be_cpu is be_cuda or be_cpu.stats() == be_cuda.stats()
     assert be_cuda.name() == "fp8nccl"
     assert be_cuda.transport("cuda").name() == "nccl" and be_cuda.transport("cpu").name() == "gloo"

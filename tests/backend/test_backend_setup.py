@@ -68,7 +68,7 @@ def test_default_options(pool):
     assert props == {
         "name": "fp8gloo",
         "block_size": 32,
-        "fp8_format": "e4m3",
+        "fp8_dtype": "e4m3",
         "min_numel": fp8comm.options.DEFAULT_MIN_NUMEL,
         "compressed_ops": ["all_reduce", "reduce_scatter"],
     }
@@ -76,7 +76,7 @@ def test_default_options(pool):
 
 def test_pg_options_reach_the_backend(pool):
     props = pool.run(setup.backend_properties, "block_size=64;fp8_dtype=e5m2;min_numel=7;compress=all")[0]
-    assert props["block_size"] == 64 and props["fp8_format"] == "e5m2" and props["min_numel"] == 7
+    assert props["block_size"] == 64 and props["fp8_dtype"] == "e5m2" and props["min_numel"] == 7
     assert props["compressed_ops"] == ["all_reduce", "reduce_scatter", "all_gather"]
 
 
@@ -87,7 +87,7 @@ def test_environment_gives_the_defaults():
         props = p.run(setup.backend_properties)[0]
     finally:
         p.close()
-    assert props["block_size"] == 128 and props["fp8_format"] == "e5m2" and props["min_numel"] == 9
+    assert props["block_size"] == 128 and props["fp8_dtype"] == "e5m2" and props["min_numel"] == 9
     assert props["compressed_ops"] == ["all_gather"]
 
 

@@ -2,7 +2,7 @@
 sharing GPU 0 (marked cuda; skipped without a GPU).
 
 NCCL refuses two ranks on one device, so the transport here is gloo: the pool's
-group is "fp8gloocuda" (ProcessGroupFP8 over ProcessGroupGloo, CUDA tensors;
+group is "fp8gloocuda" (ProcessGroupFp8 over ProcessGroupGloo, CUDA tensors;
 registered by fp8comm.testing). Every collective, in every form, runs on CUDA
 tensors through it and on CPU copies of the same inputs through a second group
 over the same ranks, "fp8ncclsim" (CPU tensors over a gloo transport that

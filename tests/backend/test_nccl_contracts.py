@@ -31,7 +31,7 @@ def pool(request):
 
 def test_traits_and_null_works(pool):
     """fp8ncclsim's transport has NCCL's traits and returns no Work for a
-    synchronous call; ProcessGroupFP8 itself always returns one. Segments in
+    synchronous call; ProcessGroupFp8 itself always returns one. Segments in
     host memory carry a 16-byte header (segment_header.h); NCCL's none."""
     for traits, inner_returned_none, outer_returned_none, segment in pool.run(ns.transport_facts):
         nccl = pool.backend == "fp8ncclsim"
@@ -74,7 +74,7 @@ def test_threads_share_a_group(pool):
         assert errors == []
 
 
-# ------------------------------------------------------------ FP8Work
+# ------------------------------------------------------------ Fp8Work
 def failed_future(message="peer died"):
     fut = torch.futures.Future()
     failed = fut.then(lambda f: (_ for _ in ()).throw(RuntimeError(message)))
@@ -83,7 +83,7 @@ def failed_future(message="peer died"):
 
 def test_work_reports_an_inner_error_to_wait_success_exception_and_future():
     """An inner Work's error reaches is_completed, is_success, exception,
-    wait() and the future of the FP8Work over it."""
+    wait() and the future of the Fp8Work over it."""
     trigger, failed = failed_future()
     work = fp8comm._C._work_over("all_reduce", [_create_work_from_future(trigger.then(lambda f: None)),
                                                 _create_work_from_future(failed)])

@@ -305,14 +305,14 @@ def test_fp8_weight_cast_feeds_the_gemm_and_dequantizes_elsewhere():
     layer = Fp8Linear(64, 32, bias=False)
     layer.weight = nn.Parameter(Fp8WeightCast(data, inv, torch.float32))
     x = torch.randn(16, 64)
-    fp8comm.nn.reset_stats()
+    fp8comm.nn.reset_linear_stats()
     y = layer(x)
     xq, xs = cast_to_fp8(x, E4M3, rowwise=False)
     assert torch.equal(y, scaled_mm_cpu(xq, data.t(), xs, inv, torch.float32))
     recast = Fp8Linear(64, 32, bias=False)
     recast.weight = nn.Parameter(layer.weight.dequantize())
     assert not torch.equal(y, recast(x))  # the bytes went in as they were, not cast again
-    assert fp8comm.nn.stats()["weight_precast_calls"] == 1
+    assert fp8comm.nn.linear_stats()["weight_precast_calls"] == 1
     y.sum().backward()
     assert type(layer.weight.grad) is torch.Tensor and layer.weight.grad.shape == (32, 64)
     # a fallback GEMM (7 tokens) uses the dequantized weight, and its gradient still arrives

@@ -229,7 +229,7 @@ def test_bad_input():
     cases = [
         ((torch.randn(32), E4M3, False), "must be 2-D"),
         ((torch.randn(2, 16, 32), E4M3, False), "must be 2-D"),
-        ((x.double(), E4M3, False), "float32, bfloat16 or float16, got Double"),
+        ((x.double(), E4M3, False), "float32, bfloat16 or float16 tensor, got Double"),
         ((x.to(torch.int32), E4M3, False), "float32, bfloat16 or float16"),
         ((x, torch.float16, False), "fp8_dtype must be torch.float8_e4m3fn or torch.float8_e5m2"),
         ((x, E4M3, False, False, False), "nothing to do"),

@@ -35,14 +35,14 @@ def run_fp8(recipe, dtype, shape=(4, 64, 256), out_features=512, bias=True, seed
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_output_and_gradients_against_fp64(recipe, dtype):
-    fp8comm.nn.reset_stats()
+    fp8comm.nn.reset_linear_stats()
     layer, x, y, grad_out = run_fp8(recipe, dtype)
     y_ref, dx_ref, dw_ref = fp64_reference(x, layer.weight, layer.bias, grad_out)
     assert y.dtype == dtype and x.grad.dtype == dtype and layer.weight.grad.dtype == dtype
     assert sqnr_db(y_ref, y) >= 18.0
     assert sqnr_db(dx_ref, x.grad) >= 17.0
     assert sqnr_db(dw_ref, layer.weight.grad) >= 17.0
-    assert fp8comm.nn.stats()["fp8_calls"] == 1 and fp8comm.nn.stats()["fallback_calls"] == 0
+    assert fp8comm.nn.linear_stats()["fp8_calls"] == 1 and fp8comm.nn.linear_stats()["fallback_calls"] == 0
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
@@ -76,7 +76,7 @@ def test_rowwise_keeps_a_row_an_outlier_would_crush():
 
 @pytest.mark.parametrize("in_f,out_f,tokens", [(100, 64, 32), (64, 100, 32), (64, 64, 7)])
 def test_fallback_shapes_equal_nn_linear_and_are_counted(in_f, out_f, tokens):
-    fp8comm.nn.reset_stats()
+    fp8comm.nn.reset_linear_stats()
     torch.manual_seed(0)
     ref = nn.Linear(in_f, out_f)
     layer = Fp8Linear.from_linear(ref)
@@ -93,7 +93,7 @@ def test_fallback_shapes_equal_nn_linear_and_are_counted(in_f, out_f, tokens):
     y_ref.backward(g)
     assert torch.equal(y, y_ref) and torch.equal(x.grad, x2.grad)
     assert torch.equal(ref_w_grad, ref.weight.grad)  # same parameter object: grads accumulate identically
-    stats = fp8comm.nn.stats()
+    stats = fp8comm.nn.linear_stats()
     assert stats["fallback_calls"] == 1 and stats["fallback_reasons"] == {"dims not multiples of 16": 1}
 
 

@@ -153,7 +153,7 @@ def fsdp2_run(ext: bool, recipe: str = "tensorwise", steps: int = 3, mp: str | N
     fully_shard(model, **kwargs)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     data = batches(c.rank, steps + 1)
-    fp8comm.nn.reset_stats()
+    fp8comm.nn.reset_linear_stats()
     if precompute:
         fp8comm.precompute_fp8_scales_for_fsdp(model)
 
@@ -166,7 +166,7 @@ def fsdp2_run(ext: bool, recipe: str = "tensorwise", steps: int = 3, mp: str | N
     fwd_stats = None if plain_backend else fp8comm.get_stats(pg)
     for h in handles:
         h.remove()
-    precast_calls = fp8comm.nn.stats()["weight_precast_calls"]
+    precast_calls = fp8comm.nn.linear_stats()["weight_precast_calls"]
 
     if not plain_backend:
         fp8comm.reset_stats(pg)
@@ -291,7 +291,7 @@ def fsdp1_run(which: str, steps: int = 8):
     opt = torch.optim.AdamW(fsdp.parameters(), lr=1e-2)
     if which == "fp8":
         fp8comm.reset_stats(pg)
-        fp8comm.nn.reset_stats()
+        fp8comm.nn.reset_linear_stats()
     losses = []
     for seq in batches(c.rank, steps):
         loss = _loss(fsdp, seq)
@@ -300,5 +300,5 @@ def fsdp1_run(which: str, steps: int = 8):
         opt.step()
         losses.append(_global_mean(loss))
     stats = fp8comm.get_stats(pg) if which == "fp8" else None
-    fp8_calls = fp8comm.nn.stats()["fp8_calls"] if which == "fp8" else 0
+    fp8_calls = fp8comm.nn.linear_stats()["fp8_calls"] if which == "fp8" else 0
     return wrapped, losses, stats, fp8_calls

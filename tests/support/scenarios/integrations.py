@@ -105,7 +105,7 @@ def fsdp2_compiled_training(steps: int = 3, backend: str = "inductor"):
             loss.backward()
             opt.step()
             losses.append(S._global_mean(loss))
-        out[mode] = {"losses": losses, "stats": fp8comm.get_stats(c.group), "nn": fp8comm.nn.stats(),
+        out[mode] = {"losses": losses, "stats": fp8comm.get_stats(c.group), "nn": fp8comm.nn.linear_stats(),
                      "frames": dict(torch._dynamo.utils.counters["frames"]),
                      "graph_breaks": dict(torch._dynamo.utils.counters["graph_break"])}
     return out

@@ -147,7 +147,7 @@ def _soak_op(kind, n, dtype, reduce, form, factor_kind, async_op, seed, c) -> Pl
     factors = PREMUL_FACTORS[:P] if reduce == "premul_sum" else [1.0] * P
     div = P if reduce == "avg" else 1
     call = Call(g, rank, P, reduce_op(reduce, PREMUL_FACTORS[rank], factor_kind), async_op)
-    fp8 = FP8[be.fp8_format]
+    fp8 = FP8[be.fp8_dtype]
 
     def inp(r, m, s=seed):
         return rank_input(r, m, dtype, s)

@@ -20,7 +20,7 @@ def _backend(c):
 
 def transport_facts():
     """(the transport's traits, what its synchronous all_reduce returned, what
-    ProcessGroupFP8's synchronous passthrough all_reduce returned, the wire
+    ProcessGroupFp8's synchronous passthrough all_reduce returned, the wire
     bytes of a 5000-element segment over it)."""
     c = ctx()
     be = _backend(c)
@@ -82,7 +82,7 @@ def coalesced_mix_direct(kind: str, async_op: bool):
         opts = AllgatherOptions()
         opts.asyncOp = async_op
         work = be.allgather_into_tensor_coalesced(outs, xs, opts)
-    assert work is not None, "ProcessGroupFP8 returned no Work"
+    assert work is not None, "ProcessGroupFp8 returned no Work"
     work.wait()
     singles = one_at_a_time(c.group, kind, outs, xs)
     return outs, singles

@@ -59,7 +59,7 @@ def backend_properties(spec: str | None = None):
     return {
         "name": be.name(),
         "block_size": be.block_size,
-        "fp8_format": be.fp8_format,
+        "fp8_dtype": be.fp8_dtype,
         "min_numel": be.min_numel,
         "compressed_ops": be.compressed_ops,
     }

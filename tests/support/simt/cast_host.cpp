@@ -11,7 +11,7 @@ extern "C" int simt_cast(const void* src, int64_t type, int64_t rows, int64_t co
   a.type = static_cast<fp8comm::ElemType>(type);
   a.rows = rows;
   a.cols = cols;
-  a.format = static_cast<fp8comm::Fp8Format>(format);
+  a.fp8_dtype = static_cast<fp8comm::Fp8Dtype>(format);
   a.rowwise = rowwise != 0;
   a.data = data;
   a.inv_scale = inv_scale;

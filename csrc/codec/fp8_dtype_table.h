@@ -1,0 +1,36 @@
+#pragma once
+// The torch side of the FP8 dtype registry (fp8_block_math.h): the one table
+// from Fp8Dtype to torch dtype, and the conversions every operator, option
+// and binding uses, by torch dtype or by name ("e4m3").
+#include <c10/core/ScalarType.h>
+
+#include <optional>
+#include <string>
+
+#include "fp8_block_math.h"
+
+namespace fp8comm {
+
+struct Fp8DtypeRow {
+  Fp8Dtype fp8_dtype;
+  c10::ScalarType scalar_type;
+};
+
+inline constexpr Fp8DtypeRow kFp8DtypeTable[] = {
+    {Fp8Dtype::E4M3, c10::ScalarType::Float8_e4m3fn},
+    {Fp8Dtype::E5M2, c10::ScalarType::Float8_e5m2},
+};
+
+c10::ScalarType scalar_type_of(Fp8Dtype fp8_dtype);
+std::optional<Fp8Dtype> find_fp8_dtype(c10::ScalarType dtype);
+// By name, any case: "e4m3" / "E4M3".
+std::optional<Fp8Dtype> find_fp8_dtype(const std::string& name);
+// The torch dtype's Fp8Dtype; raises an error naming `what` when it has none.
+Fp8Dtype fp8_dtype_of(c10::ScalarType dtype, const char* what);
+// "torch.float8_e4m3fn or torch.float8_e5m2"; with_names:
+// "'e4m3' / torch.float8_e4m3fn or 'e5m2' / torch.float8_e5m2".
+std::string fp8_dtype_choices(bool with_names);
+// torch.float8_e4m3fn -> "float8_e4m3fn", as Python names it.
+std::string python_dtype_name(c10::ScalarType dtype);
+
+}  // namespace fp8comm
