@@ -18,7 +18,7 @@ bool is_avg_or_premul(const c10d::ReduceOp& op);
 bool needs_emulation(const c10d::ReduceOp& op, const at::Tensor& t, const TransportTraits& traits);
 
 // Raises, naming `name`, when AVG / PREMUL_SUM of `t` can be neither reduced
-// by the transport nor emulated (integer tensors over gloo).
+// by the transport nor emulated (over gloo: PREMUL_SUM of integers, AVG of bools).
 void check_reduce_op_supported(const char* name, const c10d::ReduceOp& op, const at::Tensor& t,
                                const TransportTraits& traits);
 
@@ -48,7 +48,13 @@ void emulate_reduce(const char* name, const c10d::ReduceOp& op, int64_t group_si
   }
   sum(copies, results);
   for (size_t i = 0; i < outputs.size(); ++i) {
-    if (op.op_ == c10d::ReduceOp::AVG) results[i].div_(group_size);
+    if (op.op_ == c10d::ReduceOp::AVG) {
+      if (at::isIntegralType(results[i].scalar_type(), /*includeBool=*/false)) {
+        results[i].div_(group_size, "trunc");
+      } else {
+        results[i].div_(group_size);
+      }
+    }
     outputs[i].copy_(results[i]);
   }
 }

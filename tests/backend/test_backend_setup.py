@@ -176,7 +176,7 @@ BAD_INPUT_MESSAGES = {
     "device_ag": r"all_gather_into_tensor: output is on meta but the input is on cpu",
     "device_rs": r"reduce_scatter_tensor: output is on cpu but the input is on meta",
     "device_ar": r"all_reduce: got meta tensors, but this process group has no transport for meta",
-    "avg_int_gloo": r"all_reduce: AVG of Long tensors: the gloo transport has neither AVG nor PREMUL_SUM",
+    "premul_int_gloo": r"all_reduce: PREMUL_SUM of Long tensors: the gloo transport has neither AVG nor PREMUL_SUM",
 }
 
 

@@ -3,8 +3,10 @@ gloo moves (float8 as bytes), against plain gloo on the same inputs, at a size
 under min_numel and one above it. Exact paths must give plain gloo's bytes;
 compressed paths (float32 / bfloat16 / float16 all_reduce, reduce_scatter and
 all_gather above min_numel) every element within the documented bound of the
-exact result; where plain gloo cannot do the op (float8 reductions, AVG of
-integers), fp8gloo must refuse too, with its own clear error."""
+exact result; where plain gloo cannot do the op (float8 reductions,
+PREMUL_SUM of integers), fp8gloo must refuse too, with its own clear error.
+AVG of integers, which plain gloo lacks, is checked against its sum divided
+by the group size, truncated toward zero (NCCL's integer average)."""
 import pytest
 
 from tests.support.harness import DistPool
@@ -27,8 +29,10 @@ def verdicts(request):
 def expected_verdict(op, dtype, n):
     if dtype in nl.FLOAT8 and op in nl.REDUCING:
         return "both refuse"  # gloo has no float8 arithmetic; fp8gloo says so where the call enters
-    if op in ("all_reduce_avg", "all_reduce_premul") and dtype not in CODEC_DTYPES | {"float64", "complex64"}:
-        return "both refuse"  # gloo cannot average / pre-multiply integers; fp8gloo refuses before writing
+    if op == "all_reduce_avg" and dtype == "bool":
+        return "both refuse"  # no average of booleans; fp8gloo refuses before writing
+    if op == "all_reduce_premul" and dtype not in CODEC_DTYPES | {"float64", "complex64"}:
+        return "both refuse"  # gloo cannot pre-multiply integers; fp8gloo refuses before writing
     if op == "all_reduce_max" and dtype == "complex64":
         return "both refuse"  # torch itself refuses MAX of complex
     if op == "gather" and dtype == "complex64":

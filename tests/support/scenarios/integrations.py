@@ -97,7 +97,7 @@ def fsdp2_compiled_training(steps: int = 3, backend: str = "inductor"):
         fully_shard(model, mesh=mesh)
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
         fp8comm.reset_stats(c.group)
-        fp8comm.nn.reset_stats()
+        fp8comm.nn.reset_linear_stats()
         losses = []
         for seq in S.batches(c.rank, steps):
             loss = S._loss(model, seq)

@@ -57,11 +57,13 @@ def _inputs(op: str, inp, rank: int, n: int, world: int) -> list:
 
 
 def run_op(op: str, dtype, n: int, pg, rank: int, world: int, reference_factor: float | None = None,
-           as_bytes: bool = False):
+           as_bytes: bool = False, integer_avg: bool = False):
     """Runs `op` on `pg` with this rank's inputs through the ops table;
     returns what the op wrote on this rank, flat. reference_factor: the
     reference of PREMUL_SUM (inputs multiplied by it, then summed). as_bytes:
-    move the same data as uint8 (plain gloo's only way to move float8)."""
+    move the same data as uint8 (plain gloo's only way to move float8).
+    integer_avg: the reference of AVG of integers (summed, then divided by
+    the group size, truncated toward zero, as NCCL computes it)."""
     def inp(r, m, seed=0):
         t = any_dtype_input(r, m, dtype, seed)
         return t.view(torch.uint8) if as_bytes else t
@@ -70,10 +72,13 @@ def run_op(op: str, dtype, n: int, pg, rank: int, world: int, reference_factor: 
     reduce = REDUCE_KINDS.get(op, "sum")
     if reference_factor is not None:
         xs, reduce = [x * reference_factor for x in xs], "sum"
+    if integer_avg:
+        reduce = "sum"
     root = ROOTS.get(op, 0)
     call = Call(pg, rank, world, reduce_op(reduce, premul_factor(rank)),
                 root=world - 1 if root == "last" else root)
-    return flat(run(TABLE_NAMES.get(op, op), call, xs), xs[0])
+    out = flat(run(TABLE_NAMES.get(op, op), call, xs), xs[0])
+    return out.div(world, rounding_mode="trunc") if integer_avg else out
 
 
 TABLE_NAMES = {name: "all_reduce" for name in REDUCE_KINDS}  # the other ops have the table's names
@@ -112,9 +117,10 @@ def nothing_lost(cases):
         # types), summing inputs times the factor for PREMUL_SUM (it has none).
         as_bytes = dtype_name in FLOAT8 and op not in REDUCING
         emulated = op == "all_reduce_premul" and (dtype.is_floating_point or dtype.is_complex) and not as_bytes
+        integer_avg = op == "all_reduce_avg" and not (dtype.is_floating_point or dtype.is_complex) and dtype != torch.bool
         try:
             ref = run_op(op, dtype, n, c.gloo, c.rank, P, reference_factor=premul_factor(c.rank) if emulated else None,
-                         as_bytes=as_bytes)
+                         as_bytes=as_bytes, integer_avg=integer_avg)
             ref = ref.view(dtype) if as_bytes else ref
             gloo_error = None
         except (RuntimeError, ValueError, TypeError) as e:

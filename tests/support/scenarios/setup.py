@@ -178,9 +178,9 @@ def _bad_calls(c):
     calls["device_ag"] = ([], lambda: be._allgather_base(torch.empty(100 * w, device="meta"), torch.randn(100)))
     calls["device_rs"] = ([o12], lambda: be._reduce_scatter_base(o12, torch.empty(100 * w, device="meta")))
     calls["device_ar"] = ([], lambda: be.allreduce([torch.empty(100, device="meta")]))
-    # refused by the inner gloo backend itself
+    # neither reduced by gloo nor emulated
     t5 = torch.full((100,), 7, dtype=torch.int64)
-    calls["avg_int_gloo"] = ([t5], lambda: dist.all_reduce(t5, op=dist.ReduceOp.AVG, group=g))
+    calls["premul_int_gloo"] = ([t5], lambda: dist.all_reduce(t5, op=dist._make_nccl_premul_sum(2.0), group=g))
     return calls
 
 
