@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 import torch
@@ -95,8 +96,9 @@ def build_library():
         link = subprocess.run([CXX, "-shared", *objs, "-o", so], capture_output=True, text=True)
         assert link.returncode == 0, f"linking the emulated kernels failed:\n{link.stderr}"
         os.replace(so, lib)
-    for old in cache.glob("kernels-*.so"):  # builds of older sources
-        if old != lib:
+    stale = time.time() - 86400  # builds of older sources; a day's grace for another checkout's run
+    for old in cache.glob("kernels-*.so"):
+        if old != lib and old.stat().st_mtime < stale:
             old.unlink(missing_ok=True)
     return lib
 
@@ -190,20 +192,30 @@ def nasty(n, dtype, gen):
     return x
 
 
+# Elements in front of every view, more than the largest block: an access a
+# block or more before a view lands in its buffer (a mismatch, not a crash).
+# A multiple of 16 bytes for every element size, so `offset` alone sets the
+# view's alignment.
+GUARD = 4112
+
+
 def embed(x, offset):
-    """x as a view at `offset` elements into a larger buffer of the dtype's
-    largest finite value: a read past either end changes a block's scale."""
-    buf = torch.full((offset + x.numel() + 40,), torch.finfo(x.dtype).max, dtype=x.dtype)
-    buf[offset:offset + x.numel()] = x
-    return buf[offset:offset + x.numel()]
+    """x as a view at GUARD + `offset` elements into a larger buffer of the
+    dtype's largest finite value: a read past either end changes a block's scale."""
+    start = GUARD + offset
+    buf = torch.full((start + x.numel() + 40,), torch.finfo(x.dtype).max, dtype=x.dtype)
+    buf[start:start + x.numel()] = x
+    return buf[start:start + x.numel()]
 
 
 def filled(n, dtype, offset, room=40):
-    """(outer, view): a buffer of FILL bytes and n elements of it from `offset`,
-    `room` more elements after it (what a kernel that ignores n could write)."""
-    outer = torch.empty((offset + n + room) * torch.tensor([], dtype=dtype).element_size(), dtype=torch.uint8)
+    """(outer, view): a buffer of FILL bytes and n elements of it from GUARD +
+    `offset`, `room` more elements after it (what a kernel that ignores n could
+    write), GUARD before it (what a kernel with a block index too low could)."""
+    start = GUARD + offset
+    outer = torch.empty((start + n + room) * torch.tensor([], dtype=dtype).element_size(), dtype=torch.uint8)
     outer = outer.fill_(FILL).view(dtype)
-    return outer, outer[offset:offset + n]
+    return outer, outer[start:start + n]
 
 
 def outers(n, dtype, offset, room=40):
