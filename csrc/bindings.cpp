@@ -11,6 +11,7 @@
 #include "backend/registry.h"
 #include "common/env.h"
 #include "codec/codec.h"
+#include "codec/cpu_threads.h"
 #include "testing/nccl_like_backend.h"
 
 namespace {
@@ -85,6 +86,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       },
       "(name, torch dtype, largest finite value) of every FP8 dtype fp8comm knows (csrc/codec/fp8_dtype_table.h).");
 
+  m.def("cpu_threads", &fp8comm::cpu_threads, "Threads one CPU codec call may use (csrc/codec/cpu_threads.h).");
+  m.def("set_cpu_threads", &fp8comm::set_cpu_threads, py::arg("n"),
+        "Sets the CPU codec's threads per process (n >= 1); returns the previous count.");
+  m.def("available_cores", &fp8comm::available_cores, "The cores this process may run on (its CPU affinity).");
   m.def("cpu_simd_enabled", &fp8comm::cpu_simd_enabled,
         "Whether the CPU codec runs whole blocks through its AVX2 kernels.");
   m.def("set_cpu_simd", &fp8comm::set_cpu_simd, py::arg("enabled"),
@@ -114,21 +119,25 @@ fp8_dtype: "e4m3" / torch.float8_e4m3fn or "e5m2" / torch.float8_e5m2 (FP8COMM_F
 min_numel: per-rank element count below which a collective passes through exactly
     (FP8COMM_MIN_NUMEL, 16384: scalars such as the loss or a grad norm stay exact).
 compress: which of all_reduce, reduce_scatter, all_gather are compressed: a list, or a
-    comma-separated string; "all" or "none" (FP8COMM_COMPRESS, all_reduce,reduce_scatter).)")
+    comma-separated string; "all" or "none" (FP8COMM_COMPRESS, all_reduce,reduce_scatter).
+cpu_threads: threads per process for the CPU codec (FP8COMM_CPU_THREADS; unset: the
+    process's share of its host's cores). Per process: ranks may differ.)")
       .def(py::init([](const py::object& block_size, const py::object& fp8_dtype, const py::object& min_numel,
-                       const py::object& compress) {
+                       const py::object& compress, const py::object& cpu_threads) {
              auto o = c10::make_intrusive<Options>();
              o->block_size = int_option(block_size, "block_size", FP8C_BLOCK_SIZE_RULE);
              o->fp8_dtype = fp8_dtype_option(fp8_dtype);
              o->min_numel = int_option(min_numel, "min_numel", "an int >= 0");
              o->compress = compress_items(compress);
+             o->cpu_threads = int_option(cpu_threads, "cpu_threads", "an int >= 1");
              return o;
            }),
            py::arg("block_size") = py::none(), py::arg("fp8_dtype") = py::none(), py::arg("min_numel") = py::none(),
-           py::arg("compress") = py::none())
+           py::arg("compress") = py::none(), py::arg("cpu_threads") = py::none())
       .def_property_readonly("block_size", [](const Options& o) { return o.block_size; })
       .def_property_readonly("fp8_dtype", [](const Options& o) { return fp8_dtype_name(o.fp8_dtype); })
       .def_property_readonly("min_numel", [](const Options& o) { return o.min_numel; })
+      .def_property_readonly("cpu_threads", [](const Options& o) { return o.cpu_threads; })
       .def_property_readonly("compress",
                              [](const Options& o) -> py::object {
                                if (!o.compress) return py::none();
@@ -141,15 +150,16 @@ compress: which of all_reduce, reduce_scatter, all_gather are compressed: a list
       .def("__repr__", [](const Options& o) {
         auto show = [](const auto& v) { return v ? py::repr(py::cast(*v)).template cast<std::string>() : std::string("None"); };
         return "fp8comm.Options(block_size=" + show(o.block_size) + ", fp8_dtype=" + show(fp8_dtype_name(o.fp8_dtype)) +
-               ", min_numel=" + show(o.min_numel) + ", compress=" + show(o.compress) + ")";
+               ", min_numel=" + show(o.min_numel) + ", compress=" + show(o.compress) +
+               ", cpu_threads=" + show(o.cpu_threads) + ")";
       })
       .def(py::pickle(
           [](const Options& o) {  // copy.deepcopy(parent.options) when torch splits a group
             return py::make_tuple(o.block_size, fp8_dtype_name(o.fp8_dtype), o.min_numel, o.compress, o.timeout.count(),
-                                  o.group_name, o.global_ranks_in_group);
+                                  o.group_name, o.global_ranks_in_group, o.cpu_threads);
           },
           [](const py::tuple& t) {
-            TORCH_CHECK_VALUE(t.size() == 7, "fp8comm.Options: cannot unpickle a state of ", t.size(), " fields");
+            TORCH_CHECK_VALUE(t.size() == 8, "fp8comm.Options: cannot unpickle a state of ", t.size(), " fields");
             auto o = c10::make_intrusive<Options>();
             o->block_size = t[0].cast<std::optional<int64_t>>();
             o->fp8_dtype = fp8_dtype_option(t[1]);
@@ -158,11 +168,12 @@ compress: which of all_reduce, reduce_scatter, all_gather are compressed: a list
             o->timeout = std::chrono::milliseconds(t[4].cast<int64_t>());
             o->group_name = t[5].cast<std::string>();
             o->global_ranks_in_group = t[6].cast<std::vector<uint64_t>>();
+            o->cpu_threads = t[7].cast<std::optional<int64_t>>();
             return o;
           }))
       .def("__eq__", [](const Options& a, const Options& b) {
         return a.block_size == b.block_size && a.fp8_dtype == b.fp8_dtype && a.min_numel == b.min_numel &&
-               a.compress == b.compress;
+               a.compress == b.compress && a.cpu_threads == b.cpu_threads;
       });
 
   py::class_<ProcessGroupFp8, c10d::Backend, c10::intrusive_ptr<ProcessGroupFp8>>(m, "ProcessGroupFp8")

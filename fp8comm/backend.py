@@ -6,6 +6,8 @@ gloo backends, then wraps it in the C++ ProcessGroupFp8 (DESIGN.md, "Layers").
 from __future__ import annotations
 
 import json
+import os
+import socket
 
 import torch.distributed as dist
 
@@ -51,16 +53,20 @@ def _shown(value) -> str:
     return value if isinstance(value, str) and value.lstrip("-").isdigit() else repr(value)
 
 
-def _check_same_options_on_every_rank(dist_backend_opts, options: Options) -> None:
-    """Every rank publishes its fingerprint through the group's store and reads
-    all the others', so a mismatch raises on every rank, naming the option."""
+def _exchange_with_every_rank(dist_backend_opts, options: Options) -> list[dict]:
+    """Every rank publishes its options fingerprint and its host name through
+    the group's store and reads all the others' (one round trip); a
+    mismatch of options raises on every rank, naming the option. Returns
+    each rank's {"options": ..., "host": ...}."""
     store, rank, size = dist_backend_opts.store, dist_backend_opts.group_rank, dist_backend_opts.group_size
     # One generation per group creation on this store: keys of an earlier
     # group created over the same store are never read.
     generation = (store.add("fp8comm/options/creations", 1) - 1) // size
     prefix = f"fp8comm/options/{generation}/"
-    store.set(prefix + str(rank), json.dumps(options.fingerprint(), sort_keys=True))
-    by_rank = [json.loads(store.get(prefix + str(r))) for r in range(size)]
+    mine = {"options": options.fingerprint(), "host": socket.gethostname()}
+    store.set(prefix + str(rank), json.dumps(mine, sort_keys=True))
+    published = [json.loads(store.get(prefix + str(r))) for r in range(size)]
+    by_rank = [p["options"] for p in published]
     differing = [key for key in by_rank[rank] if any(other.get(key) != by_rank[rank][key] for other in by_rank)]
     if differing:
         details = "; ".join(
@@ -71,13 +77,35 @@ def _check_same_options_on_every_rank(dist_backend_opts, options: Options) -> No
             f"fp8comm: the ranks of this process group resolved different options ({details}). Every rank must "
             "pass the same fp8comm.Options and set the same FP8COMM_* environment variables."
         )
+    return published
+
+
+def _ranks_on_this_host(published: list[dict], rank: int) -> int:
+    """Processes on this host that run a codec: torchrun's LOCAL_WORLD_SIZE
+    where set, else this group's ranks with this rank's host name."""
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    if local.isdigit() and int(local) > 0:
+        return int(local)
+    return sum(1 for p in published if p["host"] == published[rank]["host"])
+
+
+def _size_cpu_threads(options: Options, published: list[dict], rank: int) -> None:
+    """The CPU codec's threads (DESIGN.md, "CPU threads"): Options.cpu_threads
+    / FP8COMM_CPU_THREADS when given, else this process's share of the host's
+    cores, never more than an earlier group chose."""
+    if options.cpu_threads is not None:
+        _C.set_cpu_threads(options.cpu_threads)
+        return
+    share = max(1, _C.available_cores() // _ranks_on_this_host(published, rank))
+    _C.set_cpu_threads(min(share, _C.cpu_threads()))
 
 
 def _create(device: str, dist_backend_opts, pg_options, make_transport=None):
     """make_transport(dist_backend_opts) builds the inner backend; by default
     torch's gloo for "cpu" and NCCL for "cuda"."""
     options = _options_of(pg_options)
-    _check_same_options_on_every_rank(dist_backend_opts, options)
+    published = _exchange_with_every_rank(dist_backend_opts, options)
+    _size_cpu_threads(options, published, dist_backend_opts.group_rank)
     if make_transport is None:
         make_transport = _gloo_transport if device == "cpu" else _nccl_transport
     inner = make_transport(dist_backend_opts)

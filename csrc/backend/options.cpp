@@ -85,6 +85,9 @@ c10::intrusive_ptr<Options> Options::resolved() const {
   r->min_numel = min_numel ? *min_numel : env_int(env::kMinNumel);
   TORCH_CHECK_VALUE(*r->min_numel >= 0, "fp8comm.Options: min_numel must be an int >= 0, got ", *r->min_numel,
                     min_numel ? "" : " (from FP8COMM_MIN_NUMEL)");
+  if (!cpu_threads && env::kCpuThreads.read()) r->cpu_threads = env_int(env::kCpuThreads);
+  TORCH_CHECK_VALUE(!r->cpu_threads || *r->cpu_threads >= 1, "fp8comm.Options: cpu_threads must be an int >= 1, got ",
+                    r->cpu_threads.value_or(0), cpu_threads ? "" : " (from FP8COMM_CPU_THREADS)");
   r->compress = compress ? parse_compress(*compress, "fp8comm.Options.compress")
                          : parse_compress(split_commas(env::kCompress.value_or_fallback()), env::kCompress.name);
   return r;

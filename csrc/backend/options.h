@@ -27,6 +27,10 @@ struct Options : c10d::Backend::Options {
   std::optional<Fp8Dtype> fp8_dtype;
   std::optional<int64_t> min_numel;                 // per-rank elements below which calls pass through
   std::optional<std::vector<std::string>> compress;  // a subset of compressible_ops(), in their order
+  // Threads per process for the CPU codec; unset after resolved(): the
+  // process's share of its host's cores (backend.py). Per process, so not
+  // in the fingerprint.
+  std::optional<int64_t> cpu_threads;
 
   // A copy with every field set (from the environment where unset) and
   // checked; raises ValueError naming the field or variable otherwise.

@@ -1,12 +1,11 @@
-// The FP8 block codec on the CPU: blocks spread over threads with
-// at::parallel_for; runs of whole blocks go to the hand-written AVX2 kernels
+// The FP8 block codec on the CPU: blocks spread over the codec's own threads
+// (cpu_threads.h); runs of whole blocks go to the hand-written AVX2 kernels
 // (codec_cpu_avx2.cpp) when the CPU has them, and for block size 32's
 // quantize and sum + re-quantize to the AVX-512 ones (codec_cpu_avx512.cpp)
 // when it has those; everything else (tails, or no AVX2) to branch-free scalar
 // loops that the compiler vectorizes. The element
 // math is fp8_block_math.h, the same header the CUDA kernels use, so every
 // path produces the same bytes.
-#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -18,6 +17,7 @@
 #include "codec_tensor.h"
 #include "codec_cpu_avx2.h"
 #include "codec_cpu_avx512.h"
+#include "cpu_threads.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define FP8C_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
@@ -318,7 +318,7 @@ void quantize_cpu(const void* src, ElemType type, int64_t numel, float premul, c
     constexpr Fp8Dtype F = decltype(f)::value;
     auto* s = static_cast<const Storage<E>*>(src);
     const Simd simd = simd_level();
-    at::parallel_for(0, total, grain_blocks(dst.block_size), [&](int64_t b, int64_t end) {
+    parallel_blocks(total, grain_blocks(dst.block_size), [&](int64_t b, int64_t end) {
       quantize_blocks<E, F>(s, numel, premul, dst, b, end, simd);
     });
   });
@@ -333,7 +333,7 @@ void dequantize_cpu(const BlockCodes& src, void* dst, ElemType type, int64_t num
     auto* d = static_cast<Storage<E>*>(dst);
     const bool simd = cpu_simd_enabled();
     const int64_t output_bytes = numel * static_cast<int64_t>(sizeof(Storage<E>));
-    at::parallel_for(0, total, grain_blocks(src.block_size), [&](int64_t b, int64_t end) {
+    parallel_blocks(total, grain_blocks(src.block_size), [&](int64_t b, int64_t end) {
       dequantize_blocks<E, F>(src, d, numel, b, end, simd, output_bytes);
     });
   });
@@ -353,7 +353,7 @@ void dequant_sum_cpu(const BlockCodes& pieces, const OwnAddend& own, int post_di
     const int64_t addends = pieces.num_segments + (own.present ? 1 : 0);
     const int64_t grain = std::max<int64_t>(1, grain_blocks(pieces.block_size) / addends);
     const bool simd = cpu_simd_enabled();
-    at::parallel_for(0, total, grain, [&](int64_t b, int64_t end) {
+    parallel_blocks(total, grain, [&](int64_t b, int64_t end) {
       dequant_sum_blocks<E, F>(pieces, own, post_div, d, numel, b, end, simd);
     });
   });
@@ -373,7 +373,7 @@ void dequant_sum_requantize_cpu(const BlockCodes& pieces, const OwnAddend& own, 
   with_codec_types(own.type, pieces.fp8_dtype, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
     constexpr Fp8Dtype F = decltype(f)::value;
-    at::parallel_for(0, total, grain, [&](int64_t b, int64_t end) {
+    parallel_blocks(total, grain, [&](int64_t b, int64_t end) {
       dequant_sum_requantize_blocks<E, F>(pieces, own, post_div, out, b, end, simd);
     });
   });

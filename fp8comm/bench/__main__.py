@@ -1,10 +1,13 @@
-"""python -m fp8comm.bench comm [--nproc N] [comm options]
+"""python -m fp8comm.bench comm [--nproc N] [--launcher torchrun|spawn] [comm options]
 
-Launches fp8comm.bench.comm with torchrun on N local processes (default 2),
-on a free port. With --replot it only draws a saved result, in this process.
+Launches fp8comm.bench.comm on N local processes (default 2), on a free port:
+with torchrun (which sets OMP_NUM_THREADS=1 and LOCAL_WORLD_SIZE), or with
+torch.multiprocessing's spawn as PyTorch's custom-backend tutorial does
+(neither set). With --replot it only draws a saved result, in this process.
 """
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -23,14 +26,37 @@ def main(argv=None) -> int:
         i = rest.index("--nproc")
         nproc = rest[i + 1]
         del rest[i : i + 2]
+    launcher = "torchrun"
+    if "--launcher" in rest:
+        i = rest.index("--launcher")
+        launcher = rest[i + 1]
+        del rest[i : i + 2]
+    if launcher not in ("torchrun", "spawn"):
+        print(f"fp8comm.bench: --launcher must be torchrun or spawn, got {launcher!r}")
+        return 2
     if "--replot" in rest:
         return subprocess.call([sys.executable, "-m", module, *rest])
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
+    if launcher == "spawn":
+        import torch.multiprocessing as mp
+
+        command = " ".join(["python -m fp8comm.bench", *argv])
+        mp.spawn(_spawned, args=(int(nproc), port, module, rest, command), nprocs=int(nproc), join=True)
+        return 0
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={port}",
            "-m", module, *rest]
     return subprocess.call(cmd)
+
+
+def _spawned(rank: int, world: int, port: int, module: str, rest: list, command: str) -> None:
+    """One rank of a spawn launch: the rendezvous variables only."""
+    import importlib
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    importlib.import_module(module).main(rest, command=command)
 
 
 if __name__ == "__main__":

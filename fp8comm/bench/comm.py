@@ -227,8 +227,9 @@ def plot(result: dict, path: str):
     plt.close(fig)
 
 
-def main(argv=None, prog="-m fp8comm.bench.comm"):
-    """prog: how this benchmark was started, for the command a result records."""
+def main(argv=None, prog="-m fp8comm.bench.comm", command=None):
+    """prog: how this benchmark was started, for the command a result
+    records; command: that whole command, where it is not torchrun's."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ops", default=",".join(OPS))
     p.add_argument("--dtypes", default="float32,bfloat16")
@@ -290,7 +291,9 @@ def main(argv=None, prog="-m fp8comm.bench.comm"):
                   f"{r['bytes_sent'] / max(1, r['bytes_sent_uncompressed']):11.3f} {r['sqnr_db']:8.1f}")
         result = {
             "benchmark": "comm", "date": datetime.date.today().isoformat(),
-            "command": " ".join(["torchrun", f"--nproc_per_node={world}", prog] + sys.argv[1:]),
+            "command": command or " ".join(["torchrun", f"--nproc_per_node={world}", prog] + sys.argv[1:]),
+            "launcher": "spawn" if command else "torchrun",
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "codec_threads": fp8comm._C.cpu_threads(),
             "device": device_label(use_cuda),
             "backend": fp8_backend, "baseline": "nccl" if use_cuda else "gloo", "world_size": world,
             "torch": torch.__version__, "reps": reps,
