@@ -7,7 +7,6 @@ torch.multiprocessing's spawn as PyTorch's custom-backend tutorial does
 """
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
@@ -42,21 +41,14 @@ def main(argv=None) -> int:
     if launcher == "spawn":
         import torch.multiprocessing as mp
 
+        from .comm import spawned_rank
+
         command = " ".join(["python -m fp8comm.bench", *argv])
-        mp.spawn(_spawned, args=(int(nproc), port, module, rest, command), nprocs=int(nproc), join=True)
+        mp.spawn(spawned_rank, args=(int(nproc), port, rest, command), nprocs=int(nproc), join=True)
         return 0
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={port}",
            "-m", module, *rest]
     return subprocess.call(cmd)
-
-
-def _spawned(rank: int, world: int, port: int, module: str, rest: list, command: str) -> None:
-    """One rank of a spawn launch: the rendezvous variables only."""
-    import importlib
-
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
-    importlib.import_module(module).main(rest, command=command)
 
 
 if __name__ == "__main__":

@@ -227,6 +227,16 @@ def plot(result: dict, path: str):
     plt.close(fig)
 
 
+def spawned_rank(rank: int, world: int, port: int, argv: list, command: str) -> None:
+    """One rank of a torch.multiprocessing spawn launch (python -m
+    fp8comm.bench comm --launcher spawn): the rendezvous variables only, as
+    PyTorch's custom-backend tutorial sets them (no OMP_NUM_THREADS, no
+    LOCAL_WORLD_SIZE)."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    main(argv, command=command)
+
+
 def main(argv=None, prog="-m fp8comm.bench.comm", command=None):
     """prog: how this benchmark was started, for the command a result
     records; command: that whole command, where it is not torchrun's."""
