@@ -5,13 +5,13 @@ both transports: every collective runs on CUDA and on the CPU with the same data
 and the results must agree bit for bit (the codecs are bit-identical and the
 algorithm is the same)."""
 import os
-import tempfile
 
 import pytest
 import torch
 import torch.distributed as dist
 
 import fp8comm
+from tests.support.groups import cuda_world_of_one
 
 pytestmark = pytest.mark.cuda
 
@@ -23,17 +23,8 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 @pytest.fixture(scope="module", autouse=True)
 def world():
-    d = tempfile.mkdtemp()
-    torch.cuda.set_device(0)
-    dist.init_process_group(
-        "cpu:fp8gloo,cuda:fp8nccl",
-        init_method=f"file://{os.path.join(d, 'store')}",
-        rank=0,
-        world_size=1,
-        pg_options=fp8comm.Options(min_numel=1024, compress="all"),
-    )
-    yield
-    dist.destroy_process_group()
+    with cuda_world_of_one():
+        yield
 
 
 def same_bits(a, b):

@@ -15,14 +15,13 @@
 The default group is "cpu:fp8gloo,cuda:fp8nccl", as in test_backend_cuda.py.
 """
 import contextlib
-import os
-import tempfile
 
 import pytest
 import torch
 import torch.distributed as dist
 
 import fp8comm
+from tests.support.groups import cuda_world_of_one
 
 pytestmark = pytest.mark.cuda
 
@@ -36,18 +35,9 @@ LOOPS = 3
 
 @pytest.fixture(scope="module", autouse=True)
 def world():
-    d = tempfile.mkdtemp()
-    torch.cuda.set_device(0)
-    dist.init_process_group(
-        "cpu:fp8gloo,cuda:fp8nccl",
-        init_method=f"file://{os.path.join(d, 'store')}",
-        rank=0,
-        world_size=1,
-        pg_options=fp8comm.Options(min_numel=1024, compress="all"),
-    )
-    warm_up()
-    yield
-    dist.destroy_process_group()
+    with cuda_world_of_one():
+        warm_up()
+        yield
 
 
 def warm_up():

@@ -3,6 +3,11 @@ worker process. Every rank runs the same scenarios in the same order, so every
 rank creates them in the same order, as new_group requires."""
 from __future__ import annotations
 
+import contextlib
+import os
+import tempfile
+
+import torch
 import torch.distributed as dist
 
 import fp8comm
@@ -31,3 +36,22 @@ def plain_gloo_group():
     if "gloo" not in _GROUPS:
         _GROUPS["gloo"] = dist.new_group(backend="gloo")
     return _GROUPS["gloo"]
+
+
+@contextlib.contextmanager
+def cuda_world_of_one():
+    """The default group as the CUDA tests use it: one rank on GPU 0,
+    "cpu:fp8gloo,cuda:fp8nccl", every size compressed from 1024 elements."""
+    with tempfile.TemporaryDirectory() as d:
+        torch.cuda.set_device(0)
+        dist.init_process_group(
+            "cpu:fp8gloo,cuda:fp8nccl",
+            init_method=f"file://{os.path.join(d, 'store')}",
+            rank=0,
+            world_size=1,
+            pg_options=fp8comm.Options(min_numel=1024, compress="all"),
+        )
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()
