@@ -48,6 +48,16 @@ std::optional<int64_t> int_option(const py::object& v, const char* name, const c
   return v.cast<int64_t>();
 }
 
+// scope as given: "all" or "inter_node".
+std::optional<fp8comm::Scope> scope_option(const py::object& v) {
+  if (v.is_none()) return std::nullopt;
+  std::optional<fp8comm::Scope> found;
+  if (py::isinstance<py::str>(v)) found = fp8comm::find_scope(v.cast<std::string>());
+  TORCH_CHECK_VALUE(found, "fp8comm.Options: scope must be 'all' or 'inter_node', got ",
+                    py::repr(v).cast<std::string>());
+  return found;
+}
+
 // compress as given: a comma-separated string or an iterable of op names.
 std::optional<std::vector<std::string>> compress_items(const py::object& v) {
   if (v.is_none()) return std::nullopt;
@@ -121,23 +131,31 @@ min_numel: per-rank element count below which a collective passes through exactl
 compress: which of all_reduce, reduce_scatter, all_gather are compressed: a list, or a
     comma-separated string; "all" or "none" (FP8COMM_COMPRESS, all_reduce,reduce_scatter).
 cpu_threads: threads per process for the CPU codec (FP8COMM_CPU_THREADS; unset: the
-    process's share of its host's cores). Per process: ranks may differ.)")
+    process's share of its host's cores). Per process: ranks may differ.
+scope: "all" compresses every link; "inter_node" only the hop between nodes, exact
+    inside a node (FP8COMM_SCOPE, all).)")
       .def(py::init([](const py::object& block_size, const py::object& fp8_dtype, const py::object& min_numel,
-                       const py::object& compress, const py::object& cpu_threads) {
+                       const py::object& compress, const py::object& cpu_threads, const py::object& scope) {
              auto o = c10::make_intrusive<Options>();
              o->block_size = int_option(block_size, "block_size", FP8C_BLOCK_SIZE_RULE);
              o->fp8_dtype = fp8_dtype_option(fp8_dtype);
              o->min_numel = int_option(min_numel, "min_numel", "an int >= 0");
              o->compress = compress_items(compress);
              o->cpu_threads = int_option(cpu_threads, "cpu_threads", "an int >= 1");
+             o->scope = scope_option(scope);
              return o;
            }),
            py::arg("block_size") = py::none(), py::arg("fp8_dtype") = py::none(), py::arg("min_numel") = py::none(),
-           py::arg("compress") = py::none(), py::arg("cpu_threads") = py::none())
+           py::arg("compress") = py::none(), py::arg("cpu_threads") = py::none(), py::arg("scope") = py::none())
       .def_property_readonly("block_size", [](const Options& o) { return o.block_size; })
       .def_property_readonly("fp8_dtype", [](const Options& o) { return fp8_dtype_name(o.fp8_dtype); })
       .def_property_readonly("min_numel", [](const Options& o) { return o.min_numel; })
       .def_property_readonly("cpu_threads", [](const Options& o) { return o.cpu_threads; })
+      .def_property_readonly("scope",
+                             [](const Options& o) -> py::object {
+                               if (!o.scope) return py::none();
+                               return py::str(fp8comm::scope_name(*o.scope));
+                             })
       .def_property_readonly("compress",
                              [](const Options& o) -> py::object {
                                if (!o.compress) return py::none();
@@ -151,15 +169,17 @@ cpu_threads: threads per process for the CPU codec (FP8COMM_CPU_THREADS; unset: 
         auto show = [](const auto& v) { return v ? py::repr(py::cast(*v)).template cast<std::string>() : std::string("None"); };
         return "fp8comm.Options(block_size=" + show(o.block_size) + ", fp8_dtype=" + show(fp8_dtype_name(o.fp8_dtype)) +
                ", min_numel=" + show(o.min_numel) + ", compress=" + show(o.compress) +
-               ", cpu_threads=" + show(o.cpu_threads) + ")";
+               ", cpu_threads=" + show(o.cpu_threads) +
+               ", scope=" + (o.scope ? "'" + std::string(fp8comm::scope_name(*o.scope)) + "'" : std::string("None")) + ")";
       })
       .def(py::pickle(
           [](const Options& o) {  // copy.deepcopy(parent.options) when torch splits a group
             return py::make_tuple(o.block_size, fp8_dtype_name(o.fp8_dtype), o.min_numel, o.compress, o.timeout.count(),
-                                  o.group_name, o.global_ranks_in_group, o.cpu_threads);
+                                  o.group_name, o.global_ranks_in_group, o.cpu_threads,
+                                  o.scope ? py::object(py::str(fp8comm::scope_name(*o.scope))) : py::object(py::none()));
           },
           [](const py::tuple& t) {
-            TORCH_CHECK_VALUE(t.size() == 8, "fp8comm.Options: cannot unpickle a state of ", t.size(), " fields");
+            TORCH_CHECK_VALUE(t.size() == 9, "fp8comm.Options: cannot unpickle a state of ", t.size(), " fields");
             auto o = c10::make_intrusive<Options>();
             o->block_size = t[0].cast<std::optional<int64_t>>();
             o->fp8_dtype = fp8_dtype_option(t[1]);
@@ -169,16 +189,30 @@ cpu_threads: threads per process for the CPU codec (FP8COMM_CPU_THREADS; unset: 
             o->group_name = t[5].cast<std::string>();
             o->global_ranks_in_group = t[6].cast<std::vector<uint64_t>>();
             o->cpu_threads = t[7].cast<std::optional<int64_t>>();
+            o->scope = scope_option(t[8]);
             return o;
           }))
       .def("__eq__", [](const Options& a, const Options& b) {
         return a.block_size == b.block_size && a.fp8_dtype == b.fp8_dtype && a.min_numel == b.min_numel &&
-               a.compress == b.compress && a.cpu_threads == b.cpu_threads;
+               a.compress == b.compress && a.cpu_threads == b.cpu_threads && a.scope == b.scope;
       });
 
   py::class_<ProcessGroupFp8, c10d::Backend, c10::intrusive_ptr<ProcessGroupFp8>>(m, "ProcessGroupFp8")
       .def("stats", [](ProcessGroupFp8& pg) { return pg.stats().snapshot(); })
       .def("reset_stats", [](ProcessGroupFp8& pg) { pg.stats().reset(); })
+      .def("set_topology", &ProcessGroupFp8::set_topology, py::arg("nodes"), py::arg("ranks_on_my_node"),
+           py::arg("local_size"), py::arg("group_ranks"),
+           "Where the group's ranks live (fp8comm/topology.py); group_ranks[b * local_size + l] is the rank of "
+           "node b with local index l, or empty when nodes differ in size.")
+      .def(
+          "add_node_transports",
+          [](ProcessGroupFp8& pg, const std::string& device, const c10::intrusive_ptr<c10d::Backend>& intra,
+             const c10::intrusive_ptr<c10d::Backend>& inter) {
+            pg.add_node_transports(device_type_of(device), intra, inter);
+          },
+          py::arg("device"), py::arg("intra"), py::arg("inter"),
+          "The inter_node scope's inner backends for `device`: among this node's ranks, and among the ranks "
+          "that share this rank's local index.")
       .def(
           "transport",
           [](ProcessGroupFp8& pg, const std::string& device) { return pg.transport(device_type_of(device)); },

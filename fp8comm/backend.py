@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 import os
 import socket
+import types
 
 import torch.distributed as dist
 
 from . import _C
 from .options import Options
+from .topology import Topology, node_name
 
 BACKENDS = {"fp8gloo": "cpu", "fp8nccl": "cuda"}
 
@@ -53,17 +55,27 @@ def _shown(value) -> str:
     return value if isinstance(value, str) and value.lstrip("-").isdigit() else repr(value)
 
 
-def _exchange_with_every_rank(dist_backend_opts, options: Options) -> list[dict]:
-    """Every rank publishes its options fingerprint and its host name through
-    the group's store and reads all the others' (one round trip); a
-    mismatch of options raises on every rank, naming the option. Returns
-    each rank's {"options": ..., "host": ...}."""
+def _global_rank(dist_backend_opts) -> int:
+    ranks = list(dist_backend_opts.global_ranks_in_group or [])
+    return ranks[dist_backend_opts.group_rank] if ranks else dist_backend_opts.group_rank
+
+
+def _exchange_with_every_rank(dist_backend_opts, options: Options) -> tuple[str, list[dict]]:
+    """Every rank publishes its options fingerprint, its host name and its
+    node's name through the group's store and reads all the others' (one
+    round trip); a mismatch of options raises on every rank, naming the
+    option. Returns this creation's store prefix and each rank's
+    {"options": ..., "host": ..., "node": ...}."""
     store, rank, size = dist_backend_opts.store, dist_backend_opts.group_rank, dist_backend_opts.group_size
     # One generation per group creation on this store: keys of an earlier
     # group created over the same store are never read.
     generation = (store.add("fp8comm/options/creations", 1) - 1) // size
     prefix = f"fp8comm/options/{generation}/"
-    mine = {"options": options.fingerprint(), "host": socket.gethostname()}
+    mine = {
+        "options": options.fingerprint(),
+        "host": socket.gethostname(),
+        "node": node_name(_global_rank(dist_backend_opts)),
+    }
     store.set(prefix + str(rank), json.dumps(mine, sort_keys=True))
     published = [json.loads(store.get(prefix + str(r))) for r in range(size)]
     by_rank = [p["options"] for p in published]
@@ -77,7 +89,7 @@ def _exchange_with_every_rank(dist_backend_opts, options: Options) -> list[dict]
             f"fp8comm: the ranks of this process group resolved different options ({details}). Every rank must "
             "pass the same fp8comm.Options and set the same FP8COMM_* environment variables."
         )
-    return published
+    return prefix, published
 
 
 def _ranks_on_this_host(published: list[dict], rank: int) -> int:
@@ -100,18 +112,66 @@ def _size_cpu_threads(options: Options, published: list[dict], rank: int) -> Non
     _C.set_cpu_threads(min(share, _C.cpu_threads()))
 
 
+def _subgroup_transport(make_transport, dist_backend_opts, prefix: str, ranks: list[int], name: str):
+    """An inner backend among `ranks` (group ranks, this one included) of
+    the group being created, over its own part of the group's store."""
+    parent = list(dist_backend_opts.global_ranks_in_group or range(dist_backend_opts.group_size))
+    opts = types.SimpleNamespace(
+        store=dist.PrefixStore(prefix + name + "/", dist_backend_opts.store),
+        group_rank=ranks.index(dist_backend_opts.group_rank),
+        group_size=len(ranks),
+        timeout=dist_backend_opts.timeout,
+        global_ranks_in_group=[parent[r] for r in ranks],
+        group_id=f"{dist_backend_opts.group_id}:{name}",
+    )
+    inner = make_transport(opts)
+    inner._set_sequence_number_for_group()
+    return inner
+
+
+def _set_up_nodes(backend, device, options, dist_backend_opts, published, prefix, make_transport) -> None:
+    """Tells the backend where the group's ranks live and, in the inter_node
+    scope over several nodes of several ranks, gives it the inner backends
+    among each node's ranks and among the ranks that share a local index
+    (DESIGN.md, "Topology")."""
+    rank = dist_backend_opts.group_rank
+    topology = Topology.from_names([p["node"] for p in published])
+    inter_node = options.scope == "inter_node"
+    if inter_node and not topology.uniform:
+        sizes = {p["node"]: 0 for p in published}
+        for p in published:
+            sizes[p["node"]] += 1
+        raise ValueError(
+            "fp8comm: Options.scope='inter_node' needs the same number of this group's ranks on every node, got "
+            + ", ".join(f"{count} on {node}" for node, count in sizes.items())
+            + "; use scope='all' for this group, or create it over whole nodes"
+        )
+    nodes, local = topology.nodes, topology.local_size
+    group_ranks = [topology.rank_at(b, l) for b in range(nodes) for l in range(local)] if topology.uniform else []
+    backend.set_topology(nodes, len(topology.ranks_on(topology.node_of[rank])), local if topology.uniform else 0,
+                         group_ranks)
+    if not (inter_node and nodes > 1 and local > 1):
+        return  # one rank per node: the flat algorithms; one node: passthrough
+    my_node, my_local = topology.node_of[rank], topology.local_of[rank]
+    intra = _subgroup_transport(make_transport, dist_backend_opts, prefix, topology.ranks_on(my_node),
+                                f"intra{my_node}")
+    inter = _subgroup_transport(make_transport, dist_backend_opts, prefix,
+                                [topology.rank_at(b, my_local) for b in range(nodes)], f"inter{my_local}")
+    backend.add_node_transports(device, intra, inter)
+
+
 def _create(device: str, dist_backend_opts, pg_options, make_transport=None):
     """make_transport(dist_backend_opts) builds the inner backend; by default
     torch's gloo for "cpu" and NCCL for "cuda"."""
     options = _options_of(pg_options)
-    published = _exchange_with_every_rank(dist_backend_opts, options)
+    prefix, published = _exchange_with_every_rank(dist_backend_opts, options)
     _size_cpu_threads(options, published, dist_backend_opts.group_rank)
     if make_transport is None:
         make_transport = _gloo_transport if device == "cpu" else _nccl_transport
     inner = make_transport(dist_backend_opts)
     # torch only does this for backends it names "gloo" / "nccl".
     inner._set_sequence_number_for_group()
-    return _C.attach_or_create(
+    backend = _C.attach_or_create(
         dist_backend_opts.store,
         dist_backend_opts.group_rank,
         dist_backend_opts.group_size,
@@ -120,6 +180,8 @@ def _create(device: str, dist_backend_opts, pg_options, make_transport=None):
         inner,
         options,
     )
+    _set_up_nodes(backend, device, options, dist_backend_opts, published, prefix, make_transport)
+    return backend
 
 
 def _create_fp8gloo(dist_backend_opts, pg_options):

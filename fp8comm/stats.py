@@ -6,7 +6,14 @@ import torch.distributed as dist
 
 from . import _C
 
-STAT_KEYS = ("bytes_sent", "bytes_sent_uncompressed", "calls_compressed", "calls_passthrough")
+STAT_KEYS = (
+    "bytes_sent",
+    "bytes_sent_intra_node",
+    "bytes_sent_inter_node",
+    "bytes_sent_uncompressed",
+    "calls_compressed",
+    "calls_passthrough",
+)
 
 
 def fp8_backends(group=None) -> list:
@@ -26,8 +33,10 @@ def fp8_backends(group=None) -> list:
 def get_stats(group=None) -> dict:
     """Counters of the fp8 backend(s) of ``group``: ``bytes_sent`` (what this rank
     sends to peers under the standard algorithm volumes: all_gather (P-1)*in,
-    reduce_scatter and all_to_all (P-1)/P*in, all_reduce 2(P-1)/P*in),
-    ``bytes_sent_uncompressed`` (the same calls sent as they were),
+    reduce_scatter and all_to_all (P-1)/P*in, all_reduce 2(P-1)/P*in; the
+    inter_node scope's algorithms as they send), split into
+    ``bytes_sent_intra_node`` (to ranks on this rank's node) and
+    ``bytes_sent_inter_node``; ``bytes_sent_uncompressed`` (the same calls sent as they were),
     ``calls_compressed``, ``calls_passthrough``, and ``per_op``:
     ``{op: {"compressed": n, "passthrough": n}}``. Raises if the group has no
     fp8 backend."""

@@ -11,6 +11,7 @@
 
 #include <vector>
 
+#include "../common/node_bytes.h"
 #include "reduction.h"
 #include "transport.h"
 #include "wire_layout.h"
@@ -33,5 +34,33 @@ int64_t reduce_scatter_bytes_sent(int64_t group_size, const WireLayout& wire, in
 void all_gather(Transport& t, const WireLayout& wire, Workspace& ws, const std::vector<at::Tensor>& output_segments,
                 const at::Tensor& input);
 int64_t all_gather_bytes_sent(int64_t group_size, const WireLayout& wire, int64_t input_numel);
+
+// ---- the inter_node scope (by_node.cpp): exact inside each node, compressed between nodes.
+// A group of N nodes x L ranks, as one call sees it: the transport among
+// this node's L ranks (rank = local index), the one among the N ranks that
+// share this rank's local index (rank = node index), and the group rank of
+// each (node, local index).
+struct NodeTransports {
+  Transport intra;
+  Transport inter;
+  std::vector<int64_t> group_ranks;  // (node b, local index l) at b * L + l
+
+  int64_t rank_at(int64_t node, int64_t local) const { return group_ranks[node * intra.size() + local]; }
+};
+
+// The same results, with the same contracts, as all_reduce, reduce_scatter
+// and all_gather above.
+void all_reduce_by_node(NodeTransports& g, const WireLayout& wire, Workspace& ws, const at::Tensor& tensor,
+                        const Reduction& red);
+void reduce_scatter_by_node(NodeTransports& g, const WireLayout& wire, Workspace& ws, const at::Tensor& output,
+                            const std::vector<at::Tensor>& input_segments, const Reduction& red);
+void all_gather_by_node(NodeTransports& g, const WireLayout& wire, Workspace& ws,
+                        const std::vector<at::Tensor>& output_segments, const at::Tensor& input);
+NodeBytes all_reduce_by_node_bytes_sent(int64_t nodes, int64_t local_size, const WireLayout& wire, int64_t numel,
+                                        int64_t element_size);
+NodeBytes reduce_scatter_by_node_bytes_sent(int64_t nodes, int64_t local_size, const WireLayout& wire,
+                                            int64_t output_numel, int64_t element_size);
+NodeBytes all_gather_by_node_bytes_sent(int64_t nodes, int64_t local_size, const WireLayout& wire,
+                                        int64_t input_numel, int64_t element_size);
 
 }  // namespace fp8comm

@@ -63,6 +63,29 @@ Transport::Pending Transport::start_all_gather(at::Tensor& gathered, int64_t S, 
   return inner_->_allgather_base(gathered, mine, opts);  // in place: NCCL reads this rank's slot
 }
 
+Transport::Pending Transport::start_reduce_scatter_sum(at::Tensor& output, at::Tensor& input) {
+  if (size_ == 1) {
+    output.copy_(input);
+    return {};
+  }
+  c10d::ReduceScatterOptions opts;
+  opts.reduceOp = c10d::ReduceOp::SUM;
+  opts.timeout = timeout_;
+  opts.asyncOp = true;
+  return inner_->_reduce_scatter_base(output, input, opts);
+}
+
+Transport::Pending Transport::start_all_gather_exact(at::Tensor& output, at::Tensor& input) {
+  if (size_ == 1) {
+    output.copy_(input);
+    return {};
+  }
+  c10d::AllgatherOptions opts;
+  opts.timeout = timeout_;
+  opts.asyncOp = true;
+  return inner_->_allgather_base(output, input, opts);
+}
+
 void Transport::wait(const Pending& work, const char* phase) {
   if (!work) return;
   works_.push_back(work);
@@ -76,5 +99,9 @@ void Transport::wait(const Pending& work, const char* phase) {
 }
 
 std::vector<Transport::Pending> Transport::take_works() { return std::exchange(works_, {}); }
+
+void Transport::adopt_works(Transport& other) {
+  for (auto& work : other.take_works()) works_.push_back(std::move(work));
+}
 
 }  // namespace fp8comm

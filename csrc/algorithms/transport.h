@@ -30,6 +30,7 @@ class Transport {
   int64_t rank() const { return rank_; }
   int64_t size() const { return size_; }
   const char* op() const { return op_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
 
   // Sends segment i of `send` to the i-th other rank and receives the i-th
   // other rank's segment into segment i of `recv` (P - 1 segments of S bytes
@@ -53,12 +54,20 @@ class Transport {
   // this rank has written; `scratch` has gather_scratch_bytes(S) bytes.
   Pending start_all_gather(at::Tensor& gathered, int64_t S, at::Tensor& scratch);
 
+  // The inner backend's own exact collectives on tensors of any dtype (the
+  // inter_node scope's phases inside a node): `output` <- segment `rank` of
+  // the SUM of every rank's `input`; `output` <- every rank's `input`, in rank order.
+  Pending start_reduce_scatter_sum(at::Tensor& output, at::Tensor& input);
+  Pending start_all_gather_exact(at::Tensor& output, at::Tensor& input);
+
   // Orders what follows after `work` (CPU: blocks until it is done) and keeps
   // it for the call's Work (CUDA: where it may still fail). An error names
   // the op and the phase.
   void wait(const Pending& work, const char* phase);
   // The inner Works this call has waited for, for the call's Work.
   std::vector<Pending> take_works();
+  // Keeps `other`'s inner Works with this call's (a call over several transports).
+  void adopt_works(Transport& other);
 
  private:
   c10::intrusive_ptr<c10d::Backend> inner_;

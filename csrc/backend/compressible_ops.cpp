@@ -33,8 +33,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::run_pairs(const Collective& c, s
                                                           const char* phase, Pair&& pair) {
   Opts one = opts;
   one.asyncOp = true;
-  return run(c, inputs[0].device(), opts.asyncOp, opts.timeout, user_tensors, outputs, [&](Transport& transport) {
-    for (size_t i = 0; i < inputs.size(); ++i) transport.wait(pair(outputs[i], inputs[i], one), phase);
+  return run(c, inputs[0].device(), opts.asyncOp, opts.timeout, user_tensors, outputs, [&](Route& route) {
+    for (size_t i = 0; i < inputs.size(); ++i) route.group.wait(pair(outputs[i], inputs[i], one), phase);
   });
 }
 
@@ -74,13 +74,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::allreduce(std::vector<at::Tensor
                             });
   }
   const WireLayout wire = wire_layout(tensor.device().type());
+  NodeBytes sent;
   auto work = run(c, tensor.device(), opts.asyncOp, opts.timeout, with_factor({tensor}, opts.reduceOp, red), {tensor},
-                  [&](Transport& transport) {
+                  [&](Route& route) {
                     at::Tensor buffer = contiguous_or_self(tensor);
-                    fp8comm::all_reduce(transport, wire, workspace_, buffer, *red);
+                    sent = fp8comm::all_reduce(route, wire, workspace_, buffer, *red);
                     write_back(tensor, buffer);
                   });
-  record_compressed(c, bytes_of(tensor), all_reduce_bytes_sent(size_, wire, tensor.numel()));
+  record_compressed(c, bytes_of(tensor), sent);
   return work;
 }
 
@@ -110,19 +111,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::allreduce_coalesced(std::vector<
                             });
   }
   const WireLayout wire = wire_layout(tensors[0].device().type());
+  NodeBytes sent;
   auto work = run(c, tensors[0].device(), opts.asyncOp, opts.timeout, with_factor(tensors, opts.reduceOp, red),
-                  tensors, [&](Transport& transport) {
+                  tensors, [&](Route& route) {
                     std::vector<at::Tensor> flat_views;
                     for (const auto& t : tensors) flat_views.push_back(t.reshape({-1}));
                     at::Tensor flat = at::cat(flat_views);
-                    fp8comm::all_reduce(transport, wire, workspace_, flat, *red);
+                    sent = fp8comm::all_reduce(route, wire, workspace_, flat, *red);
                     int64_t offset = 0;
                     for (auto& t : tensors) {
                       t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
                       offset += t.numel();
                     }
                   });
-  record_compressed(c, bytes_of(tensors), all_reduce_bytes_sent(size_, wire, total));
+  record_compressed(c, bytes_of(tensors), sent);
   return work;
 }
 
@@ -170,13 +172,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::reduce_scatter_tensor(const Coll
   }
   check_dense(c.name, output);
   const WireLayout wire = wire_layout(input.device().type());
+  NodeBytes sent;
   auto work = run(c, input.device(), opts.asyncOp, opts.timeout, with_factor({input, output}, opts.reduceOp, red),
-                  {output}, [&](Transport& transport) {
+                  {output}, [&](Route& route) {
                     at::Tensor out = contiguous_or_self(output);
-                    fp8comm::reduce_scatter(transport, wire, workspace_, out, {contiguous_or_self(input)}, *red);
+                    sent = fp8comm::reduce_scatter(route, wire, workspace_, out, {contiguous_or_self(input)}, *red);
                     write_back(output, out);
                   });
-  record_compressed(c, bytes_of(output), reduce_scatter_bytes_sent(size_, wire, output.numel()));
+  record_compressed(c, bytes_of(output), sent);
   return work;
 }
 
@@ -217,15 +220,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::reduce_scatter(std::vector<at::T
   std::vector<at::Tensor> user = inputs[0];
   user.push_back(output);
   const WireLayout wire = wire_layout(output.device().type());
+  NodeBytes sent;
   auto work = run(c, output.device(), opts.asyncOp, opts.timeout, with_factor(user, opts.reduceOp, red), outputs,
-                  [&](Transport& transport) {
+                  [&](Route& route) {
                     std::vector<at::Tensor> segments;
                     for (const auto& in : inputs[0]) segments.push_back(contiguous_or_self(in));
                     at::Tensor out = contiguous_or_self(output);
-                    fp8comm::reduce_scatter(transport, wire, workspace_, out, segments, *red);
+                    sent = fp8comm::reduce_scatter(route, wire, workspace_, out, segments, *red);
                     write_back(output, out);
                   });
-  record_compressed(c, bytes_of(output), reduce_scatter_bytes_sent(size_, wire, output.numel()));
+  record_compressed(c, bytes_of(output), sent);
   return work;
 }
 
@@ -286,12 +290,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::all_gather_into_tensor(const Col
   }
   check_dense(c.name, output);
   const WireLayout wire = wire_layout(input.device().type());
-  auto work = run(c, input.device(), opts.asyncOp, opts.timeout, {input, output}, {output}, [&](Transport& transport) {
+  NodeBytes sent;
+  auto work = run(c, input.device(), opts.asyncOp, opts.timeout, {input, output}, {output}, [&](Route& route) {
     at::Tensor out = contiguous_or_self(output);
-    fp8comm::all_gather(transport, wire, workspace_, {out}, contiguous_or_self(input));
+    sent = fp8comm::all_gather(route, wire, workspace_, {out}, contiguous_or_self(input));
     write_back(output, out);
   });
-  record_compressed(c, bytes_of(input), all_gather_bytes_sent(size_, wire, input.numel()));
+  record_compressed(c, bytes_of(input), sent);
   return work;
 }
 
@@ -321,13 +326,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::allgather(std::vector<std::vecto
   std::vector<at::Tensor> user = outputs[0];
   user.push_back(input);
   const WireLayout wire = wire_layout(input.device().type());
-  auto work = run(c, input.device(), opts.asyncOp, opts.timeout, user, outputs[0], [&](Transport& transport) {
+  NodeBytes sent;
+  auto work = run(c, input.device(), opts.asyncOp, opts.timeout, user, outputs[0], [&](Route& route) {
     std::vector<at::Tensor> outs;
     for (const auto& out : outputs[0]) outs.push_back(contiguous_or_self(out));
-    fp8comm::all_gather(transport, wire, workspace_, outs, contiguous_or_self(input));
+    sent = fp8comm::all_gather(route, wire, workspace_, outs, contiguous_or_self(input));
     for (size_t r = 0; r < outs.size(); ++r) write_back(outputs[0][r], outs[r]);
   });
-  record_compressed(c, bytes_of(input), all_gather_bytes_sent(size_, wire, input.numel()));
+  record_compressed(c, bytes_of(input), sent);
   return work;
 }
 

@@ -34,6 +34,21 @@ std::string join(const std::vector<std::string>& items) {
 
 }  // namespace
 
+const char* scope_name(Scope scope) {
+  switch (scope) {
+    case Scope::kAll: return "all";
+    case Scope::kInterNode: return "inter_node";
+  }
+  TORCH_CHECK(false, "fp8comm: unknown Scope ", static_cast<int>(scope));
+}
+
+std::optional<Scope> find_scope(const std::string& name) {
+  for (Scope s : {Scope::kAll, Scope::kInterNode}) {
+    if (name == scope_name(s)) return s;
+  }
+  return std::nullopt;
+}
+
 const std::vector<std::string>& Options::compressible_ops() {
   static const std::vector<std::string> ops{"all_reduce", "reduce_scatter", "all_gather"};
   return ops;
@@ -90,6 +105,13 @@ c10::intrusive_ptr<Options> Options::resolved() const {
                     r->cpu_threads.value_or(0), cpu_threads ? "" : " (from FP8COMM_CPU_THREADS)");
   r->compress = compress ? parse_compress(*compress, "fp8comm.Options.compress")
                          : parse_compress(split_commas(env::kCompress.value_or_fallback()), env::kCompress.name);
+  if (!scope) {
+    const std::string name = env::kScope.value_or_fallback();
+    const auto found = find_scope(name);
+    TORCH_CHECK_VALUE(found, "fp8comm.Options: scope must be 'all' or 'inter_node', got '", name,
+                      "' (from FP8COMM_SCOPE)");
+    r->scope = *found;
+  }
   return r;
 }
 
@@ -106,12 +128,13 @@ bool Options::compresses(Algorithm algorithm) const {
 }
 
 std::map<std::string, std::string> Options::fingerprint() const {
-  TORCH_CHECK(block_size && fp8_dtype && min_numel && compress, "fp8comm.Options: fingerprint() of options that "
+  TORCH_CHECK(block_size && fp8_dtype && min_numel && compress && scope, "fp8comm.Options: fingerprint() of options that "
               "are not resolved");
   return {{"block_size", std::to_string(*block_size)},
           {"fp8_dtype", fp8_dtype_name(*fp8_dtype)},
           {"min_numel", std::to_string(*min_numel)},
-          {"compress", compress->empty() ? "none" : join(*compress)}};
+          {"compress", compress->empty() ? "none" : join(*compress)},
+          {"scope", scope_name(*scope)}};
 }
 
 }  // namespace fp8comm

@@ -16,6 +16,12 @@
 
 namespace fp8comm {
 
+// Which links carry FP8 (DESIGN.md, "Topology"): every link, or only the
+// hop between nodes (exact inside a node).
+enum class Scope : uint8_t { kAll, kInterNode };
+const char* scope_name(Scope scope);
+std::optional<Scope> find_scope(const std::string& name);
+
 struct Options : c10d::Backend::Options {
   static constexpr const char* kBackendName = "fp8comm";
   // The collectives that have a compressed algorithm, as `compress` names them.
@@ -27,6 +33,7 @@ struct Options : c10d::Backend::Options {
   std::optional<Fp8Dtype> fp8_dtype;
   std::optional<int64_t> min_numel;                 // per-rank elements below which calls pass through
   std::optional<std::vector<std::string>> compress;  // a subset of compressible_ops(), in their order
+  std::optional<Scope> scope;
   // Threads per process for the CPU codec; unset after resolved(): the
   // process's share of its host's cores (backend.py). Per process, so not
   // in the fingerprint.

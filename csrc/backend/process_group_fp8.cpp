@@ -11,7 +11,8 @@ namespace fp8comm {
 
 ProcessGroupFp8::ProcessGroupFp8(int rank, int size, c10::intrusive_ptr<fp8comm::Options> options)
     : c10d::Backend(rank, size), options_(std::move(options)) {
-  TORCH_CHECK(options_ && options_->block_size && options_->fp8_dtype && options_->min_numel && options_->compress,
+  TORCH_CHECK(options_ && options_->block_size && options_->fp8_dtype && options_->min_numel && options_->compress &&
+                  options_->scope,
               "fp8comm: ProcessGroupFp8 needs resolved options (fp8comm.Options(...).resolved())");
   check_block_size(*options_->block_size, "fp8comm.Options");
 }
@@ -26,6 +27,38 @@ void ProcessGroupFp8::add_transport(c10::DeviceType device_type, c10::intrusive_
               device_type);
   traits_[device_type] = TransportTraits::of(*inner, device_type);
   inner_[device_type] = std::move(inner);
+}
+
+void ProcessGroupFp8::set_topology(int64_t nodes, int64_t ranks_on_my_node, int64_t local_size,
+                                   std::vector<int64_t> group_ranks) {
+  TORCH_CHECK(nodes >= 1 && ranks_on_my_node >= 1 && ranks_on_my_node <= size_,
+              "fp8comm: a topology of ", nodes, " nodes with ", ranks_on_my_node, " ranks on this one does not fit a group of ",
+              size_);
+  TORCH_CHECK(group_ranks.empty() || static_cast<int64_t>(group_ranks.size()) == nodes * local_size,
+              "fp8comm: a topology of ", nodes, " nodes x ", local_size, " ranks lists ", group_ranks.size(), " ranks");
+  std::lock_guard<std::mutex> lock(mutex_);
+  nodes_ = nodes;
+  ranks_on_my_node_ = ranks_on_my_node;
+  node_group_ranks_ = std::move(group_ranks);
+}
+
+void ProcessGroupFp8::add_node_transports(c10::DeviceType device_type, c10::intrusive_ptr<c10d::Backend> intra,
+                                          c10::intrusive_ptr<c10d::Backend> inter) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  TORCH_CHECK(*options_->scope == Scope::kInterNode, "fp8comm: node transports for a group whose scope is ",
+              scope_name(*options_->scope));
+  TORCH_CHECK(!node_group_ranks_.empty() && intra && inter &&
+                  intra->getSize() * inter->getSize() == static_cast<int64_t>(node_group_ranks_.size()),
+              "fp8comm: node transports of ", intra ? intra->getSize() : 0, " x ", inter ? inter->getSize() : 0,
+              " ranks do not match the group's topology (set_topology first)");
+  node_inner_[device_type] = NodeInner{std::move(intra), std::move(inter)};
+}
+
+std::optional<ProcessGroupFp8::NodeInner> ProcessGroupFp8::node_inner(c10::DeviceType device_type) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = node_inner_.find(device_type);
+  if (it == node_inner_.end()) return std::nullopt;
+  return it->second;
 }
 
 TransportTraits ProcessGroupFp8::traits_for(c10::DeviceType device_type) const {
@@ -82,9 +115,11 @@ const std::string ProcessGroupFp8::getBackendName() const {
 bool ProcessGroupFp8::compresses(const Collective& c, const at::Tensor& t, int64_t per_rank_numel) const {
   const bool enabled = options_->compresses(c.algorithm);
   std::lock_guard<std::mutex> lock(mutex_);
+  // A group on one node in the inter_node scope has no hop to compress.
+  const bool has_link = *options_->scope == Scope::kAll || nodes_ > 1;
   // Inside a coalescing block the inner backend defers its ops until
   // endCoalescing, so the multi-phase algorithms cannot run there.
-  return enabled && coalescing_.empty() && t.layout() == at::kStrided && is_codec_dtype(t.scalar_type()) &&
+  return enabled && has_link && coalescing_.empty() && t.layout() == at::kStrided && is_codec_dtype(t.scalar_type()) &&
          per_rank_numel > 0 && per_rank_numel >= *options_->min_numel;
 }
 
@@ -93,10 +128,12 @@ bool ProcessGroupFp8::compresses(const Collective& c, const at::Tensor& t, int64
 // calls that fail in the transport are not counted.
 void ProcessGroupFp8::record_passthrough(const Collective& c, int64_t payload) {
   const int64_t plain = c.plain_bytes_sent(payload, size_);
-  stats_.record(c.name, false, plain, plain);
+  // The inner backend's ring spreads these bytes evenly over the peers.
+  const int64_t intra = size_ > 1 ? plain * (ranks_on_my_node_ - 1) / (size_ - 1) : 0;
+  stats_.record(c.name, false, NodeBytes{intra, plain - intra}, plain);
 }
 
-void ProcessGroupFp8::record_compressed(const Collective& c, int64_t payload, int64_t wire) {
+void ProcessGroupFp8::record_compressed(const Collective& c, int64_t payload, const NodeBytes& wire) {
   stats_.record(c.name, true, wire, c.plain_bytes_sent(payload, size_));
 }
 

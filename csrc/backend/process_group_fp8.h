@@ -15,7 +15,9 @@
 
 #include <map>
 #include <mutex>
+#include <optional>
 
+#include "../algorithms/route.h"
 #include "../algorithms/transport.h"
 #include "../algorithms/wire_layout.h"
 #include "../algorithms/workspace.h"
@@ -37,6 +39,15 @@ class ProcessGroupFp8 : public c10d::Backend {
   // What the algorithms know of that transport, and how they lay out FP8 data on it.
   TransportTraits traits_for(c10::DeviceType device_type) const;
   WireLayout wire_layout(c10::DeviceType device_type) const;
+
+  // Where the group's ranks live (fp8comm/topology.py): `ranks_on_my_node`
+  // of them on this rank's node; with `group_ranks` (node b, local index l
+  // at b * local_size + l) when every node holds local_size of them.
+  void set_topology(int64_t nodes, int64_t ranks_on_my_node, int64_t local_size, std::vector<int64_t> group_ranks);
+  // The inter_node scope's inner backends for tensors of `device_type`: among
+  // this node's ranks, and among the ranks of every node with this local index.
+  void add_node_transports(c10::DeviceType device_type, c10::intrusive_ptr<c10d::Backend> intra,
+                           c10::intrusive_ptr<c10d::Backend> inter);
 
   const fp8comm::Options& options() const { return *options_; }
   c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override { return options_; }
@@ -110,7 +121,13 @@ class ProcessGroupFp8 : public c10d::Backend {
   // Whether `c` on tensors like `t`, `per_rank_numel` elements per rank, is compressed.
   bool compresses(const Collective& c, const at::Tensor& t, int64_t per_rank_numel) const;
 
-  // Runs `body(Transport&)` (a compressed algorithm) inline on the CPU or on
+  // The route of a compressed call on `device` (by node where node transports exist).
+  struct NodeInner {
+    c10::intrusive_ptr<c10d::Backend> intra, inter;
+  };
+  std::optional<NodeInner> node_inner(c10::DeviceType device_type) const;
+
+  // Runs `body(Route&)` (a compressed algorithm) inline on the CPU or on
   // the side stream of a CUDA device, one call at a time, and returns its
   // Work, which holds the inner Works of its phases (run_compressed.h).
   template <typename Body>
@@ -126,7 +143,7 @@ class ProcessGroupFp8 : public c10d::Backend {
   // Stats: `payload` bytes as the collectives table counts them; a
   // compressed call sent `wire` bytes instead of the plain volume.
   void record_passthrough(const Collective& c, int64_t payload);
-  void record_compressed(const Collective& c, int64_t payload, int64_t wire);
+  void record_compressed(const Collective& c, int64_t payload, const NodeBytes& wire);
 
   // Passes a call through: call(inner backend) for `device`, counted in stats.
   template <typename Call>
@@ -164,6 +181,10 @@ class ProcessGroupFp8 : public c10d::Backend {
   mutable std::mutex mutex_;
   std::map<c10::DeviceType, c10::intrusive_ptr<c10d::Backend>> inner_;
   std::map<c10::DeviceType, TransportTraits> traits_;
+  std::map<c10::DeviceType, NodeInner> node_inner_;
+  int64_t nodes_ = 1;
+  int64_t ranks_on_my_node_ = 1;
+  std::vector<int64_t> node_group_ranks_;
   std::map<c10::DeviceIndex, c10::Stream> side_streams_;
   std::vector<c10::intrusive_ptr<c10d::Backend>> coalescing_;
   // Held by run(): one compressed call at a time (CPU ones also share the workspace).

@@ -12,6 +12,8 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include <algorithm>
+
 #include "fp8_work.h"
 #include "process_group_fp8.h"
 
@@ -23,9 +25,27 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::run(const Collective& c, const a
                                                     const std::vector<at::Tensor>& user_tensors,
                                                     std::vector<at::Tensor> outputs, Body&& body) {
   std::lock_guard<std::recursive_mutex> lock(call_mutex_);
-  Transport transport(inner_for(device, c.name), traits_for(device.type()), rank_, size_, timeout, c.name);
+  const TransportTraits traits = traits_for(device.type());
+  Transport transport(inner_for(device, c.name), traits, rank_, size_, timeout, c.name);
+  std::optional<NodeTransports> nodes;
+  if (auto inner = node_inner(device.type())) {
+    const int64_t L = static_cast<int64_t>(node_group_ranks_.size()) / nodes_;
+    const auto at = std::find(node_group_ranks_.begin(), node_group_ranks_.end(), int64_t{rank_});
+    const int64_t position = at - node_group_ranks_.begin();
+    nodes.emplace(NodeTransports{Transport(inner->intra, traits, position % L, L, timeout, c.name),
+                                 Transport(inner->inter, traits, position / L, nodes_, timeout, c.name),
+                                 node_group_ranks_});
+  }
+  Route route{transport, nodes ? &*nodes : nullptr, ranks_on_my_node_};
+  auto run_body = [&] {
+    body(route);
+    if (nodes) {
+      transport.adopt_works(nodes->intra);
+      transport.adopt_works(nodes->inter);
+    }
+  };
   if (device.is_cpu()) {
-    body(transport);  // every phase waited for on the host: any error has been raised
+    run_body();  // every phase waited for on the host: any error has been raised
     return c10::make_intrusive<Fp8Work>(rank_, c.type, c.name, std::move(outputs));
   }
   c10::impl::VirtualGuardImpl impl(device.type());
@@ -41,7 +61,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::run(const Collective& c, const a
     }
   }
   c10::StreamGuard stream_guard(stream);
-  body(transport);
+  run_body();
   c10::Event end(device.type());
   end.record(stream);
   return c10::make_intrusive<Fp8Work>(rank_, c.type, c.name, std::move(outputs), transport.take_works(),

@@ -18,19 +18,21 @@
 #include <mutex>
 #include <string>
 
+#include "../common/node_bytes.h"
+
 namespace fp8comm {
 
 class Stats {
  public:
-  void record(const std::string& op, bool compressed, int64_t bytes_sent, int64_t bytes_sent_uncompressed);
-  // Flat map: bytes_sent, bytes_sent_uncompressed, calls_compressed,
+  void record(const std::string& op, bool compressed, const NodeBytes& bytes_sent, int64_t bytes_sent_uncompressed);
+  // Flat map: bytes_sent, bytes_sent_intra_node, bytes_sent_inter_node, bytes_sent_uncompressed, calls_compressed,
   // calls_passthrough, and "<op>.compressed" / "<op>.passthrough" counts.
   std::map<std::string, int64_t> snapshot() const;
   void reset();
 
  private:
   mutable std::mutex mutex_;
-  int64_t bytes_sent_ = 0;
+  NodeBytes bytes_sent_;
   int64_t bytes_sent_uncompressed_ = 0;
   int64_t calls_compressed_ = 0;
   int64_t calls_passthrough_ = 0;

@@ -29,7 +29,25 @@ def test_unset_fields_stay_unset_until_resolved(monkeypatch):
     assert (r.block_size, r.fp8_dtype, r.min_numel) == (32, "e5m2", 7)
     assert r.compress == ("all_reduce", "reduce_scatter", "all_gather")
     assert r.fingerprint() == {"block_size": "32", "fp8_dtype": "e5m2", "min_numel": "7",
-                               "compress": "all_reduce,reduce_scatter,all_gather"}
+                               "compress": "all_reduce,reduce_scatter,all_gather", "scope": "all"}
+
+
+def test_scope_from_the_option_or_the_environment(monkeypatch):
+    assert fp8comm.Options().scope is None
+    assert fp8comm.Options().resolved().scope == "all"
+    assert fp8comm.Options(scope="inter_node").resolved().fingerprint()["scope"] == "inter_node"
+    monkeypatch.setenv("FP8COMM_SCOPE", "inter_node")
+    assert fp8comm.Options().resolved().scope == "inter_node"
+    assert fp8comm.Options(scope="all").resolved().scope == "all"
+    monkeypatch.setenv("FP8COMM_SCOPE", "nodes")
+    with pytest.raises(ValueError, match="scope must be 'all' or 'inter_node', got 'nodes' \\(from FP8COMM_SCOPE\\)"):
+        fp8comm.Options().resolved()
+
+
+@pytest.mark.parametrize("value", ["inter-node", 1, None.__class__])
+def test_scope_must_be_a_known_name(value):
+    with pytest.raises(ValueError, match="scope must be 'all' or 'inter_node'"):
+        fp8comm.Options(scope=value)
 
 
 def test_fp8_dtype_takes_torch_dtypes():
@@ -50,10 +68,11 @@ def test_unset_compress_from_environment_none(monkeypatch):
 
 def test_deepcopy_and_pickle_keep_every_field():
     """torch deep-copies a parent group's options when it splits the group."""
-    opts = fp8comm.Options(block_size=64, fp8_dtype="e5m2", compress="all_gather")
+    opts = fp8comm.Options(block_size=64, fp8_dtype="e5m2", compress="all_gather", scope="inter_node")
     for clone in (copy.deepcopy(opts), pickle.loads(pickle.dumps(opts))):
         assert clone == opts and clone is not opts
-        assert clone.min_numel is None and clone.compress == ("all_gather",)
+        assert clone.min_numel is None and clone.compress == ("all_gather",) and clone.scope == "inter_node"
+    assert fp8comm.Options(scope="all") != fp8comm.Options(scope="inter_node")
     assert fp8comm.Options(block_size=64) != fp8comm.Options(block_size=32)
 
 

@@ -12,6 +12,7 @@ CASES = [
     ("block_size", None, "block_size: rank 0 has 64, rank 1 has 32"),
     ("fp8_dtype", None, "fp8_dtype: rank 0 has 'e5m2', rank 1 has 'e4m3'"),
     ("compress", None, "compress: rank 0 has 'all_reduce,reduce_scatter,all_gather', rank 1 has"),
+    ("scope", None, "scope: rank 0 has 'inter_node', rank 1 has 'all'"),
     ("", {"FP8COMM_MIN_NUMEL": "4096"}, "min_numel: rank 0 has 4096, rank 1 has 16384"),
 ]
 

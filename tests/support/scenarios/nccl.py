@@ -137,7 +137,8 @@ def options_disagree(backend: str, option: str, env_rank0: dict | None = None):
     differs = c.rank == 0
     kw = {"min_numel": 1024, "compress": "all_reduce,reduce_scatter", "block_size": 32, "fp8_dtype": "e4m3"}
     if differs and option:
-        kw[option] = {"min_numel": 2048, "compress": "all", "block_size": 64, "fp8_dtype": "e5m2"}[option]
+        kw[option] = {"min_numel": 2048, "compress": "all", "block_size": 64, "fp8_dtype": "e5m2",
+                      "scope": "inter_node"}[option]
     for name in env_rank0 or {}:  # an option the environment sets is left unset on every rank
         kw.pop(name.removeprefix("FP8COMM_").lower(), None)
     saved = dict(os.environ)

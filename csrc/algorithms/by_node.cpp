@@ -1,0 +1,106 @@
+// The inter_node scope (DESIGN.md, "Topology"): a group spread over N nodes
+// of L ranks each reduces exactly inside each node over the inner transport,
+// runs the compressed algorithm among the N ranks that share a local index
+// (one per node) on 1/L of the data, and gathers exactly inside each node.
+// Only the hop between nodes carries FP8, each element quantized as often as
+// in the flat algorithm. Each chunk of the node's exact sum has one owner,
+// and the exact phases only copy, so every rank ends with the same bits.
+#include "algorithms.h"
+#include "segments.h"
+
+namespace fp8comm {
+
+namespace {
+
+// A contiguous tensor of `numel` elements of `like`'s dtype: a workspace slot
+// on the CPU, a stream-ordered allocation on a device.
+at::Tensor node_buffer(Workspace& ws, Workspace::Slot slot, int64_t numel, const at::Tensor& like) {
+  const int64_t bytes = numel * like.element_size();
+  return ws.bytes(slot, bytes, like).view(like.scalar_type()).view({numel});
+}
+
+// Multiplies `x` in place by the PREMUL_SUM factor (computed in FP32 and
+// rounded once to x's dtype, as the exact path emulates it); SUM and AVG
+// leave it.
+void premultiply(const at::Tensor& x, const Reduction& red) {
+  if (red.premul_tensor) {
+    x.mul_(*red.premul_tensor);
+  } else if (red.premul != 1.0f) {
+    x.mul_(static_cast<double>(red.premul));
+  }
+}
+
+// What the compressed phase among nodes reduces: the node sums, divided by
+// the whole group's size for AVG.
+Reduction among_nodes(const Reduction& red) { return Reduction{1.0f, std::nullopt, red.post_div}; }
+
+// Segment r (k elements) of a flat tensor of P * k, or the r-th of P tensors.
+at::Tensor segment(const std::vector<at::Tensor>& segments, int64_t r, int64_t k) {
+  return segments.size() == 1 ? segments[0].view({-1}).narrow(0, r * k, k) : segments[r].view({-1});
+}
+
+}  // namespace
+
+void all_reduce_by_node(NodeTransports& g, const WireLayout& wire, Workspace& ws, const at::Tensor& tensor,
+                        const Reduction& red) {
+  const int64_t L = g.intra.size(), n = tensor.numel();
+  const int64_t k = (n + L - 1) / L;
+  const at::Tensor flat = tensor.view({-1});
+  at::Tensor staging = node_buffer(ws, Workspace::kNodeStaging, L * k, tensor);
+  staging.narrow(0, 0, n).copy_(flat);
+  if (L * k > n) staging.narrow(0, n, L * k - n).zero_();
+  premultiply(staging, red);
+  at::Tensor chunk = node_buffer(ws, Workspace::kNodeChunk, k, tensor);
+  g.intra.wait(g.intra.start_reduce_scatter_sum(chunk, staging), "intra-node reduce_scatter");
+  all_reduce(g.inter, wire, ws, chunk, among_nodes(red));
+  g.intra.wait(g.intra.start_all_gather_exact(staging, chunk), "intra-node all_gather");
+  flat.copy_(staging.narrow(0, 0, n));
+}
+
+void reduce_scatter_by_node(NodeTransports& g, const WireLayout& wire, Workspace& ws, const at::Tensor& output,
+                            const std::vector<at::Tensor>& input_segments, const Reduction& red) {
+  const int64_t L = g.intra.size(), N = g.inter.size(), k = output.numel();
+  // Local rank l reduces the segments of the ranks with local index l, one per node in node order.
+  at::Tensor staging = node_buffer(ws, Workspace::kNodeStaging, L * N * k, output);
+  for (int64_t l = 0; l < L; ++l) {
+    for (int64_t b = 0; b < N; ++b) {
+      staging.narrow(0, (l * N + b) * k, k).copy_(segment(input_segments, g.rank_at(b, l), k));
+    }
+  }
+  premultiply(staging, red);
+  at::Tensor chunk = node_buffer(ws, Workspace::kNodeChunk, N * k, output);
+  g.intra.wait(g.intra.start_reduce_scatter_sum(chunk, staging), "intra-node reduce_scatter");
+  reduce_scatter(g.inter, wire, ws, output, {chunk}, among_nodes(red));
+}
+
+void all_gather_by_node(NodeTransports& g, const WireLayout& wire, Workspace& ws,
+                        const std::vector<at::Tensor>& output_segments, const at::Tensor& input) {
+  const int64_t L = g.intra.size(), N = g.inter.size(), k = input.numel();
+  at::Tensor chunk = node_buffer(ws, Workspace::kNodeChunk, N * k, input);
+  all_gather(g.inter, wire, ws, {chunk}, input);
+  at::Tensor staging = node_buffer(ws, Workspace::kNodeStaging, L * N * k, input);
+  g.intra.wait(g.intra.start_all_gather_exact(staging, chunk), "intra-node all_gather");
+  for (int64_t l = 0; l < L; ++l) {
+    for (int64_t b = 0; b < N; ++b) {
+      segment(output_segments, g.rank_at(b, l), k).copy_(staging.narrow(0, (l * N + b) * k, k));
+    }
+  }
+}
+
+NodeBytes all_reduce_by_node_bytes_sent(int64_t nodes, int64_t local_size, const WireLayout& wire, int64_t numel,
+                                        int64_t element_size) {
+  const int64_t L = local_size, k = (numel + L - 1) / L;
+  return {2 * (L - 1) * k * element_size, all_reduce_bytes_sent(nodes, wire, k)};
+}
+
+NodeBytes reduce_scatter_by_node_bytes_sent(int64_t nodes, int64_t local_size, const WireLayout& wire,
+                                            int64_t output_numel, int64_t element_size) {
+  return {(local_size - 1) * nodes * output_numel * element_size, reduce_scatter_bytes_sent(nodes, wire, output_numel)};
+}
+
+NodeBytes all_gather_by_node_bytes_sent(int64_t nodes, int64_t local_size, const WireLayout& wire,
+                                        int64_t input_numel, int64_t element_size) {
+  return {(local_size - 1) * nodes * input_numel * element_size, all_gather_bytes_sent(nodes, wire, input_numel)};
+}
+
+}  // namespace fp8comm

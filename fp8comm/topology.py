@@ -1,0 +1,77 @@
+"""Which ranks of a process group share a node (DESIGN.md, "Topology").
+
+A node is the set of ranks on one host. Each rank names its own node when
+the group is created, and the names travel with the options fingerprint
+through the group's store, so learning the topology costs no extra round
+trip. A rank's node name is, in order of precedence:
+
+- ``FP8COMM_LOCAL_SIZE=L``: ranks ``[iL, (i+1)L)`` of the world are node i
+  (simulated nodes, for tests on one machine);
+- torchrun's ``LOCAL_WORLD_SIZE``: the same with L = that value (torchrun
+  numbers the ranks of one node contiguously);
+- else the host name.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+
+
+def node_name(global_rank: int, environ=os.environ) -> str:
+    """This process's node, as every rank of its groups names it."""
+    for variable in ("FP8COMM_LOCAL_SIZE", "LOCAL_WORLD_SIZE"):
+        value = environ.get(variable, "")
+        if value:
+            try:
+                size = int(value)
+            except ValueError:
+                size = 0
+            if size < 1:
+                raise ValueError(f"fp8comm: {variable}={value!r} must be a positive integer (ranks per node)")
+            return f"ranks {global_rank // size * size}-{global_rank // size * size + size - 1}"
+    return f"host {socket.gethostname()}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    """The nodes of one group: ``node_of[r]`` and ``local_of[r]`` for every
+    group rank r (nodes numbered by their lowest rank, local ranks in group
+    rank order)."""
+
+    node_of: tuple[int, ...]
+    local_of: tuple[int, ...]
+
+    @classmethod
+    def from_names(cls, names: list[str]) -> "Topology":
+        index: dict[str, int] = {}
+        counts: list[int] = []
+        node_of, local_of = [], []
+        for name in names:
+            if name not in index:
+                index[name] = len(counts)
+                counts.append(0)
+            node_of.append(index[name])
+            local_of.append(counts[index[name]])
+            counts[index[name]] += 1
+        return cls(tuple(node_of), tuple(local_of))
+
+    @property
+    def nodes(self) -> int:
+        return max(self.node_of) + 1
+
+    def ranks_on(self, node: int) -> list[int]:
+        return [r for r, n in enumerate(self.node_of) if n == node]
+
+    @property
+    def uniform(self) -> bool:
+        """Every node holds the same number of this group's ranks."""
+        sizes = {len(self.ranks_on(n)) for n in range(self.nodes)}
+        return len(sizes) == 1
+
+    @property
+    def local_size(self) -> int:
+        return len(self.ranks_on(self.node_of[0]))
+
+    def rank_at(self, node: int, local: int) -> int:
+        return self.ranks_on(node)[local]

@@ -1,0 +1,108 @@
+"""The inter_node scope (DESIGN.md, "Topology") on CPU processes grouped into
+simulated nodes (FP8COMM_LOCAL_SIZE=2): 4 ranks as 2 nodes x 2 and 6 as
+3 x 2 on fp8gloo, 4 on fp8ncclsim (fp8nccl's path).
+
+Every compressed collective and form is bitwise equal to a model built from
+plain pieces (the node's exact sum, then the flat compressed collective
+among the ranks that share a local index), so an element is quantized only
+on the hop between nodes; all_reduce ends bitwise equal on every rank; the
+exact ops stay exact; stats split the bytes by where they go."""
+import pytest
+import torch
+
+from tests.support.harness import DistPool
+from tests.support.inputs import same_bits
+from tests.support.scenarios import topology as ts
+
+LOCAL = 2
+# E4M3 with 32-element blocks over 2-3 nodes: one quantization on the way
+# between nodes (reduce_scatter, all_gather), two for all_reduce.
+MIN_SQNR_DB = {"all_reduce": 25.0, "reduce_scatter": 28.0, "all_gather": 28.0}
+
+
+@pytest.fixture(scope="module", params=[("fp8gloo", 4), ("fp8gloo", 6), ("fp8ncclsim", 4)],
+                ids=lambda p: f"{p[0]}-{p[1]}")
+def pool(request):
+    backend, world = request.param
+    p = DistPool(world, backend=backend, pg_options={"min_numel": 1024, "compress": "all"},
+                 env={"FP8COMM_SCOPE": "inter_node", "FP8COMM_LOCAL_SIZE": str(LOCAL)})
+    p.nodes = world // LOCAL
+    yield p
+    p.close()
+
+
+def check_compressed(results, name, reduce_kind="sum"):
+    family = ts.FAMILIES[name]
+    for rank, r in enumerate(results):
+        if r["model"] is not None:
+            assert same_bits(r["result"], r["model"]), f"rank {rank}: {name} differs from the by-node model"
+        assert r["sqnr"] >= MIN_SQNR_DB[family], (rank, r["sqnr"])
+        stats = r["stats"]
+        assert stats["calls_compressed"] >= 1 and stats["calls_passthrough"] == 0, stats
+        assert stats["bytes_sent"] == stats["bytes_sent_intra_node"] + stats["bytes_sent_inter_node"]
+        assert stats["bytes_sent_inter_node"] > 0 and stats["bytes_sent_intra_node"] > 0, stats
+    if family == "all_reduce":
+        for rank, r in enumerate(results):
+            assert same_bits(r["result"], results[0]["result"]), f"rank {rank} ended with other bits than rank 0"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("n", [4096, 100_003])
+def test_all_reduce_is_the_node_sum_through_one_flat_all_reduce(pool, n, dtype):
+    check_compressed(pool.run(ts.compressed_case, "all_reduce", n, dtype), "all_reduce")
+
+
+@pytest.mark.parametrize("reduce_kind", ["avg", "premul_sum"])
+def test_all_reduce_avg_and_premul_sum(pool, reduce_kind):
+    results = pool.run(ts.compressed_case, "all_reduce", 30_000, torch.float32, reduce_kind)
+    check_compressed(results, "all_reduce", reduce_kind)
+
+
+@pytest.mark.parametrize("name", [n for n in ts.FAMILIES if n != "all_reduce"])
+def test_every_form_matches_the_by_node_model(pool, name):
+    tensors = 2 if name.endswith("coalesced") else 1
+    check_compressed(pool.run(ts.compressed_case, name, 4096, torch.float32, tensors=tensors), name)
+
+
+def test_reduce_scatter_avg(pool):
+    results = pool.run(ts.compressed_case, "reduce_scatter_tensor", 4096, torch.bfloat16, "avg")
+    check_compressed(results, "reduce_scatter_tensor", "avg")
+
+
+@pytest.mark.parametrize("name", ["broadcast", "reduce", "all_to_all_single", "all_to_all"])
+def test_exact_ops_stay_exact(pool, name):
+    for got, plain in pool.run(ts.exact_case, name, 1000, torch.float32):
+        assert all(same_bits(g, p) for g, p in zip(got, plain))
+
+
+def test_all_reduce_bytes_between_nodes(pool):
+    """By node, an all_reduce of n FP32 elements sends 2 (L-1) n/L x 4 bytes
+    inside the node and the flat compressed all_reduce of n/L elements among
+    the nodes between them: fewer bytes between nodes than the flat algorithm
+    sends there."""
+    n = 1 << 16
+    by_node = pool.run(ts.compressed_case, "all_reduce", n, torch.float32)
+    flat = pool.run(ts.flat_scope_split, n)
+    world = pool.nodes * LOCAL
+    for r, f in zip(by_node, flat):
+        assert r["stats"]["bytes_sent_intra_node"] == 2 * (LOCAL - 1) * (n // LOCAL) * 4
+        assert r["stats"]["bytes_sent_inter_node"] < f["bytes_sent_inter_node"]
+        # Flat scope: bytes split by the share of peers on this node.
+        assert f["bytes_sent_intra_node"] == f["bytes_sent"] * (LOCAL - 1) // (world - 1)
+
+
+def test_a_group_on_one_node_passes_through_exactly(pool):
+    for result in pool.run(ts.one_node_group, 50_000):
+        if result is None:
+            continue
+        exact, stats = result
+        assert exact
+        assert stats["calls_compressed"] == 0 and stats["calls_passthrough"] == 1
+        assert stats["bytes_sent_inter_node"] == 0
+
+
+def test_nodes_of_different_sizes_are_refused_at_creation(pool):
+    errors = pool.run(ts.uneven_nodes_group)
+    for rank in range(LOCAL + 1):
+        assert errors[rank] is not None and "same number of this group's ranks on every node" in errors[rank]
+        assert "2 on ranks 0-1, 1 on ranks 2-3" in errors[rank], errors[rank]
