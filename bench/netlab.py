@@ -97,8 +97,15 @@ class Lab:
             ns(node, "ip", "link", "set", self.node_if, "up")
             ns(node, "ip", "link", "set", "lo", "up")
 
-    def shape(self, gbit: float | None, delay_ms: float):
-        """Shapes both directions of every node's link; None: unshaped."""
+    def sysctl(self, settings: list[tuple[str, str]]):
+        """Sets per-namespace kernel settings (e.g. TCP's) on every node."""
+        for node in self.nodes:
+            for key, value in settings:
+                run("ip", "netns", "exec", node, "sysctl", "-q", "-w", f"{key}={value}")
+
+    def shape(self, gbit: float | None, delay_ms: float, queue_ms: float = 100.0):
+        """Shapes both directions of every node's link; None: unshaped.
+        queue_ms: how long a packet may wait in the shaper's queue (its depth)."""
         for i, node in enumerate(self.nodes):
             for where, dev in ((node, self.node_if), (self.switch, self.switch_if(i))):
                 run("ip", "netns", "exec", where, "tc", "qdisc", "del", "dev", dev, "root", check=False)
@@ -112,7 +119,7 @@ class Lab:
                     # granularity, small against any transfer measured.
                     burst = max(64 * 1024, int(gbit * 1e9 / 8 * 0.002))
                     run("ip", "netns", "exec", where, "tc", "qdisc", "add", "dev", dev, *parent, "handle", "2:",
-                        "tbf", "rate", f"{gbit}gbit", "burst", str(burst), "latency", "100ms")
+                        "tbf", "rate", f"{gbit}gbit", "burst", str(burst), "latency", f"{queue_ms}ms")
 
     def close(self):
         for name in reversed(self.created):
@@ -258,6 +265,8 @@ def main(argv=None) -> int:
     p.add_argument("--runs", type=int, default=3, help="jobs per rate; rows are medians over them")
     p.add_argument("--env", action="append", default=[], type=lambda s: tuple(s.split("=", 1)),
                    help="NAME=VALUE for every rank (e.g. FP8COMM_SCOPE=inter_node)")
+    p.add_argument("--sysctl", action="append", default=[], type=lambda s: tuple(s.split("=", 1)),
+                   help="KEY=VALUE set in every node's namespace (e.g. net.ipv4.tcp_slow_start_after_idle=0)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per job")
     p.add_argument("--quick", action="store_true", help="10 Gbit/s only, 1 and 4 MiB, 3 reps, 1 run")
     p.add_argument("--json", metavar="PATH")
@@ -284,6 +293,7 @@ def main(argv=None) -> int:
     by_rate: dict = {}
     try:
         lab.build()
+        lab.sysctl(args.sysctl)
         with tempfile.TemporaryDirectory(prefix="fp8lab") as tmp:
             for rate in rates:
                 lab.shape(None if rate == "unshaped" else float(rate), args.delay_ms)
@@ -309,7 +319,7 @@ def main(argv=None) -> int:
     result = {"benchmark": "netlab", "date": datetime.date.today().isoformat(),
               "command": " ".join(["python", "bench/netlab.py"] + list(sys.argv[1:] if argv is None else argv)),
               "device": device, "nodes": args.nodes, "ranks_per_node": args.ranks_per_node,
-              "delay_ms": args.delay_ms, "mtu": args.mtu, "env": dict(args.env),
+              "delay_ms": args.delay_ms, "mtu": args.mtu, "env": dict(args.env), "sysctl": dict(args.sysctl),
               "omp_num_threads": max(1, (os.cpu_count() or 1) // world),
               "modeled_columns": "modeled_*: time at the unshaped link + link bytes / rate (not measured)",
               "rows": rows, "raw": by_rate}

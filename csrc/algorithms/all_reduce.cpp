@@ -5,38 +5,108 @@
 // sum into its slot of the gathered buffer, and all-gathers those bytes:
 // every rank decodes the same bytes, so every rank ends with bitwise the same
 // result, and each element is quantized twice on its way.
+//
+// A large tensor runs as consecutive chunks, each that algorithm on its own
+// elements, in three sweeps: every chunk's pieces are quantized and sent (the
+// codec works on chunk c + 1 while chunk c travels), then every chunk's sums
+// are made and gathered, then, once every phase is through, every chunk is
+// decoded into the tensor. Several messages in flight also let the transport
+// move both directions of a link at once (gloo does not with one message).
 #include "algorithms.h"
 #include "segments.h"
 
 namespace fp8comm {
 
+namespace {
+
+// Elements per chunk: about kChunkNumel, in whole segments of whole blocks.
+constexpr int64_t kChunkNumel = int64_t{1} << 20;
+int64_t chunk_step(int64_t P, const WireLayout& wire) {
+  const int64_t unit = P * wire.block_size();
+  return ceil_div(kChunkNumel, unit) * unit;
+}
+
+// One chunk's elements [begin, begin + n) of the flat tensor, cut into P
+// segments of m elements, S bytes each on the wire; where its bytes sit in
+// the call's buffers.
+struct Chunk {
+  int64_t begin, n, m, S;
+  int64_t send_at, gathered_at, scratch_at;
+};
+
+std::vector<Chunk> chunks_of(const Transport& t, const WireLayout& wire, int64_t n) {
+  const int64_t P = t.size(), step = chunk_step(P, wire);
+  std::vector<Chunk> chunks;
+  int64_t send_at = 0, gathered_at = 0, scratch_at = 0;
+  for (int64_t begin = 0; begin < n || chunks.empty(); begin += step) {
+    Chunk c{begin, std::min(step, n - begin), 0, 0, send_at, gathered_at, scratch_at};
+    c.m = wire.segment_numel(c.n, P);
+    c.S = wire.segment_bytes(c.m);
+    send_at += (P - 1) * c.S;
+    gathered_at += P * c.S;
+    scratch_at += t.gather_scratch_bytes(c.S);
+    chunks.push_back(c);
+  }
+  return chunks;
+}
+
+}  // namespace
+
 void all_reduce(Transport& t, const WireLayout& wire, Workspace& ws, const at::Tensor& tensor, const Reduction& red) {
   const int64_t P = t.size(), rank = t.rank(), n = tensor.numel();
   const at::Tensor flat = tensor.view({-1});  // contiguous, any shape (complex64 arrives as [n, 2] floats)
-  const int64_t m = wire.segment_numel(n, P);
-  const int64_t S = wire.segment_bytes(m);
-  at::Tensor send = ws.bytes(Workspace::kSend, (P - 1) * S, tensor);
-  at::Tensor recv = ws.bytes(Workspace::kRecv, (P - 1) * S, tensor);
-  at::Tensor gathered = ws.bytes(Workspace::kGathered, P * S, tensor);
-  at::Tensor scratch = ws.bytes(Workspace::kGatherScratch, t.gather_scratch_bytes(S), tensor);
+  const std::vector<Chunk> chunks = chunks_of(t, wire, n);
+  const Chunk& last = chunks.back();
+  at::Tensor send = ws.bytes(Workspace::kSend, last.send_at + (P - 1) * last.S, tensor);
+  at::Tensor recv = ws.bytes(Workspace::kRecv, last.send_at + (P - 1) * last.S, tensor);
+  at::Tensor gathered = ws.bytes(Workspace::kGathered, last.gathered_at + P * last.S, tensor);
+  at::Tensor scratch = ws.bytes(Workspace::kGatherScratch, last.scratch_at + t.gather_scratch_bytes(last.S), tensor);
+  auto part = [](const at::Tensor& buffer, int64_t at, int64_t bytes) { return buffer.narrow(0, at, bytes); };
+  auto elements = [&](const Chunk& c) { return flat.narrow(0, c.begin, c.n); };
 
-  quantize_for_peers(t, wire, flat, m, red, send);
-  wire.write_headers(send, P - 1, m, Phase::kAllReducePieces, n);
-  t.wait(t.start_exchange(recv, send, S), "all_to_all");
-  wire.check_headers(recv, t.peers(), m, Phase::kAllReducePieces, n, t.op());
-
-  at::Tensor sum = gathered.narrow(0, t.gather_slot(rank) * S, S);
-  const OwnAddendTensor own{segments_of(flat, rank, 1, m), red.premul, red.premul_tensor};
-  dequant_sum_requantize_into(wire.codes(recv, P - 1, m), own, red.post_div, wire.codes(sum, 1, m), tensor.device());
-  wire.write_headers(sum, 1, m, Phase::kAllReduceSums, n);
-  t.wait(t.start_all_gather(gathered, S, scratch), "all_gather");
-  wire.check_headers(gathered, t.gathered_from(), m, Phase::kAllReduceSums, n, t.op());
-
-  decode_gathered(t, wire, gathered, m, P, [&](int64_t r, int64_t count) { return segments_of(flat, r, count, m); });
+  std::vector<Transport::Pending> exchanges, gathers;
+  for (const Chunk& c : chunks) {
+    at::Tensor chunk_send = part(send, c.send_at, (P - 1) * c.S);
+    at::Tensor chunk_recv = part(recv, c.send_at, (P - 1) * c.S);
+    quantize_for_peers(t, wire, elements(c), c.m, red, chunk_send);
+    wire.write_headers(chunk_send, P - 1, c.m, Phase::kAllReducePieces, n);
+    exchanges.push_back(t.start_exchange(chunk_recv, chunk_send, c.S));
+  }
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const Chunk& c = chunks[i];
+    at::Tensor chunk_recv = part(recv, c.send_at, (P - 1) * c.S);
+    at::Tensor chunk_gathered = part(gathered, c.gathered_at, P * c.S);
+    at::Tensor chunk_scratch = part(scratch, c.scratch_at, t.gather_scratch_bytes(c.S));
+    t.wait(exchanges[i], "all_to_all");
+    wire.check_headers(chunk_recv, t.peers(), c.m, Phase::kAllReducePieces, n, t.op());
+    at::Tensor sum = chunk_gathered.narrow(0, t.gather_slot(rank) * c.S, c.S);
+    const OwnAddendTensor own{segments_of(elements(c), rank, 1, c.m), red.premul, red.premul_tensor};
+    dequant_sum_requantize_into(wire.codes(chunk_recv, P - 1, c.m), own, red.post_div, wire.codes(sum, 1, c.m),
+                                tensor.device());
+    wire.write_headers(sum, 1, c.m, Phase::kAllReduceSums, n);
+    gathers.push_back(t.start_all_gather(chunk_gathered, c.S, chunk_scratch));
+  }
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const Chunk& c = chunks[i];
+    t.wait(gathers[i], "all_gather");
+    wire.check_headers(part(gathered, c.gathered_at, P * c.S), t.gathered_from(), c.m, Phase::kAllReduceSums, n,
+                       t.op());
+  }
+  // Written only now: a call that failed in any phase has left the tensor as it was.
+  for (const Chunk& c : chunks) {
+    const at::Tensor chunk = elements(c);
+    decode_gathered(t, wire, part(gathered, c.gathered_at, P * c.S), c.m, P,
+                    [&](int64_t r, int64_t count) { return segments_of(chunk, r, count, c.m); });
+  }
 }
 
 int64_t all_reduce_bytes_sent(int64_t group_size, const WireLayout& wire, int64_t numel) {
-  return 2 * (group_size - 1) * wire.segment_bytes(wire.segment_numel(numel, group_size));
+  const int64_t P = group_size, step = chunk_step(P, wire);
+  int64_t bytes = 0;
+  for (int64_t begin = 0; begin < numel; begin += step) {
+    bytes += 2 * (P - 1) * wire.segment_bytes(wire.segment_numel(std::min(step, numel - begin), P));
+  }
+  return bytes;
 }
 
 }  // namespace fp8comm

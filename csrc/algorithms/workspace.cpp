@@ -10,4 +10,8 @@ at::Tensor Workspace::bytes(Slot slot, int64_t bytes, const at::Tensor& like) {
   return cached.narrow(0, 0, bytes);
 }
 
+void Workspace::release() {
+  for (auto& buffer : cache_) buffer = at::Tensor();
+}
+
 }  // namespace fp8comm

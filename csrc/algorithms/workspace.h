@@ -19,6 +19,10 @@ class Workspace {
   // A contiguous uint8 tensor of `bytes` bytes on `like`'s device. CPU
   // buffers stay valid until the same slot is asked for again.
   at::Tensor bytes(Slot slot, int64_t bytes, const at::Tensor& like);
+  // Forgets every cached buffer, after a call that failed: phases it left in
+  // flight keep theirs alive and may still write them, so the next call
+  // must not reuse them.
+  void release();
 
  private:
   std::array<at::Tensor, kSlots> cache_;

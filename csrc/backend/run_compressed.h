@@ -38,7 +38,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::run(const Collective& c, const a
   }
   Route route{transport, nodes ? &*nodes : nullptr, ranks_on_my_node_};
   auto run_body = [&] {
-    body(route);
+    try {
+      body(route);
+    } catch (...) {
+      workspace_.release();
+      throw;
+    }
     if (nodes) {
       transport.adopt_works(nodes->intra);
       transport.adopt_works(nodes->inter);

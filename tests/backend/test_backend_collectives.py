@@ -40,7 +40,8 @@ def assert_compressed(results, op, calls=1):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n", [4096, 100_003, 1 << 20])
+# 2_500_003: three chunks (csrc/algorithms/all_reduce.cpp), the last one ragged.
+@pytest.mark.parametrize("n", [4096, 100_003, 1 << 20, 2_500_003])
 def test_all_reduce_sum(pool, n, dtype):
     results = pool.run(collectives.all_reduce, n, dtype)
     assert_compressed(results, "all_reduce")
@@ -50,8 +51,9 @@ def test_all_reduce_sum(pool, n, dtype):
 
 
 @pytest.mark.parametrize("op,factor_kind", [("avg", ""), ("premul_sum", "double"), ("premul_sum", "tensor")])
-def test_all_reduce_avg_and_premul(pool, op, factor_kind):
-    results = pool.run(collectives.all_reduce, 50_001, torch.float32, op, factor_kind)
+@pytest.mark.parametrize("n", [50_001, 2_200_001])
+def test_all_reduce_avg_and_premul(pool, op, factor_kind, n):
+    results = pool.run(collectives.all_reduce, n, torch.float32, op, factor_kind)
     assert_compressed(results, "all_reduce")
     assert_identical_across_ranks([r.out for r in results])
     assert min(r.sqnr_db for r in results) >= 27.0
