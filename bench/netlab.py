@@ -17,8 +17,10 @@ and exits 0 without measuring.
 At each rate it runs the comm benchmark (fp8comm.bench's comm: gloo and
 fp8gloo timed interleaved in one job, medians of --reps calls) --runs times
 and reports, per op and size, the median over runs of the fp8/plain time
-ratio. --fsdp also times the FSDP2 example (steps/s, tokens/s) with and
-without FP8 communication. Every rank gets OMP_NUM_THREADS = cores / ranks.
+ratio. --fsdp also times the FSDP2 example (tokens/s) in each of
+FSDP_CONFIGS, interleaved, and estimates gloo's share of a step spent
+communicating (its step time over the unshaped link's). Every rank gets
+OMP_NUM_THREADS = cores / ranks.
 
 The "model" columns are MODELED: time(rate) = time at the unshaped link +
 bytes on the shaped link / rate (codec and wire not overlapped), calibrated
@@ -175,6 +177,25 @@ def comm_once(lab, args, rate, tmp, run_index) -> dict:
         return json.load(f)
 
 
+# The FSDP2 example's configurations timed by --fsdp: (label, example flags, extra environment).
+FSDP_CONFIGS = [
+    ("gloo", ["--no-fp8-compute", "--no-fp8-comm"], {}),
+    ("fp8gloo", ["--no-fp8-compute"], {}),
+    ("fp8gloo, all_gather too", ["--no-fp8-compute"], {"FP8COMM_COMPRESS": "all"}),
+    ("fp8gloo + Fp8Linear (the example's default)", [], {}),
+]
+
+
+def fsdp_once(lab, args, label: str, flags: list[str], env: dict) -> float:
+    """Tokens/s of one run of the FSDP2 example (rank 0's report)."""
+    target = [os.path.join(ROOT, "examples", "train_fsdp.py"), *args.fsdp_args.split(), *flags]
+    outputs = launch(lab, args.ranks_per_node, target, dict(args.env) | env, args.timeout)
+    for line in outputs[0].splitlines():
+        if "tokens/s" in line and "eval loss" in line:
+            return float(line.split("tokens/s")[1].split()[0])
+    raise RuntimeError(f"netlab: the FSDP example ({label}) printed no tokens/s:\n{outputs[0][-2000:]}")
+
+
 def module_exists(name: str) -> bool:
     import importlib.util
 
@@ -187,6 +208,8 @@ def module_exists(name: str) -> bool:
 def link_bytes(row: dict, fp8: bool, world: int, ranks_per_node: int) -> float:
     """Bytes one node sends over its link in one call (algorithm volumes;
     peers on the same node are reached over loopback)."""
+    if fp8 and "bytes_sent_inter_node" in row:  # what fp8comm counted for other nodes (either scope)
+        return row["bytes_sent_inter_node"] * ranks_per_node
     remote_share = (world - ranks_per_node) / world
     per_rank = row["bytes_sent"] if fp8 else row["bytes_sent_uncompressed"]
     # bytes_sent counts every peer; the link carries the share sent to other nodes.
@@ -218,6 +241,23 @@ def summarize(by_rate: dict, world: int, ranks_per_node: int) -> list[dict]:
                            model_error=(m_fp8 / m_plain) / (fp8 / plain) - 1)
             out.append(row)
     return out
+
+
+def summarize_fsdp(fsdp: dict) -> list[dict]:
+    """Median tokens/s per rate and configuration, its speedup over gloo, and
+    gloo's share of a step spent communicating, estimated as the time a step
+    gains over the unshaped link (the compute is the same)."""
+    rows = []
+    for rate, by_config in fsdp.items():
+        gloo = statistics.median(by_config["gloo"])
+        for config, values in by_config.items():
+            row = {"rate_gbit": rate, "config": config, "runs": len(values),
+                   "tokens_per_s": statistics.median(values), "speedup": statistics.median(values) / gloo}
+            if config == "gloo" and rate != "unshaped" and "unshaped" in fsdp:
+                unshaped = statistics.median(fsdp["unshaped"]["gloo"])
+                row["gloo_comm_share"] = max(0.0, 1 - gloo / unshaped)
+            rows.append(row)
+    return rows
 
 
 def plot(rows: list[dict], path: str, title: str):
@@ -268,6 +308,10 @@ def main(argv=None) -> int:
     p.add_argument("--sysctl", action="append", default=[], type=lambda s: tuple(s.split("=", 1)),
                    help="KEY=VALUE set in every node's namespace (e.g. net.ipv4.tcp_slow_start_after_idle=0)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per job")
+    p.add_argument("--fsdp", action="store_true", help="also time the FSDP2 example's configurations (FSDP_CONFIGS)")
+    p.add_argument("--fsdp-args", default="--dim 512 --layers 2 --heads 8 --seq 128 --batch 2 --steps 13",
+                   help="the example's model and run (default: a wide model and a small batch)")
+    p.add_argument("--no-comm", action="store_true", help="skip the comm benchmark (with --fsdp)")
     p.add_argument("--quick", action="store_true", help="10 Gbit/s only, 1 and 4 MiB, 3 reps, 1 run")
     p.add_argument("--json", metavar="PATH")
     p.add_argument("--plot", metavar="PNG")
@@ -291,6 +335,7 @@ def main(argv=None) -> int:
     for s in previous:
         signal.signal(s, interrupted)
     by_rate: dict = {}
+    fsdp: dict = {}
     try:
         lab.build()
         lab.sysctl(args.sysctl)
@@ -299,13 +344,31 @@ def main(argv=None) -> int:
                 lab.shape(None if rate == "unshaped" else float(rate), args.delay_ms)
                 by_rate[rate] = []
                 for i in range(args.runs):
-                    by_rate[rate].append(comm_once(lab, args, rate, tmp, i))
+                    if not args.no_comm:
+                        by_rate[rate].append(comm_once(lab, args, rate, tmp, i))
+                    if args.fsdp:  # configurations interleaved within each run
+                        for label, flags, env in FSDP_CONFIGS:
+                            fsdp.setdefault(rate, {}).setdefault(label, []).append(
+                                fsdp_once(lab, args, label, flags, env))
                     print(f"netlab: {rate if rate == 'unshaped' else rate + ' Gbit/s'} run {i + 1}/{args.runs} done", file=sys.stderr, flush=True)
     finally:
         lab.close()
         for s, h in previous.items():
             signal.signal(s, h)
 
+    fsdp_rows = summarize_fsdp(fsdp)
+    for r in fsdp_rows:
+        print(f"netlab FSDP2 {r['rate_gbit']:>9s} {r['config']:45s} tokens/s {r['tokens_per_s']:8.0f}  "
+              f"x{r['speedup']:.2f} of gloo" + (f"  (gloo communicating {r['gloo_comm_share']:.0%} of a step, "
+                                                 "estimated)" if "gloo_comm_share" in r else ""))
+    if args.no_comm:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"benchmark": "netlab-fsdp", "date": datetime.date.today().isoformat(),
+                           "command": " ".join(["python", "bench/netlab.py"] + list(sys.argv[1:] if argv is None else argv)),
+                           "nodes": args.nodes, "ranks_per_node": args.ranks_per_node, "fsdp_args": args.fsdp_args,
+                           "fsdp": fsdp_rows, "raw": fsdp}, f, indent=1)
+        return 0
     rows = summarize(by_rate, world, args.ranks_per_node)
     device = by_rate["unshaped"][0]["device"]
     print(f"\nnetlab: {args.nodes} nodes x {args.ranks_per_node} ranks, {device}, delay {args.delay_ms} ms, "
@@ -322,7 +385,7 @@ def main(argv=None) -> int:
               "delay_ms": args.delay_ms, "mtu": args.mtu, "env": dict(args.env), "sysctl": dict(args.sysctl),
               "omp_num_threads": max(1, (os.cpu_count() or 1) // world),
               "modeled_columns": "modeled_*: time at the unshaped link + link bytes / rate (not measured)",
-              "rows": rows, "raw": by_rate}
+              "rows": rows, "raw": by_rate, "fsdp_args": args.fsdp_args, "fsdp": fsdp_rows, "fsdp_raw": fsdp}
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:

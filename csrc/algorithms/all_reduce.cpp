@@ -6,12 +6,11 @@
 // every rank decodes the same bytes, so every rank ends with bitwise the same
 // result, and each element is quantized twice on its way.
 //
-// A large tensor runs as consecutive chunks, each that algorithm on its own
-// elements, in three sweeps: every chunk's pieces are quantized and sent (the
-// codec works on chunk c + 1 while chunk c travels), then every chunk's sums
-// are made and gathered, then, once every phase is through, every chunk is
-// decoded into the tensor. Several messages in flight also let the transport
-// move both directions of a link at once (gloo does not with one message).
+// A large tensor runs as consecutive chunks (segments.h), each that
+// algorithm on its own elements, in three sweeps: every chunk's pieces are
+// quantized and sent (the codec works on chunk c + 1 while chunk c travels),
+// then every chunk's sums are made and gathered, then, once every phase is
+// through, every chunk is decoded into the tensor.
 #include "algorithms.h"
 #include "segments.h"
 
@@ -19,12 +18,8 @@ namespace fp8comm {
 
 namespace {
 
-// Elements per chunk: about kChunkNumel, in whole segments of whole blocks.
-constexpr int64_t kChunkNumel = int64_t{1} << 20;
-int64_t chunk_step(int64_t P, const WireLayout& wire) {
-  const int64_t unit = P * wire.block_size();
-  return ceil_div(kChunkNumel, unit) * unit;
-}
+// Elements per chunk: P segments of whole blocks.
+int64_t chunk_step(int64_t P, const WireLayout& wire) { return P * per_rank_chunk(P, wire.block_size()); }
 
 // One chunk's elements [begin, begin + n) of the flat tensor, cut into P
 // segments of m elements, S bytes each on the wire; where its bytes sit in

@@ -1,5 +1,8 @@
 // reduce_scatter: segment r of every rank's input goes, quantized, to rank r,
-// which adds the pieces in FP32 onto its own segment (never quantized).
+// which adds the pieces in FP32 onto its own segment (never quantized). A
+// large segment runs in chunks (segments.h): every chunk's pieces are
+// quantized and sent, then, once every exchange is through, summed into the
+// output, so a call that fails leaves the output as it was.
 #include <ATen/MemoryOverlap.h>
 
 #include "algorithms.h"
@@ -7,33 +10,74 @@
 
 namespace fp8comm {
 
+namespace {
+
+// Elements [begin, begin + n) of every rank's k-element segment; S bytes per
+// segment on the wire, at byte `send_at` of the call's send and receive buffers.
+struct Chunk {
+  int64_t begin, n, S, send_at;
+};
+
+std::vector<Chunk> chunks_of(int64_t P, const WireLayout& wire, int64_t k) {
+  const int64_t step = per_rank_chunk(P, wire.block_size());
+  std::vector<Chunk> chunks;
+  int64_t send_at = 0;
+  for (int64_t begin = 0; begin < k || chunks.empty(); begin += step) {
+    const int64_t n = std::min(step, k - begin);
+    chunks.push_back(Chunk{begin, n, wire.segment_bytes(n), send_at});
+    send_at += (P - 1) * chunks.back().S;
+  }
+  return chunks;
+}
+
+}  // namespace
+
 void reduce_scatter(Transport& t, const WireLayout& wire, Workspace& ws, const at::Tensor& output,
                     const std::vector<at::Tensor>& input_segments, const Reduction& red) {
   const int64_t P = t.size(), rank = t.rank(), k = output.numel();
-  const int64_t S = wire.segment_bytes(k);
-  at::Tensor send = ws.bytes(Workspace::kSend, (P - 1) * S, output);
-  at::Tensor own;
-  if (input_segments.size() == 1) {  // one flat input of P * k elements
-    quantize_for_peers(t, wire, input_segments[0], k, red, send);
-    own = segments_of(input_segments[0], rank, 1, k);
-  } else {
-    for (int64_t r = 0, slot = 0; r < P; ++r) {
-      if (r == rank) continue;
-      quantize_into(input_segments[r], red.premul, red.premul_tensor, wire.codes(send.narrow(0, slot++ * S, S), 1, k));
-    }
-    own = input_segments[rank];
-  }
+  // Segment r's elements [begin, begin + n): of one flat input of P * k elements, or of the r-th of P tensors.
+  auto piece = [&](int64_t r, int64_t begin, int64_t n) {
+    return input_segments.size() == 1 ? input_segments[0].view({-1}).narrow(0, r * k + begin, n)
+                                      : input_segments[r].view({-1}).narrow(0, begin, n);
+  };
+  at::Tensor own = piece(rank, 0, k);
   // The sum reads own[i] before it writes output[i]; any other overlap reads a copy.
   if (at::get_overlap_status(own, output) == at::MemOverlapStatus::Partial) own = own.clone();
-  wire.write_headers(send, P - 1, k, Phase::kReduceScatterPieces, k);
-  at::Tensor recv = ws.bytes(Workspace::kRecv, (P - 1) * S, output);
-  t.wait(t.start_exchange(recv, send, S), "all_to_all");
-  wire.check_headers(recv, t.peers(), k, Phase::kReduceScatterPieces, k, t.op());
-  dequant_sum_into(wire.codes(recv, P - 1, k), OwnAddendTensor{own, red.premul, red.premul_tensor}, red.post_div, output);
+
+  const std::vector<Chunk> chunks = chunks_of(P, wire, k);
+  const int64_t total = chunks.back().send_at + (P - 1) * chunks.back().S;
+  at::Tensor send = ws.bytes(Workspace::kSend, total, output);
+  at::Tensor recv = ws.bytes(Workspace::kRecv, total, output);
+  std::vector<Transport::Pending> exchanges;
+  for (const Chunk& c : chunks) {
+    at::Tensor chunk_send = send.narrow(0, c.send_at, (P - 1) * c.S);
+    at::Tensor chunk_recv = recv.narrow(0, c.send_at, (P - 1) * c.S);
+    int64_t slot = 0;
+    for (int64_t r : t.peers()) {
+      quantize_into(piece(r, c.begin, c.n), red.premul, red.premul_tensor,
+                    wire.codes(chunk_send.narrow(0, slot++ * c.S, c.S), 1, c.n));
+    }
+    wire.write_headers(chunk_send, P - 1, c.n, Phase::kReduceScatterPieces, k);
+    exchanges.push_back(t.start_exchange(chunk_recv, chunk_send, c.S));
+  }
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const Chunk& c = chunks[i];
+    t.wait(exchanges[i], "all_to_all");
+    wire.check_headers(recv.narrow(0, c.send_at, (P - 1) * c.S), t.peers(), c.n, Phase::kReduceScatterPieces, k,
+                       t.op());
+  }
+  const at::Tensor out = output.view({-1});
+  for (const Chunk& c : chunks) {
+    dequant_sum_into(wire.codes(recv.narrow(0, c.send_at, (P - 1) * c.S), P - 1, c.n),
+                     OwnAddendTensor{own.view({-1}).narrow(0, c.begin, c.n), red.premul, red.premul_tensor},
+                     red.post_div, out.narrow(0, c.begin, c.n));
+  }
 }
 
 int64_t reduce_scatter_bytes_sent(int64_t group_size, const WireLayout& wire, int64_t output_numel) {
-  return (group_size - 1) * wire.segment_bytes(output_numel);
+  int64_t bytes = 0;
+  for (const Chunk& c : chunks_of(group_size, wire, output_numel)) bytes += (group_size - 1) * c.S;
+  return bytes;
 }
 
 }  // namespace fp8comm

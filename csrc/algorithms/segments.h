@@ -13,6 +13,15 @@
 
 namespace fp8comm {
 
+// Large collectives run in chunks of about kChunkNumel elements in all
+// (DESIGN.md, "Algorithms"): the codec works on one chunk while another
+// travels, and several messages in flight let gloo use both directions of a
+// link, which one large message does not.
+constexpr int64_t kChunkNumel = int64_t{1} << 20;
+
+// Elements of each rank's segment per chunk: whole blocks, about kChunkNumel / P.
+inline int64_t per_rank_chunk(int64_t P, int64_t block) { return ceil_div(ceil_div(kChunkNumel, P), block) * block; }
+
 // Segments [r, r + count) of m elements of `t`, clipped to its end (empty
 // past it): the elements a codec call over those segments reads or writes.
 inline at::Tensor segments_of(const at::Tensor& t, int64_t r, int64_t count, int64_t m) {

@@ -166,6 +166,7 @@ def measure(case: Case, fp8_group, plain, reps: int, device) -> dict:
         "fp8": summary(fp8_t), "plain": summary(plain_t),
         "speedup": statistics.median(plain_t) / statistics.median(fp8_t),
         "bytes_sent": stats["bytes_sent"], "bytes_sent_uncompressed": stats["bytes_sent_uncompressed"],
+        "bytes_sent_inter_node": stats["bytes_sent_inter_node"],
         "calls_compressed": stats["calls_compressed"], "sqnr_db": sqnr_db(exact, got),
     }
 

@@ -87,6 +87,15 @@ def test_reduce_scatter(pool, form, dtype):
     assert min(r.sqnr_db for r in results) >= 30.0
 
 
+# 700_001 per rank: two to four chunks of each segment (segments.h), the last ragged.
+@pytest.mark.parametrize("form", ["tensor", "list"])
+@pytest.mark.parametrize("op", ["sum", "avg"])
+def test_reduce_scatter_in_chunks(pool, form, op):
+    results = pool.run(collectives.reduce_scatter, 700_001, torch.float32, op, "", form)
+    assert_compressed(results, RS_NAMES[form])
+    assert min(r.sqnr_db for r in results) >= 30.0
+
+
 @pytest.mark.parametrize("op,factor_kind", [("avg", ""), ("premul_sum", "double"), ("premul_sum", "tensor")])
 def test_reduce_scatter_avg_and_premul(pool, op, factor_kind):
     results = pool.run(collectives.reduce_scatter, 8192, torch.float32, op, factor_kind)
@@ -110,6 +119,18 @@ def test_all_gather_compressed(pool, form, dtype):
     assert_compressed(results, AG_NAMES[form], calls=2 if form == "coalesced" else 1)
     assert_identical_across_ranks([r.out for r in results])
     assert min(r.sqnr_db for r in results) >= 30.0
+
+
+@pytest.mark.parametrize("form", ["tensor", "list"])
+def test_all_gather_in_chunks_decodes_what_the_codec_encodes(pool, form):
+    """700_001 elements per rank: two to four chunks, the last ragged. A chunk
+    boundary is a block boundary, so every rank's slice of the output is
+    bitwise the codec's round trip of that rank's input."""
+    results = pool.run(collectives.all_gather, 700_001, torch.float32, form, "compress=all;min_numel=1024",
+                       round_trip=True)
+    assert_compressed(results, AG_NAMES[form])
+    assert_identical_across_ranks([r.out for r in results])
+    assert all(r.round_trip_equal for r in results)
 
 
 @pytest.mark.parametrize("form", ["tensor", "list", "coalesced"])

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 import fp8comm
+from fp8comm.codec import FP8_DTYPE_BY_NAME
 from tests.support.groups import fp8_group
 from tests.support.harness import ctx
 from tests.support.inputs import neighbours_intact, rank_input, strided_view
@@ -101,11 +102,12 @@ def reduce_scatter(k, dtype, op="sum", factor_kind="", form="tensor", seed=0, no
     return Outcome(out.contiguous(), sqnr_db(ref, out), stats)
 
 
-def all_gather(k, dtype, form="tensor", group="group", seed=0, non_contiguous=False):
+def all_gather(k, dtype, form="tensor", group="group", seed=0, non_contiguous=False, round_trip=False):
     """form: tensor, list, or coalesced (two all_gathers in one call, the
     second of four times the input). group: "group" (the pool's) or an
     fp8_group spec. non_contiguous: the input and the outputs are stride-2
-    views."""
+    views. round_trip: also compare the output with every rank's input
+    through fp8comm.quantize / dequantize (RoundTrip)."""
     c = ctx()
     pg = c.group if group == "group" else fp8_group(group)
     x = rank_input(c.rank, k, dtype, seed)
@@ -129,7 +131,21 @@ def all_gather(k, dtype, form="tensor", group="group", seed=0, non_contiguous=Fa
         assert torch.equal(outs[1], outs[0] * 4)  # power-of-two scaling commutes exactly with the codec
     assert all(neighbours_intact(b) for b in bases)
     ref = torch.cat([rank_input(r, k, dtype, seed).double() for r in range(c.world)])
+    if round_trip:
+        options = pg._get_backend(torch.device("cpu")).options
+        block, fp8 = options.block_size, FP8_DTYPE_BY_NAME[options.fp8_dtype]
+        codec = torch.cat([fp8comm.dequantize(*fp8comm.quantize(rank_input(r, k, dtype, seed), block_size=block,
+                                                                fp8_dtype=fp8), block_size=block, dtype=dtype)
+                           for r in range(c.world)])
+        return RoundTrip(outs[0].contiguous(), sqnr_db(ref, outs[0]), stats, torch.equal(outs[0], codec))
     return Outcome(outs[0].contiguous(), sqnr_db(ref, outs[0]), stats)
+
+
+class RoundTrip(NamedTuple):
+    out: torch.Tensor
+    sqnr_db: float
+    stats: dict
+    round_trip_equal: bool
 
 
 class NonFinite(NamedTuple):
