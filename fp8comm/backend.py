@@ -13,13 +13,26 @@ import torch.distributed as dist
 
 from . import _C
 from .options import Options
+from .stats import fp8_backends
 
 BACKENDS = {"fp8gloo": "cpu", "fp8nccl": "cuda"}
 
 
+def _default_group_options() -> Options | None:
+    """The options of the default group's fp8 backend, if it has one."""
+    if not dist.is_initialized():
+        return None
+    found = fp8_backends()
+    return found[0].options if found else None
+
+
 def _options_of(pg_options) -> Options:
+    """A group created without pg_options takes the default group's fp8
+    options, as a split group takes its parent's (DeviceMesh's dimension
+    groups: new_group when lazily initialized, split_group under eager init);
+    without an fp8 default group, the environment's."""
     if pg_options is None:
-        return Options().resolved()
+        pg_options = _default_group_options() or Options()
     if not isinstance(pg_options, Options):
         raise TypeError(
             f"fp8comm: pg_options must be fp8comm.Options, got {type(pg_options).__name__}; "
@@ -28,11 +41,17 @@ def _options_of(pg_options) -> Options:
     return pg_options.resolved()
 
 
+def _global_ranks(opts) -> list[int]:
+    """The group's global ranks; torch passes none for the default group,
+    whose ranks are all (an inner backend's split maps ranks through them)."""
+    return list(opts.global_ranks_in_group) or list(range(opts.group_size))
+
+
 def _gloo_transport(opts):
     if not dist.is_gloo_available():
         raise RuntimeError("fp8gloo needs torch.distributed with gloo, which this torch build lacks")
     inner = dist.ProcessGroupGloo(opts.store, opts.group_rank, opts.group_size, opts.timeout)
-    inner.options.global_ranks_in_group = opts.global_ranks_in_group
+    inner.options.global_ranks_in_group = _global_ranks(opts)
     inner.options.group_name = opts.group_id
     return inner
 
@@ -43,9 +62,25 @@ def _nccl_transport(opts):
     nccl_opts = dist.ProcessGroupNCCL.Options()
     nccl_opts.is_high_priority_stream = False
     nccl_opts._timeout = opts.timeout
-    nccl_opts.global_ranks_in_group = opts.global_ranks_in_group
+    nccl_opts.global_ranks_in_group = _global_ranks(opts)
     nccl_opts.group_name = opts.group_id
+    split_from = _nccl_split_source()
+    if split_from is not None:  # as torch creates its own NCCL groups under eager init
+        nccl_opts.split_from = split_from
+        nccl_opts.split_color = dist.distributed_c10d._process_group_color(nccl_opts.global_ranks_in_group)
     return dist.ProcessGroupNCCL(opts.store, opts.group_rank, opts.group_size, nccl_opts)
+
+
+def _nccl_split_source():
+    """Under eager init (init_process_group(..., device_id=...)) the default
+    group's NCCL communicator, which a new group's NCCL transport splits from:
+    new_group has the ranks outside the new group take part in that split
+    (subgroups.py). None otherwise."""
+    c10d = dist.distributed_c10d
+    if not dist.is_initialized() or c10d._get_default_group().bound_device_id is None:
+        return None
+    source = c10d._get_split_source(c10d._get_default_group())
+    return source if isinstance(source, dist.ProcessGroupNCCL) else None
 
 
 def _shown(value) -> str:
