@@ -7,8 +7,10 @@
 #   tests   build; the CUDA tests (pytest -m cuda); the multi-rank CUDA tests
 #           (tests/backend/test_cuda_multirank.py, 2-4 processes on one GPU, gloo as
 #           the CUDA transport); no host syncs and CUDA-graph capture
-#           (tests/backend/test_cuda_streams.py); compute-sanitizer memcheck and
-#           racecheck over the codec CUDA tests (run alongside the others).
+#           (tests/backend/test_cuda_streams.py); eager init with real NCCL:
+#           init_process_group(device_id=...), split_group, new_group, DeviceMesh,
+#           barrier (tests/backend/test_eager_init_cuda.py); compute-sanitizer
+#           memcheck and racecheck over the codec CUDA tests (run alongside the others).
 #   bench   build; codec, comm (world size 1), linear and model benchmarks.
 #   all     both (only if the machine is fast enough for one call).
 #   selftest, selftest-pass
@@ -368,7 +370,7 @@ CODEC_CUDA_TESTS=(tests/codec/test_codec_cuda.py tests/nn/test_fused_cast_cuda.p
 tests_stage() {
   if ! have_cuda_build; then
     not_run "needs a CUDA build of fp8comm (build or has-cuda failed)" \
-      cuda-tests cuda-streams cuda-multirank memcheck racecheck
+      cuda-tests cuda-streams cuda-multirank cuda-eager-init memcheck racecheck
     return 0
   fi
   # torch.compile's compilation adds minutes under a sanitizer and no kernels of
@@ -376,9 +378,12 @@ tests_stage() {
   step_bg sanitizer_step memcheck 300 "${CODEC_CUDA_TESTS[@]}" -k "not compile"
   step_bg sanitizer_step racecheck 300 "${CODEC_CUDA_TESTS[@]}" -k "not compile"
   pytest_step cuda-tests 300 -m cuda tests \
-    --ignore=tests/backend/test_cuda_multirank.py --ignore=tests/backend/test_cuda_streams.py
+    --ignore=tests/backend/test_cuda_multirank.py --ignore=tests/backend/test_cuda_streams.py \
+    --ignore=tests/backend/test_eager_init_cuda.py
   pytest_step cuda-streams 150 -m cuda tests/backend/test_cuda_streams.py
   pytest_step cuda-multirank 240 -m cuda tests/backend/test_cuda_multirank.py
+  # its own process: a world eagerly connected to NCCL, split, then destroyed
+  pytest_step cuda-eager-init 120 -m cuda tests/backend/test_eager_init_cuda.py
   join_bg
 }
 

@@ -9,6 +9,7 @@
 #include "backend/fp8_work.h"
 #include "backend/options.h"
 #include "backend/registry.h"
+#include "backend/split.h"
 #include "common/env.h"
 #include "codec/codec.h"
 #include "codec/cpu_threads.h"
@@ -255,7 +256,9 @@ scope: "all" compresses every link; "inter_node" only the hop between nodes, exa
       .def(py::init([](const c10::intrusive_ptr<c10d::Backend>& gloo) {
              return c10::make_intrusive<fp8comm::NcclLikeBackend>(gloo);
            }),
-           py::arg("gloo"));
+           py::arg("gloo"))
+      .def("barrier_device_ids", &fp8comm::NcclLikeBackend::barrier_device_ids,
+           "The device_ids of the last barrier this transport was given.");
   m.def(
       "_work_over",
       [](const std::string& op, const std::vector<c10::intrusive_ptr<c10d::Work>>& inner) {
@@ -265,6 +268,46 @@ scope: "all" compresses every link; "inter_node" only the hop between nodes, exa
       py::arg("op"), py::arg("inner"),
       "The Work of a compressed CPU call whose phases are `inner` (tests of its error and timeout reporting).");
 
+  m.def(
+      "split_transport",
+      [](const c10::intrusive_ptr<c10d::Backend>& inner, const c10::intrusive_ptr<c10d::Store>& store,
+         const std::vector<int>& ranks, const c10::intrusive_ptr<c10d::Backend::Options>& options) {
+        return inner->split(store, ranks, options);
+      },
+      py::arg("inner"), py::arg("store"), py::arg("ranks"), py::arg("options"),
+      py::call_guard<py::gil_scoped_release>(),
+      "c10d::Backend::split of an inner transport: the new backend, or None on a rank outside `ranks`.");
+  m.def(
+      "transport_options",
+      [](const c10::intrusive_ptr<c10d::Backend>& inner) { return inner->getBackendOptions(); },
+      py::arg("inner"), "An inner transport's own options (ProcessGroupGloo / ProcessGroupNCCL Options).");
+  m.def(
+      "_set_splitter",
+      [](py::function fn) {
+        // Kept for the life of the process: torch may split groups until exit.
+        auto* keep = new py::function(std::move(fn));
+        fp8comm::set_splitter([keep](const c10::intrusive_ptr<ProcessGroupFp8>& parent,
+                                     const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
+                                     const c10::intrusive_ptr<c10d::Backend::Options>& options) {
+          py::gil_scoped_acquire gil;
+          std::string error;
+          bool value_error = false;
+          try {
+            py::object group = (*keep)(parent, store, ranks, options);
+            if (group.is_none()) return c10::intrusive_ptr<c10d::Backend>();
+            return group.cast<c10::intrusive_ptr<c10d::Backend>>();
+          } catch (py::error_already_set& e) {
+            value_error = e.matches(PyExc_ValueError);
+            error = value_error ? py::str(e.value()).cast<std::string>()
+                                : py::str(e.type().attr("__name__")).cast<std::string>() + ": " +
+                                      py::str(e.value()).cast<std::string>();
+          }
+          // Raised as torch raises, so that Python sees a ValueError as one.
+          TORCH_CHECK_VALUE(!value_error, error);
+          TORCH_CHECK(false, error);
+        });
+      },
+      py::arg("fn"), "Sets what ProcessGroupFp8.split runs: fn(parent, store, ranks, options) (split.h).");
   m.def(
       "attach_or_create",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, const std::string& group_id,

@@ -21,7 +21,9 @@ from .codec import (  # noqa: F401
 from .nn import Fp8Linear, convert_to_fp8, precompute_fp8_scales_for_fsdp  # noqa: F401
 from .options import Options  # noqa: F401
 from .stats import get_stats, reset_stats  # noqa: F401
+from .subgroups import install as _install_splitter
 
 _register_backends()
+_install_splitter()
 
 __version__ = "0.1.0"

@@ -14,14 +14,27 @@ import torch.distributed as dist
 
 from . import _C
 from .options import Options
+from .stats import fp8_backends
 from .topology import Topology, node_name
 
 BACKENDS = {"fp8gloo": "cpu", "fp8nccl": "cuda"}
 
 
+def _default_group_options() -> Options | None:
+    """The options of the default group's fp8 backend, if it has one."""
+    if not dist.is_initialized():
+        return None
+    found = fp8_backends()
+    return found[0].options if found else None
+
+
 def _options_of(pg_options) -> Options:
+    """A group created without pg_options takes the default group's fp8
+    options, as a split group takes its parent's (DeviceMesh's dimension
+    groups: new_group when lazily initialized, split_group under eager init);
+    without an fp8 default group, the environment's."""
     if pg_options is None:
-        return Options().resolved()
+        pg_options = _default_group_options() or Options()
     if not isinstance(pg_options, Options):
         raise TypeError(
             f"fp8comm: pg_options must be fp8comm.Options, got {type(pg_options).__name__}; "
@@ -30,24 +43,46 @@ def _options_of(pg_options) -> Options:
     return pg_options.resolved()
 
 
+def _global_ranks(opts) -> list[int]:
+    """The group's global ranks; torch passes none for the default group,
+    whose ranks are all (an inner backend's split maps ranks through them)."""
+    return list(opts.global_ranks_in_group) or list(range(opts.group_size))
+
+
 def _gloo_transport(opts):
     if not dist.is_gloo_available():
         raise RuntimeError("fp8gloo needs torch.distributed with gloo, which this torch build lacks")
     inner = dist.ProcessGroupGloo(opts.store, opts.group_rank, opts.group_size, opts.timeout)
-    inner.options.global_ranks_in_group = opts.global_ranks_in_group
+    inner.options.global_ranks_in_group = _global_ranks(opts)
     inner.options.group_name = opts.group_id
     return inner
 
 
-def _nccl_transport(opts):
+def _nccl_transport(opts, split_from_world: bool = True):
     if not dist.is_nccl_available():
         raise RuntimeError("fp8nccl needs torch.distributed with NCCL (a CUDA build of torch)")
     nccl_opts = dist.ProcessGroupNCCL.Options()
     nccl_opts.is_high_priority_stream = False
     nccl_opts._timeout = opts.timeout
-    nccl_opts.global_ranks_in_group = opts.global_ranks_in_group
+    nccl_opts.global_ranks_in_group = _global_ranks(opts)
     nccl_opts.group_name = opts.group_id
+    split_from = _nccl_split_source() if split_from_world else None
+    if split_from is not None:  # as torch creates its own NCCL groups under eager init
+        nccl_opts.split_from = split_from
+        nccl_opts.split_color = dist.distributed_c10d._process_group_color(nccl_opts.global_ranks_in_group)
     return dist.ProcessGroupNCCL(opts.store, opts.group_rank, opts.group_size, nccl_opts)
+
+
+def _nccl_split_source():
+    """Under eager init (init_process_group(..., device_id=...)) the default
+    group's NCCL communicator, which a new group's NCCL transport splits from:
+    new_group has the ranks outside the new group take part in that split
+    (subgroups.py). None otherwise."""
+    c10d = dist.distributed_c10d
+    if not dist.is_initialized() or c10d._get_default_group().bound_device_id is None:
+        return None
+    source = c10d._get_split_source(c10d._get_default_group())
+    return source if isinstance(source, dist.ProcessGroupNCCL) else None
 
 
 def _shown(value) -> str:
@@ -160,15 +195,22 @@ def _set_up_nodes(backend, device, options, dist_backend_opts, published, prefix
     backend.add_node_transports(device, intra, inter)
 
 
-def _create(device: str, dist_backend_opts, pg_options, make_transport=None):
-    """make_transport(dist_backend_opts) builds the inner backend; by default
-    torch's gloo for "cpu" and NCCL for "cuda"."""
+def _node_nccl_transport(opts):
+    """An inter_node scope's NCCL transport: created, never split from the
+    world's communicator (a split would need every world rank to take part)."""
+    return _nccl_transport(opts, split_from_world=False)
+
+
+def _create(device: str, dist_backend_opts, pg_options, make_transport=None, inner=None):
+    """make_transport(dist_backend_opts) builds an inner backend: the group's
+    own unless `inner` is given (a split gives it), and in the inter_node
+    scope its node transports; by default torch's gloo for "cpu" and NCCL
+    for "cuda"."""
     options = _options_of(pg_options)
     prefix, published = _exchange_with_every_rank(dist_backend_opts, options)
     _size_cpu_threads(options, published, dist_backend_opts.group_rank)
-    if make_transport is None:
-        make_transport = _gloo_transport if device == "cpu" else _nccl_transport
-    inner = make_transport(dist_backend_opts)
+    if inner is None:
+        inner = (make_transport or (_gloo_transport if device == "cpu" else _nccl_transport))(dist_backend_opts)
     # torch only does this for backends it names "gloo" / "nccl".
     inner._set_sequence_number_for_group()
     backend = _C.attach_or_create(
@@ -180,7 +222,8 @@ def _create(device: str, dist_backend_opts, pg_options, make_transport=None):
         inner,
         options,
     )
-    _set_up_nodes(backend, device, options, dist_backend_opts, published, prefix, make_transport)
+    node_transport = make_transport or (_gloo_transport if device == "cpu" else _node_nccl_transport)
+    _set_up_nodes(backend, device, options, dist_backend_opts, published, prefix, node_transport)
     return backend
 
 

@@ -1,5 +1,7 @@
 // The collectives fp8comm always passes through exactly to the inner
 // backend (float8 tensors as bytes), counted in stats.
+#include <c10/core/impl/VirtualGuardImpl.h>
+
 #include "arguments.h"
 #include "process_group_fp8.h"
 
@@ -104,9 +106,30 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::recvAnysource(std::vector<at::Te
                  [&](c10d::Backend& inner) { return inner.recvAnysource(ts, tag); });
 }
 
+// Frameworks pass device_ids to barrier() only for a backend named "nccl"
+// (Lightning); without them NCCL takes its bound device, then one it used
+// before, then global rank % devices per host: a guess, which hangs or builds
+// a communicator on another rank's GPU where it is wrong. fp8nccl names the
+// device instead.
+std::vector<int64_t> ProcessGroupFp8::barrier_device_ids(const c10d::BarrierOptions& opts,
+                                                         const c10d::Backend& inner,
+                                                         c10::DeviceType device_type) const {
+  if (!opts.device_ids.empty() || inner.getBackendName() != "nccl") return opts.device_ids;
+  const auto bound = getBoundDeviceId();
+  if (bound && bound->type() == device_type) return {bound->index()};
+  const c10::Device current = c10::impl::VirtualGuardImpl(device_type).getDevice();
+  if (current.has_index()) return {current.index()};
+  return {};
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::barrier(const c10d::BarrierOptions& opts) {
-  auto work = opts.device ? inner_for(*opts.device, c::kBarrier.name)->barrier(opts)
-                          : default_inner(c::kBarrier.name)->barrier(opts);
+  const c10::DeviceType device_type =
+      opts.device ? opts.device->type()
+                  : (has_transport(c10::DeviceType::CUDA) ? c10::DeviceType::CUDA : c10::DeviceType::CPU);
+  auto inner = inner_for(opts.device ? *opts.device : at::Device(device_type), c::kBarrier.name);
+  c10d::BarrierOptions forwarded = opts;
+  forwarded.device_ids = barrier_device_ids(opts, *inner, device_type);
+  auto work = inner->barrier(forwarded);
   record_passthrough(c::kBarrier, 0);
   return passed(std::move(work), c::kBarrier, {});
 }

@@ -66,6 +66,11 @@ class ProcessGroupFp8 : public c10d::Backend {
   uint64_t getSequenceNumberForGroup() override;
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks = false) override;
 
+  // ---- subgroups (split.cpp): every transport split, wrapped with the same options
+  bool supportsSplitting() const override;
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
+                                          const c10::intrusive_ptr<c10d::Backend::Options>& opts) override;
+
   // ---- compressed when the op, dtype and size allow; else exact passthrough (compressible_ops.cpp)
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts = {}) override;
@@ -175,6 +180,12 @@ class ProcessGroupFp8 : public c10d::Backend {
   void check_reduce_scatter_tensor(const Collective& c, const at::Tensor& output, const at::Tensor& input,
                                    const c10d::ReduceScatterOptions& opts);
   void check_all_gather_into_tensor(const Collective& c, const at::Tensor& output, const at::Tensor& input) const;
+  // The device_ids a barrier on `inner` (for tensors of `device_type`) passes
+  // on: the caller's; for NCCL, where the caller gave none, the group's bound
+  // device or else the current device of that type, so that NCCL never
+  // guesses one (exact_ops.cpp).
+  std::vector<int64_t> barrier_device_ids(const c10d::BarrierOptions& opts, const c10d::Backend& inner,
+                                          c10::DeviceType device_type) const;
 
   const c10::intrusive_ptr<fp8comm::Options> options_;
   Stats stats_;
@@ -190,6 +201,13 @@ class ProcessGroupFp8 : public c10d::Backend {
   // Held by run(): one compressed call at a time (CPU ones also share the workspace).
   std::recursive_mutex call_mutex_;
   Workspace workspace_;
+  // The last split() and what it made (none: this rank is outside it).
+  struct LastSplit {
+    c10::weak_intrusive_ptr<c10d::Store> store;
+    std::optional<c10::weak_intrusive_ptr<c10d::Backend>> group;
+  };
+  std::mutex split_mutex_;
+  std::optional<LastSplit> last_split_;
 };
 
 }  // namespace fp8comm

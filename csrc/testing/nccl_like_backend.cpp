@@ -204,7 +204,24 @@ c10::intrusive_ptr<c10d::Work> NcclLikeBackend::recvAnysource(std::vector<at::Te
 }
 
 c10::intrusive_ptr<c10d::Work> NcclLikeBackend::barrier(const c10d::BarrierOptions& opts) {
+  {
+    std::lock_guard<std::mutex> lock(barrier_mutex_);
+    barrier_device_ids_ = opts.device_ids;
+  }
   return returned(gloo_->barrier(opts), opts.asyncOp);
+}
+
+std::vector<int64_t> NcclLikeBackend::barrier_device_ids() const {
+  std::lock_guard<std::mutex> lock(barrier_mutex_);
+  return barrier_device_ids_;
+}
+
+c10::intrusive_ptr<c10d::Backend> NcclLikeBackend::split(const c10::intrusive_ptr<c10d::Store>& store,
+                                                         const std::vector<int>& ranks,
+                                                         const c10::intrusive_ptr<c10d::Backend::Options>& opts) {
+  auto gloo = gloo_->split(store, ranks, opts);
+  if (!gloo) return {};
+  return c10::make_intrusive<NcclLikeBackend>(gloo);
 }
 
 }  // namespace fp8comm

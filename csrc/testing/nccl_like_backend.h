@@ -14,7 +14,13 @@
 //   WorkNCCL does under TORCH_NCCL_BLOCKING_WAIT.
 // - AVG and PREMUL_SUM are reduced as an exact SUM of premultiplied copies,
 //   divided for AVG, written to the outputs once the SUM is through.
+// - split() splits gloo and wraps the result, as ProcessGroupNCCL::split
+//   returns a ProcessGroupNCCL (its options are gloo's).
+// - barrier() keeps the device_ids it was given (barrier_device_ids()), so
+//   tests can see what fp8nccl passes to NCCL.
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include <mutex>
 
 namespace fp8comm {
 
@@ -69,6 +75,13 @@ class NcclLikeBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts = {}) override;
 
+  bool supportsSplitting() const override { return gloo_->supportsSplitting(); }
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
+                                          const c10::intrusive_ptr<c10d::Backend::Options>& opts) override;
+  c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override { return gloo_->getBackendOptions(); }
+  // The device_ids of the last barrier() call.
+  std::vector<int64_t> barrier_device_ids() const;
+
   void setTimeout(std::chrono::milliseconds timeout) override { gloo_->setTimeout(timeout); }
   void abort() override { gloo_->abort(); }
   void shutdown() override { gloo_->shutdown(); }
@@ -94,6 +107,8 @@ class NcclLikeBackend : public c10d::Backend {
                     const c10d::ReduceOp& reduce_op) const;
 
   c10::intrusive_ptr<c10d::Backend> gloo_;
+  mutable std::mutex barrier_mutex_;
+  std::vector<int64_t> barrier_device_ids_;
 };
 
 }  // namespace fp8comm

@@ -1,6 +1,7 @@
-"""Frameworks (issue 14, item 3): each snippet of docs/integrations.md, run as
-printed there (2 CPU processes over fp8gloo), trains and reports through
-fp8comm.get_stats() that its gradients went over the wire FP8-compressed.
+"""Frameworks (issue 14, items 2 and 3): each snippet of docs/integrations.md,
+run as printed there (CPU processes over fp8gloo: 2, or 4 for the 2x2 mesh),
+trains and reports through fp8comm.get_stats() that its gradients went over
+the wire FP8-compressed.
 
 Lightning (Fabric DDP, Trainer DDP with a validation loop; Lightning's FSDP
 is GPU-only) and Accelerate are optional packages: their tests skip,
@@ -61,15 +62,21 @@ def _self_launched(path, env):
     return [sys.executable, path]
 
 
-def _torchrun(path, env):
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+def _torchrun(path, env, nproc=2):
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
             f"--master_port={env['MASTER_PORT']}", path]
+
+
+def _torchrun_2x2(path, env):
+    """4 processes: a 2x2 mesh."""
+    return _torchrun(path, env, nproc=4)
 
 
 LAUNCH = {
     "fabric_ddp": ("lightning", _self_launched),
     "trainer_ddp": ("lightning", _self_launched),
     "accelerate_cpu": ("accelerate", _torchrun),
+    "device_mesh_hsdp": ("torch", _torchrun_2x2),
 }
 
 STATS = re.compile(r"fp8comm: calls_compressed=(\d+) bytes_sent=(\d+) of (\d+)")
@@ -98,6 +105,10 @@ def test_snippet_trains_with_fp8_compressed_gradients(name, tmp_path):
     assert sent < 0.5 * uncompressed, log
     if name == "accelerate_cpu":
         assert "DistributedType.MULTI_CPU" in out.stdout, log  # Accelerate saw 2 processes, wrapped DDP
+    if name == "device_mesh_hsdp":  # HSDP: reduce-scatters within "shard", all-reduces across "replicate"
+        per_dim = dict(re.findall(r"mesh dim (\w+): (\d+) calls compressed", out.stdout))
+        assert set(per_dim) == {"replicate", "shard"} and all(int(n) >= 4 for n in per_dim.values()), log
+        assert int(re.search(r"FP8 GEMMs: (\d+)", out.stdout).group(1)) > 0, log
 
 
 def test_trainer_sync_dist_on_fp8gloo(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -55,3 +56,20 @@ def cuda_world_of_one():
             yield
         finally:
             dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def cpu_as_accelerator():
+    """The CPU standing in for an accelerator, the default group bound to
+    "cpu:0" as init_process_group(device_id=...) binds it on a GPU: torch's
+    split_group and DeviceMesh's split path need both, so the path eager init
+    takes on GPUs runs on CPU processes."""
+    world = dist.distributed_c10d._get_default_group()
+    unbound = world.bound_device_id
+    world.bound_device_id = torch.device("cpu", 0)
+    try:
+        with mock.patch("torch.accelerator.is_available", return_value=True), \
+                mock.patch("torch.accelerator.current_accelerator", return_value=torch.device("cpu")):
+            yield
+    finally:
+        world.bound_device_id = unbound

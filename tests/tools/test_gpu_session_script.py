@@ -163,7 +163,7 @@ def test_tests_stage_runs_every_gpu_check(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     rows, text = summary_of(out)
     assert list(rows) == ["env", "build", "has-cuda", "memcheck", "racecheck", "cuda-tests", "cuda-streams",
-                          "cuda-multirank"], text
+                          "cuda-multirank", "cuda-eager-init"], text
     commands = {line.split(" (limit")[0].split()[-1]: line for line in p.stdout.splitlines() if " (limit " in line}
     assert "--no-build-isolation" in commands["build"]
     assert "has_cuda.py" in commands["has-cuda"]
@@ -172,6 +172,9 @@ def test_tests_stage_runs_every_gpu_check(tmp_path):
     assert "-m cuda tests " in commands["cuda-tests"] and "--junitxml=" in commands["cuda-tests"]
     assert "tests/backend/test_cuda_streams.py" in commands["cuda-streams"]
     assert "tests/backend/test_cuda_multirank.py" in commands["cuda-multirank"]
+    eager = "tests/backend/test_eager_init_cuda.py"
+    assert eager in commands["cuda-eager-init"] and "-m cuda" in commands["cuda-eager-init"]
+    assert f"--ignore={eager}" in commands["cuda-tests"]  # run once, in its own process
     for tool in ("memcheck", "racecheck"):
         assert f"--tool {tool}" in commands[tool] and "--junitxml=" in commands[tool]
         assert "tests/codec/test_codec_cuda.py tests/nn/test_fused_cast_cuda.py" in commands[tool]
