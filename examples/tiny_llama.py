@@ -162,3 +162,14 @@ class ByteBatches:
     def eval_batch(self):
         starts = torch.linspace(0, len(self.held_out) - self.seq - 2, self.batch).long()
         return self._windows(self.held_out, starts)
+
+    def eval_batches(self, count: int, rank: int, world: int):
+        """`count` batches of held-out windows for `rank`: count * batch * world
+        windows evenly spaced over the held-out tail, rank r taking every
+        world-th, so the ranks together evaluate each window once. count 0:
+        as many full batches as fit the tail without overlapping windows."""
+        per_step = self.batch * world
+        if count == 0:
+            count = max(1, (len(self.held_out) - 1) // (self.seq + 1) // per_step)
+        starts = torch.linspace(0, len(self.held_out) - self.seq - 2, count * per_step).long()[rank::world]
+        return [self._windows(self.held_out, starts[i * self.batch:(i + 1) * self.batch]) for i in range(count)]

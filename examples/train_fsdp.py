@@ -4,6 +4,7 @@
     torchrun --nproc_per_node=2 examples/train_fsdp.py --no-fp8-compute --no-fp8-comm
     torchrun --nproc_per_node=2 examples/train_fsdp.py --compare losses.png
     torchrun --nproc_per_node=2 examples/train_fsdp.py --no-fp8-all-gather   # weights gathered in FP32/BF16
+    torchrun --nproc_per_node=2 examples/train_fsdp.py --eval-batches 0 --json run.json
 
 On CUDA machines the group is "cpu:gloo,cuda:fp8nccl" (BF16 parameters and
 gradient reduction, one GPU per rank); without a GPU it is "fp8gloo" on the CPU
@@ -14,11 +15,18 @@ prints both loss curves and writes them to a PNG.
 With FP8 compute and the tensorwise recipe, FSDP2 all-gathers the Fp8Linear
 weights as the FP8 bytes their GEMMs consume (--fp8-all-gather, on by default
 here); each run on an fp8 group prints the bytes one forward's all-gathers sent.
+The eval loss is measured on held-out text: by default one batch of windows
+that every rank shares; --eval-batches N spreads N batches per rank of distinct
+windows over the ranks (0: the whole held-out tail). --json writes every run's
+per-step losses, eval loss and counters (rank 0); bench/convergence.py reads it.
 """
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import os
+import sys
 import time
 
 import torch
@@ -52,6 +60,10 @@ def parse_args(argv=None):
                         "auto: fp8comm's default size rule")
     p.add_argument("--compare", metavar="PNG", help="train a baseline and an FP8 run, plot both losses")
     p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--eval-batches", type=int, default=None, metavar="N",
+                   help="evaluate on N batches per rank of held-out windows, distinct across ranks "
+                        "(0: the whole held-out tail); default: one batch every rank shares")
+    p.add_argument("--json", metavar="PATH", help="rank 0 writes the runs' losses, eval loss and counters here")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
@@ -100,6 +112,7 @@ def train(args, device, group, fp8_compute: bool, label: str):
     data = ByteBatches(stdlib_bytes(), args.seq, args.batch, rank, seed=args.seed)
     if fp8comm.stats.fp8_backends(group):
         fp8comm.reset_stats(group)
+    fp8comm.nn.reset_linear_stats()
 
     losses, tokens, timed_s = [], 0, 0.0
     warmup = min(3, args.steps - 1)
@@ -121,15 +134,29 @@ def train(args, device, group, fp8_compute: bool, label: str):
         if rank == 0 and (step % args.log_every == 0 or step == args.steps - 1):
             print(f"[{label}] step {step:4d}  loss {mean:.4f}", flush=True)
 
+    # Every rank runs the same number of eval forwards (each one all-gathers); the
+    # batches are equal in size, so the mean of their losses is the per-token mean.
+    if args.eval_batches is None:
+        eval_set = [data.eval_batch()]
+    else:
+        eval_set = data.eval_batches(args.eval_batches, rank, dist.get_world_size(group))
     with torch.no_grad():
-        x, y = (t.to(device) for t in data.eval_batch())
-        sent_before = fp8comm.get_stats(group)["bytes_sent"] if fp8comm.stats.fp8_backends(group) else None
-        logits = model(x)  # the all-gathers of one forward (the amaxes were precomputed)
-        sent_forward = fp8comm.get_stats(group)["bytes_sent"] - sent_before if sent_before is not None else None
-        eval_loss = global_mean(torch.nn.functional.cross_entropy(logits.float().view(-1, cfg.vocab), y.reshape(-1)),
-                                group)
-    result = {"label": label, "losses": losses, "eval_loss": eval_loss,
-              "tokens_per_s": tokens / timed_s if timed_s else float("nan")}
+        eval_sum = torch.zeros((), device=device)
+        for i, batch in enumerate(eval_set):
+            x, y = (t.to(device) for t in batch)
+            if i == 0:
+                sent_before = fp8comm.get_stats(group)["bytes_sent"] if fp8comm.stats.fp8_backends(group) else None
+            logits = model(x)  # the all-gathers of one forward (the amaxes were precomputed)
+            if i == 0:
+                sent_forward = fp8comm.get_stats(group)["bytes_sent"] - sent_before if sent_before is not None else None
+            eval_sum += torch.nn.functional.cross_entropy(logits.float().view(-1, cfg.vocab), y.reshape(-1))
+        eval_loss = global_mean(eval_sum / len(eval_set), group)
+    result = {"label": label, "fp8_compute": fp8_compute, "fp8_comm": bool(fp8comm.stats.fp8_backends(group)),
+              "fp8_all_gather": fp8_all_gather, "losses": losses, "eval_loss": eval_loss,
+              "eval_tokens": len(eval_set) * args.batch * args.seq * (1 if args.eval_batches is None
+                                                                      else dist.get_world_size(group)),
+              "tokens_per_s": tokens / timed_s if timed_s else float("nan"),
+              "linear_stats": fp8comm.nn.linear_stats()}
     if sent_forward is not None and rank == 0:
         world = dist.get_world_size(group)
         gather_dtype = mp.param_dtype if mp else torch.float32
@@ -151,6 +178,17 @@ def train(args, device, group, fp8_compute: bool, label: str):
                      f"{result['bytes_sent_uncompressed'] / 2**20:.1f} MiB ({saved / 2**20:.1f} MiB saved)")
         print(line, flush=True)
     return result
+
+
+def write_json(path, args, runs, device):
+    """The runs as bench/convergence.py reads them, with what produced them."""
+    world = dist.get_world_size()
+    out = {"example": "train_fsdp", "date": datetime.date.today().isoformat(), "torch": torch.__version__,
+           "command": " ".join(["torchrun", f"--nproc_per_node={world}", "examples/train_fsdp.py", *sys.argv[1:]]),
+           "device": str(device), "world_size": world, "args": vars(args), "runs": runs}
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
 
 
 def plot(results, path):
@@ -193,7 +231,9 @@ def main(argv=None):
     else:
         group = fp8_group if args.fp8_comm else plain_group
         label = ("Fp8Linear" if args.fp8_compute else "nn.Linear") + (" + fp8 comm" if args.fp8_comm else " + plain comm")
-        train(args, device, group, fp8_compute=args.fp8_compute, label=label)
+        runs = [train(args, device, group, fp8_compute=args.fp8_compute, label=label)]
+    if args.json and dist.get_rank() == 0:
+        write_json(args.json, args, runs, device)
     dist.destroy_process_group()
 
 

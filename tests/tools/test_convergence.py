@@ -1,0 +1,108 @@
+"""bench/convergence.py's summary, table and --replot on synthetic results (the
+study itself trains for half an hour: docs/performance.md), and the held-out
+windows the example's --eval-batches evaluates."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+from tests.support import REPO_ROOT
+
+ROOT = str(REPO_ROOT)
+
+
+def load(name, path):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, path))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+convergence = load("fp8comm_bench_convergence", "bench/convergence.py")
+
+EVALS = {
+    "fp32 baseline": [2.00, 2.02, 1.98],
+    "fp8 comm": [2.005, 2.01, 2.00],  # +0.25%, inside the baseline's range
+    "fp8 comm + Fp8Linear tensorwise": [2.03, 2.04, 2.05],  # +2%, above the range
+    "fp8 comm + Fp8Linear rowwise": [1.97, 1.99, 2.00],  # -0.67%, inside
+}
+
+
+def synthetic(steps=40):
+    runs = []
+    for seed in range(3):
+        for name, evals in EVALS.items():
+            end = evals[seed]
+            losses = [end + 3.0 * 0.9 ** i + 0.01 * ((i * 7 + seed) % 5) for i in range(steps)]
+            runs.append({"config": name, "seed": seed, "eval_loss": end, "losses": losses, "tokens_per_s": 1000.0,
+                         **({} if name == "fp32 baseline" else {"bytes_sent": 26, "bytes_sent_uncompressed": 100})})
+    return {"benchmark": "convergence", "device": "test CPU", "configs": convergence.CONFIGS, "runs": runs,
+            "settings": {"seeds": [0, 1, 2], "steps": steps, "nproc": 2, "dim": 32, "layers": 1, "heads": 2,
+                         "seq": 16, "batch": 2, "eval_batches": 0}}
+
+
+def test_summary_against_the_baseline():
+    rows = convergence.summarize(synthetic(), tail=5)
+    by = {r["config"]: r for r in rows}
+    assert [r["config"] for r in rows] == list(EVALS)
+    base = by["fp32 baseline"]
+    assert abs(base["eval_mean"] - 2.0) < 1e-12 and abs(base["eval_std"] - 0.02) < 1e-12
+    assert (base["eval_min"], base["eval_max"]) == (1.98, 2.02) and base["rel_to_baseline"] == 0
+    assert by["fp8 comm"]["meets_goal"] and abs(by["fp8 comm"]["rel_to_baseline"] - 0.0025) < 1e-12
+    tw = by["fp8 comm + Fp8Linear tensorwise"]
+    assert not tw["within_1pct"] and not tw["within_baseline_range"] and not tw["meets_goal"]
+    assert by["fp8 comm + Fp8Linear rowwise"]["meets_goal"]
+    assert by["fp8 comm"]["bytes_sent_ratio"] == 0.26 and "bytes_sent_ratio" not in base
+
+    table = convergence.format_table(rows, tail=5)
+    assert table.count("\n") == 1 + len(EVALS)
+    assert "| fp8 comm + Fp8Linear tensorwise | 3 | 2.0400 |" in table and "+2.00% | **no** | **no** |" in table
+    verdict = convergence.verdict(rows)
+    assert "fp8 comm: goal met" in verdict
+    assert "tensorwise: goal missed (1.00 points beyond 1%; mean +0.0200 outside the baseline's range" in verdict
+
+
+def test_a_mean_at_1pct_but_outside_the_range_misses():
+    result = synthetic()
+    for run in result["runs"]:
+        if run["config"] == "fp8 comm":
+            run["eval_loss"] = 2.025  # +1.25%
+        elif run["config"] == "fp32 baseline":
+            run["eval_loss"] = 2.0  # no spread at all
+    by = {r["config"]: r for r in convergence.summarize(result, tail=5)}
+    assert not by["fp8 comm"]["within_1pct"] and not by["fp8 comm"]["within_baseline_range"]
+
+
+def test_replot_draws_and_prints_the_table(tmp_path):
+    path = tmp_path / "convergence.json"
+    path.write_text(json.dumps(synthetic()))
+    png = tmp_path / "convergence.png"
+    out = subprocess.run([sys.executable, "bench/convergence.py", "--replot", str(path), "--plot", str(png),
+                          "--smooth", "5", "--tail", "5"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "| configuration | seeds | final eval loss, mean |" in out.stdout and "goal missed" in out.stdout
+    assert png.stat().st_size > 10_000
+
+
+def test_eval_batches_cover_the_held_out_tail_once():
+    tiny_llama = load("fp8comm_example_tiny_llama", "examples/tiny_llama.py")
+    text = torch.arange(100_000, dtype=torch.int64)  # each token is its position: windows show where they start
+    seq, batch, world = 16, 4, 2
+    data = [tiny_llama.ByteBatches(text, seq, batch, rank) for rank in range(world)]
+    held_out = len(data[0].held_out)
+    starts = []
+    for rank in range(world):
+        batches = data[rank].eval_batches(0, rank, world)
+        assert len(batches) == (held_out - 1) // (seq + 1) // (batch * world)
+        for x, y in batches:
+            assert x.shape == y.shape == (batch, seq) and torch.equal(x[:, 1:], y[:, :-1])
+            starts += [int(t) for t in x[:, 0]]
+    starts.sort()
+    assert all(b - a >= seq + 1 for a, b in zip(starts, starts[1:]))  # no window overlaps another, on any rank
+    assert starts[0] == len(text) - held_out and starts[-1] == len(text) - seq - 2  # the whole tail
+    assert len(data[0].eval_batches(3, 0, world)) == 3
+    assert torch.equal(data[0].eval_batches(1, 0, 1)[0][0], data[0].eval_batch()[0])
