@@ -2,6 +2,7 @@
 // torch.library operators (csrc/codec/codec_ops.cpp). torch.distributed must be
 // imported first: ProcessGroupFp8 derives from its c10d::Backend binding.
 #include <torch/csrc/utils/pybind.h>
+#include <pybind11/chrono.h>  // timeouts as datetime.timedelta
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/extension.h>
@@ -39,6 +40,11 @@ std::optional<fp8comm::Fp8Dtype> fp8_dtype_option(const py::object& v) {
 std::optional<std::string> fp8_dtype_name(const std::optional<fp8comm::Fp8Dtype>& f) {
   if (!f) return std::nullopt;
   return std::string(fp8comm::fp8_dtype_name(*f));
+}
+
+std::optional<std::chrono::milliseconds> timeout_option(const std::optional<std::chrono::milliseconds>& t) {
+  TORCH_CHECK_VALUE(!t || t->count() > 0, "fp8comm.uncompressed: timeout must be positive, got ", t->count(), " ms");
+  return t;
 }
 
 std::optional<int64_t> int_option(const py::object& v, const char* name, const char* rule) {
@@ -179,6 +185,20 @@ cpu_threads: threads per process for the CPU codec (FP8COMM_CPU_THREADS; unset: 
   py::class_<ProcessGroupFp8, c10d::Backend, c10::intrusive_ptr<ProcessGroupFp8>>(m, "ProcessGroupFp8")
       .def("stats", [](ProcessGroupFp8& pg) { return pg.stats().snapshot(); })
       .def("reset_stats", [](ProcessGroupFp8& pg) { pg.stats().reset(); })
+      .def("enter_uncompressed",
+           [](ProcessGroupFp8& pg, std::optional<std::chrono::milliseconds> timeout) {
+             pg.enter_uncompressed(timeout_option(timeout));
+           },
+           py::arg("timeout") = py::none(), py::call_guard<py::gil_scoped_release>(),
+           "Opens an uncompressed block once every rank has (collective; fp8comm.uncompressed).")
+      .def("leave_uncompressed",
+           [](ProcessGroupFp8& pg, bool together, std::optional<std::chrono::milliseconds> timeout) {
+             pg.leave_uncompressed(together, timeout_option(timeout));
+           },
+           py::arg("together"), py::arg("timeout") = py::none(), py::call_guard<py::gil_scoped_release>(),
+           "Closes the innermost uncompressed block; with together, waits for every rank to close it.")
+      .def_property_readonly("uncompressed_depth", &ProcessGroupFp8::uncompressed_depth,
+                             "How many uncompressed blocks are open on this group (0: calls may be compressed).")
       .def(
           "transport",
           [](ProcessGroupFp8& pg, const std::string& device) { return pg.transport(device_type_of(device)); },

@@ -9,8 +9,9 @@
 
 namespace fp8comm {
 
-ProcessGroupFp8::ProcessGroupFp8(int rank, int size, c10::intrusive_ptr<fp8comm::Options> options)
-    : c10d::Backend(rank, size), options_(std::move(options)) {
+ProcessGroupFp8::ProcessGroupFp8(int rank, int size, c10::intrusive_ptr<fp8comm::Options> options,
+                                 c10::intrusive_ptr<c10d::Store> store)
+    : c10d::Backend(rank, size), options_(std::move(options)), uncompressed_(std::move(store), rank, size) {
   TORCH_CHECK(options_ && options_->block_size && options_->fp8_dtype && options_->min_numel && options_->compress,
               "fp8comm: ProcessGroupFp8 needs resolved options (fp8comm.Options(...).resolved())");
   check_block_size(*options_->block_size, "fp8comm.Options");
@@ -84,8 +85,8 @@ bool ProcessGroupFp8::compresses(const Collective& c, const at::Tensor& t, int64
   std::lock_guard<std::mutex> lock(mutex_);
   // Inside a coalescing block the inner backend defers its ops until
   // endCoalescing, so the multi-phase algorithms cannot run there.
-  return enabled && coalescing_.empty() && t.layout() == at::kStrided && is_codec_dtype(t.scalar_type()) &&
-         per_rank_numel > 0 && per_rank_numel >= *options_->min_numel;
+  return enabled && !uncompressed_.active() && coalescing_.empty() && t.layout() == at::kStrided &&
+         is_codec_dtype(t.scalar_type()) && per_rank_numel > 0 && per_rank_numel >= *options_->min_numel;
 }
 
 // Stats are recorded after a call has been issued (enqueued on CUDA, done on
@@ -98,6 +99,27 @@ void ProcessGroupFp8::record_passthrough(const Collective& c, int64_t payload) {
 
 void ProcessGroupFp8::record_compressed(const Collective& c, int64_t payload, int64_t wire) {
   stats_.record(c.name, true, wire, c.plain_bytes_sent(payload, size_));
+}
+
+// --------------------------------------------------------- uncompressed blocks
+// The depth changes under the call lock, so never inside a compressed call
+// that another thread is running; the wait for the other ranks runs outside it.
+void ProcessGroupFp8::enter_uncompressed(std::optional<std::chrono::milliseconds> timeout) {
+  uncompressed_.switch_together("enter", timeout);
+  std::lock_guard<std::recursive_mutex> lock(call_mutex_);
+  uncompressed_.enter();
+}
+
+void ProcessGroupFp8::leave_uncompressed(bool together, std::optional<std::chrono::milliseconds> timeout) {
+  {
+    std::lock_guard<std::recursive_mutex> lock(call_mutex_);
+    uncompressed_.leave();
+  }
+  if (together) {
+    uncompressed_.switch_together("leave", timeout);
+  } else {
+    uncompressed_.switch_alone();
+  }
 }
 
 c10::Stream ProcessGroupFp8::side_stream(const at::Device& device) {
