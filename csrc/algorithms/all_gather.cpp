@@ -7,12 +7,12 @@
 namespace fp8comm {
 
 void all_gather(Transport& t, const WireLayout& wire, Workspace& ws, const std::vector<at::Tensor>& output_segments,
-                const at::Tensor& input) {
+                const at::Tensor& input, QuantizationError* error) {
   const int64_t P = t.size(), k = input.numel();
   const int64_t S = wire.segment_bytes(k);
   at::Tensor gathered = ws.bytes(Workspace::kGathered, P * S, input);
   at::Tensor mine = gathered.narrow(0, t.gather_slot(t.rank()) * S, S);
-  quantize_into(input, 1.0f, std::nullopt, wire.codes(mine, 1, k));
+  quantize_measured(input, Reduction{}, wire.codes(mine, 1, k), error);
   wire.write_headers(mine, 1, k, Phase::kAllGatherInputs, k);
   at::Tensor scratch = ws.bytes(Workspace::kGatherScratch, t.gather_scratch_bytes(S), input);
   t.wait(t.start_all_gather(gathered, S, scratch), "all_gather");

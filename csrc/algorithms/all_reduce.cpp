@@ -10,7 +10,8 @@
 
 namespace fp8comm {
 
-void all_reduce(Transport& t, const WireLayout& wire, Workspace& ws, const at::Tensor& tensor, const Reduction& red) {
+void all_reduce(Transport& t, const WireLayout& wire, Workspace& ws, const at::Tensor& tensor, const Reduction& red,
+                QuantizationError* error) {
   const int64_t P = t.size(), rank = t.rank(), n = tensor.numel();
   const at::Tensor flat = tensor.view({-1});  // contiguous, any shape (complex64 arrives as [n, 2] floats)
   const int64_t m = wire.segment_numel(n, P);
@@ -20,7 +21,7 @@ void all_reduce(Transport& t, const WireLayout& wire, Workspace& ws, const at::T
   at::Tensor gathered = ws.bytes(Workspace::kGathered, P * S, tensor);
   at::Tensor scratch = ws.bytes(Workspace::kGatherScratch, t.gather_scratch_bytes(S), tensor);
 
-  quantize_for_peers(t, wire, flat, m, red, send);
+  quantize_for_peers(t, wire, flat, m, red, send, error);
   wire.write_headers(send, P - 1, m, Phase::kAllReducePieces, n);
   t.wait(t.start_exchange(recv, send, S), "all_to_all");
   wire.check_headers(recv, t.peers(), m, Phase::kAllReducePieces, n, t.op());
@@ -28,6 +29,7 @@ void all_reduce(Transport& t, const WireLayout& wire, Workspace& ws, const at::T
   at::Tensor sum = gathered.narrow(0, t.gather_slot(rank) * S, S);
   const OwnAddendTensor own{segments_of(flat, rank, 1, m), red.premul, red.premul_tensor};
   dequant_sum_requantize_into(wire.codes(recv, P - 1, m), own, red.post_div, wire.codes(sum, 1, m), tensor.device());
+  if (error) measure_requantized_sum(wire.codes(recv, P - 1, m), own, red.post_div, wire.codes(sum, 1, m), *error);
   wire.write_headers(sum, 1, m, Phase::kAllReduceSums, n);
   t.wait(t.start_all_gather(gathered, S, scratch), "all_gather");
   wire.check_headers(gathered, t.gathered_from(), m, Phase::kAllReduceSums, n, t.op());

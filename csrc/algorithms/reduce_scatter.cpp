@@ -8,18 +8,18 @@
 namespace fp8comm {
 
 void reduce_scatter(Transport& t, const WireLayout& wire, Workspace& ws, const at::Tensor& output,
-                    const std::vector<at::Tensor>& input_segments, const Reduction& red) {
+                    const std::vector<at::Tensor>& input_segments, const Reduction& red, QuantizationError* error) {
   const int64_t P = t.size(), rank = t.rank(), k = output.numel();
   const int64_t S = wire.segment_bytes(k);
   at::Tensor send = ws.bytes(Workspace::kSend, (P - 1) * S, output);
   at::Tensor own;
   if (input_segments.size() == 1) {  // one flat input of P * k elements
-    quantize_for_peers(t, wire, input_segments[0], k, red, send);
+    quantize_for_peers(t, wire, input_segments[0], k, red, send, error);
     own = segments_of(input_segments[0], rank, 1, k);
   } else {
     for (int64_t r = 0, slot = 0; r < P; ++r) {
       if (r == rank) continue;
-      quantize_into(input_segments[r], red.premul, red.premul_tensor, wire.codes(send.narrow(0, slot++ * S, S), 1, k));
+      quantize_measured(input_segments[r], red, wire.codes(send.narrow(0, slot++ * S, S), 1, k), error);
     }
     own = input_segments[rank];
   }

@@ -74,13 +74,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::allreduce(std::vector<at::Tensor
                             });
   }
   const WireLayout wire = wire_layout(tensor.device().type());
+  QuantizationError error;
   auto work = run(c, tensor.device(), opts.asyncOp, opts.timeout, with_factor({tensor}, opts.reduceOp, red), {tensor},
                   [&](Transport& transport) {
                     at::Tensor buffer = contiguous_or_self(tensor);
-                    fp8comm::all_reduce(transport, wire, workspace_, buffer, *red);
+                    fp8comm::all_reduce(transport, wire, workspace_, buffer, *red, measured(error));
                     write_back(tensor, buffer);
                   });
-  record_compressed(c, bytes_of(tensor), all_reduce_bytes_sent(size_, wire, tensor.numel()));
+  record_compressed(c, bytes_of(tensor), all_reduce_bytes_sent(size_, wire, tensor.numel()), error);
   return work;
 }
 
@@ -110,19 +111,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::allreduce_coalesced(std::vector<
                             });
   }
   const WireLayout wire = wire_layout(tensors[0].device().type());
+  QuantizationError error;
   auto work = run(c, tensors[0].device(), opts.asyncOp, opts.timeout, with_factor(tensors, opts.reduceOp, red),
                   tensors, [&](Transport& transport) {
                     std::vector<at::Tensor> flat_views;
                     for (const auto& t : tensors) flat_views.push_back(t.reshape({-1}));
                     at::Tensor flat = at::cat(flat_views);
-                    fp8comm::all_reduce(transport, wire, workspace_, flat, *red);
+                    fp8comm::all_reduce(transport, wire, workspace_, flat, *red, measured(error));
                     int64_t offset = 0;
                     for (auto& t : tensors) {
                       t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
                       offset += t.numel();
                     }
                   });
-  record_compressed(c, bytes_of(tensors), all_reduce_bytes_sent(size_, wire, total));
+  record_compressed(c, bytes_of(tensors), all_reduce_bytes_sent(size_, wire, total), error);
   return work;
 }
 
@@ -170,13 +172,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::reduce_scatter_tensor(const Coll
   }
   check_dense(c.name, output);
   const WireLayout wire = wire_layout(input.device().type());
+  QuantizationError error;
   auto work = run(c, input.device(), opts.asyncOp, opts.timeout, with_factor({input, output}, opts.reduceOp, red),
                   {output}, [&](Transport& transport) {
                     at::Tensor out = contiguous_or_self(output);
-                    fp8comm::reduce_scatter(transport, wire, workspace_, out, {contiguous_or_self(input)}, *red);
+                    fp8comm::reduce_scatter(transport, wire, workspace_, out, {contiguous_or_self(input)}, *red,
+                                            measured(error));
                     write_back(output, out);
                   });
-  record_compressed(c, bytes_of(output), reduce_scatter_bytes_sent(size_, wire, output.numel()));
+  record_compressed(c, bytes_of(output), reduce_scatter_bytes_sent(size_, wire, output.numel()), error);
   return work;
 }
 
@@ -217,15 +221,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::reduce_scatter(std::vector<at::T
   std::vector<at::Tensor> user = inputs[0];
   user.push_back(output);
   const WireLayout wire = wire_layout(output.device().type());
+  QuantizationError error;
   auto work = run(c, output.device(), opts.asyncOp, opts.timeout, with_factor(user, opts.reduceOp, red), outputs,
                   [&](Transport& transport) {
                     std::vector<at::Tensor> segments;
                     for (const auto& in : inputs[0]) segments.push_back(contiguous_or_self(in));
                     at::Tensor out = contiguous_or_self(output);
-                    fp8comm::reduce_scatter(transport, wire, workspace_, out, segments, *red);
+                    fp8comm::reduce_scatter(transport, wire, workspace_, out, segments, *red, measured(error));
                     write_back(output, out);
                   });
-  record_compressed(c, bytes_of(output), reduce_scatter_bytes_sent(size_, wire, output.numel()));
+  record_compressed(c, bytes_of(output), reduce_scatter_bytes_sent(size_, wire, output.numel()), error);
   return work;
 }
 
@@ -286,12 +291,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::all_gather_into_tensor(const Col
   }
   check_dense(c.name, output);
   const WireLayout wire = wire_layout(input.device().type());
+  QuantizationError error;
   auto work = run(c, input.device(), opts.asyncOp, opts.timeout, {input, output}, {output}, [&](Transport& transport) {
     at::Tensor out = contiguous_or_self(output);
-    fp8comm::all_gather(transport, wire, workspace_, {out}, contiguous_or_self(input));
+    fp8comm::all_gather(transport, wire, workspace_, {out}, contiguous_or_self(input), measured(error));
     write_back(output, out);
   });
-  record_compressed(c, bytes_of(input), all_gather_bytes_sent(size_, wire, input.numel()));
+  record_compressed(c, bytes_of(input), all_gather_bytes_sent(size_, wire, input.numel()), error);
   return work;
 }
 
@@ -321,13 +327,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::allgather(std::vector<std::vecto
   std::vector<at::Tensor> user = outputs[0];
   user.push_back(input);
   const WireLayout wire = wire_layout(input.device().type());
+  QuantizationError error;
   auto work = run(c, input.device(), opts.asyncOp, opts.timeout, user, outputs[0], [&](Transport& transport) {
     std::vector<at::Tensor> outs;
     for (const auto& out : outputs[0]) outs.push_back(contiguous_or_self(out));
-    fp8comm::all_gather(transport, wire, workspace_, outs, contiguous_or_self(input));
+    fp8comm::all_gather(transport, wire, workspace_, outs, contiguous_or_self(input), measured(error));
     for (size_t r = 0; r < outs.size(); ++r) write_back(outputs[0][r], outs[r]);
   });
-  record_compressed(c, bytes_of(input), all_gather_bytes_sent(size_, wire, input.numel()));
+  record_compressed(c, bytes_of(input), all_gather_bytes_sent(size_, wire, input.numel()), error);
   return work;
 }
 

@@ -137,9 +137,13 @@ class ProcessGroupFp8 : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> passed(c10::intrusive_ptr<c10d::Work> work, const Collective& c,
                                         std::vector<at::Tensor> outputs) const;
   // Stats: `payload` bytes as the collectives table counts them; a
-  // compressed call sent `wire` bytes instead of the plain volume.
+  // compressed call sent `wire` bytes instead of the plain volume, and
+  // measured `error` where the options track it.
   void record_passthrough(const Collective& c, int64_t payload);
-  void record_compressed(const Collective& c, int64_t payload, int64_t wire);
+  void record_compressed(const Collective& c, int64_t payload, int64_t wire, const QuantizationError& error);
+  // Where a compressed call adds its quantization error: `error` with
+  // Options.track_error, else nowhere (null).
+  QuantizationError* measured(QuantizationError& error) const { return *options_->track_error ? &error : nullptr; }
 
   // Passes a call through: call(inner backend) for `device`, counted in stats.
   template <typename Call>

@@ -11,6 +11,16 @@ void Stats::record(const std::string& op, bool compressed, int64_t bytes_sent,
   per_op_[op + (compressed ? ".compressed" : ".passthrough")] += 1;
 }
 
+void Stats::record_error(const std::string& op, const QuantizationError& error) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  errors_[op] += error;
+}
+
+std::map<std::string, QuantizationError> Stats::errors() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return errors_;
+}
+
 std::map<std::string, int64_t> Stats::snapshot() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::map<std::string, int64_t> out = per_op_;
@@ -25,6 +35,7 @@ void Stats::reset() {
   std::lock_guard<std::mutex> lock(mutex_);
   bytes_sent_ = bytes_sent_uncompressed_ = calls_compressed_ = calls_passthrough_ = 0;
   per_op_.clear();
+  errors_.clear();
 }
 
 }  // namespace fp8comm

@@ -34,9 +34,10 @@ inline constexpr EnvVar kMinNumel{"FP8COMM_MIN_NUMEL", "16384", "Options.min_num
 inline constexpr EnvVar kCompress{"FP8COMM_COMPRESS", "all_reduce,reduce_scatter", "Options.compress: comma list of all_reduce, reduce_scatter, all_gather; or all / none"};
 inline constexpr EnvVar kCpuSimd{"FP8COMM_CPU_SIMD", "1", "CPU codec kernels: 1 every kernel the CPU runs, avx2 no AVX-512 kernels, 0 scalar loops (same bytes)"};
 inline constexpr EnvVar kCpuThreads{"FP8COMM_CPU_THREADS", "cores / ranks on the host", "Options.cpu_threads: threads per process for the CPU codec; unset: the process's share of its host's cores"};
+inline constexpr EnvVar kTrackError{"FP8COMM_TRACK_ERROR", "0", "Options.track_error: 1 measures the quantization error of every compressed call on this rank (get_stats: SQNR per op); CPU groups only"};
 inline constexpr EnvVar kFusedCast{"FP8COMM_FUSED_CAST", "0", "Fp8Linear on CUDA: 1 casts through the fused CUDA kernels (the CPU always does)"};
 // clang-format on
-inline constexpr const EnvVar* kAll[] = {&kBlockSize, &kFp8Dtype, &kMinNumel, &kCompress, &kCpuSimd, &kCpuThreads, &kFusedCast};
+inline constexpr const EnvVar* kAll[] = {&kBlockSize, &kFp8Dtype, &kMinNumel, &kCompress, &kCpuSimd, &kCpuThreads, &kTrackError, &kFusedCast};
 }  // namespace env
 
 }  // namespace fp8comm
