@@ -2,6 +2,7 @@
 // torch.library operators (csrc/codec/codec_ops.cpp). torch.distributed must be
 // imported first: ProcessGroupFp8 derives from its c10d::Backend binding.
 #include <torch/csrc/utils/pybind.h>
+#include <pybind11/chrono.h>  // timeouts as datetime.timedelta
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/extension.h>
@@ -40,6 +41,18 @@ std::optional<fp8comm::Fp8Dtype> fp8_dtype_option(const py::object& v) {
 std::optional<std::string> fp8_dtype_name(const std::optional<fp8comm::Fp8Dtype>& f) {
   if (!f) return std::nullopt;
   return std::string(fp8comm::fp8_dtype_name(*f));
+}
+
+std::optional<bool> bool_option(const py::object& v, const char* name) {
+  if (v.is_none()) return std::nullopt;
+  TORCH_CHECK_VALUE(py::isinstance<py::bool_>(v), "fp8comm.Options: ", name, " must be True or False, got ",
+                    py::repr(v).cast<std::string>());
+  return v.cast<bool>();
+}
+
+std::optional<std::chrono::milliseconds> timeout_option(const std::optional<std::chrono::milliseconds>& t) {
+  TORCH_CHECK_VALUE(!t || t->count() > 0, "fp8comm.uncompressed: timeout must be positive, got ", t->count(), " ms");
+  return t;
 }
 
 std::optional<int64_t> int_option(const py::object& v, const char* name, const char* rule) {
@@ -134,9 +147,13 @@ compress: which of all_reduce, reduce_scatter, all_gather are compressed: a list
 cpu_threads: threads per process for the CPU codec (FP8COMM_CPU_THREADS; unset: the
     process's share of its host's cores). Per process: ranks may differ.
 scope: "all" compresses every link; "inter_node" only the hop between nodes, exact
-    inside a node (FP8COMM_SCOPE, all).)")
+    inside a node (FP8COMM_SCOPE, all).
+track_error: True measures the quantization error of every compressed call on this rank;
+    fp8comm.get_stats then reports SQNR per op (FP8COMM_TRACK_ERROR, 0). Per process:
+    ranks may differ. CPU groups (fp8gloo) only: a CUDA group refuses it at creation.)")
       .def(py::init([](const py::object& block_size, const py::object& fp8_dtype, const py::object& min_numel,
-                       const py::object& compress, const py::object& cpu_threads, const py::object& scope) {
+                       const py::object& compress, const py::object& cpu_threads, const py::object& scope,
+                       const py::object& track_error) {
              auto o = c10::make_intrusive<Options>();
              o->block_size = int_option(block_size, "block_size", FP8C_BLOCK_SIZE_RULE);
              o->fp8_dtype = fp8_dtype_option(fp8_dtype);
@@ -144,10 +161,12 @@ scope: "all" compresses every link; "inter_node" only the hop between nodes, exa
              o->compress = compress_items(compress);
              o->cpu_threads = int_option(cpu_threads, "cpu_threads", "an int >= 1");
              o->scope = scope_option(scope);
+             o->track_error = bool_option(track_error, "track_error");
              return o;
            }),
            py::arg("block_size") = py::none(), py::arg("fp8_dtype") = py::none(), py::arg("min_numel") = py::none(),
-           py::arg("compress") = py::none(), py::arg("cpu_threads") = py::none(), py::arg("scope") = py::none())
+           py::arg("compress") = py::none(), py::arg("cpu_threads") = py::none(), py::arg("scope") = py::none(),
+           py::arg("track_error") = py::none())
       .def_property_readonly("block_size", [](const Options& o) { return o.block_size; })
       .def_property_readonly("fp8_dtype", [](const Options& o) { return fp8_dtype_name(o.fp8_dtype); })
       .def_property_readonly("min_numel", [](const Options& o) { return o.min_numel; })
@@ -157,6 +176,7 @@ scope: "all" compresses every link; "inter_node" only the hop between nodes, exa
                                if (!o.scope) return py::none();
                                return py::str(fp8comm::scope_name(*o.scope));
                              })
+      .def_property_readonly("track_error", [](const Options& o) { return o.track_error; })
       .def_property_readonly("compress",
                              [](const Options& o) -> py::object {
                                if (!o.compress) return py::none();
@@ -171,16 +191,18 @@ scope: "all" compresses every link; "inter_node" only the hop between nodes, exa
         return "fp8comm.Options(block_size=" + show(o.block_size) + ", fp8_dtype=" + show(fp8_dtype_name(o.fp8_dtype)) +
                ", min_numel=" + show(o.min_numel) + ", compress=" + show(o.compress) +
                ", cpu_threads=" + show(o.cpu_threads) +
-               ", scope=" + (o.scope ? "'" + std::string(fp8comm::scope_name(*o.scope)) + "'" : std::string("None")) + ")";
+               ", scope=" + (o.scope ? "'" + std::string(fp8comm::scope_name(*o.scope)) + "'" : std::string("None")) +
+               ", track_error=" + show(o.track_error) + ")";
       })
       .def(py::pickle(
           [](const Options& o) {  // copy.deepcopy(parent.options) when torch splits a group
             return py::make_tuple(o.block_size, fp8_dtype_name(o.fp8_dtype), o.min_numel, o.compress, o.timeout.count(),
                                   o.group_name, o.global_ranks_in_group, o.cpu_threads,
-                                  o.scope ? py::object(py::str(fp8comm::scope_name(*o.scope))) : py::object(py::none()));
+                                  o.scope ? py::object(py::str(fp8comm::scope_name(*o.scope))) : py::object(py::none()),
+                                  o.track_error);
           },
           [](const py::tuple& t) {
-            TORCH_CHECK_VALUE(t.size() == 9, "fp8comm.Options: cannot unpickle a state of ", t.size(), " fields");
+            TORCH_CHECK_VALUE(t.size() == 10, "fp8comm.Options: cannot unpickle a state of ", t.size(), " fields");
             auto o = c10::make_intrusive<Options>();
             o->block_size = t[0].cast<std::optional<int64_t>>();
             o->fp8_dtype = fp8_dtype_option(t[1]);
@@ -191,11 +213,13 @@ scope: "all" compresses every link; "inter_node" only the hop between nodes, exa
             o->global_ranks_in_group = t[6].cast<std::vector<uint64_t>>();
             o->cpu_threads = t[7].cast<std::optional<int64_t>>();
             o->scope = scope_option(t[8]);
+            o->track_error = t[9].cast<std::optional<bool>>();
             return o;
           }))
       .def("__eq__", [](const Options& a, const Options& b) {
         return a.block_size == b.block_size && a.fp8_dtype == b.fp8_dtype && a.min_numel == b.min_numel &&
-               a.compress == b.compress && a.cpu_threads == b.cpu_threads && a.scope == b.scope;
+               a.compress == b.compress && a.cpu_threads == b.cpu_threads && a.scope == b.scope &&
+               a.track_error == b.track_error;
       });
 
   py::class_<ProcessGroupFp8, c10d::Backend, c10::intrusive_ptr<ProcessGroupFp8>>(m, "ProcessGroupFp8")
@@ -214,6 +238,29 @@ scope: "all" compresses every link; "inter_node" only the hop between nodes, exa
           py::arg("device"), py::arg("intra"), py::arg("inter"),
           "The inter_node scope's inner backends for `device`: among this node's ranks, and among the ranks "
           "that share this rank's local index.")
+      .def(
+          "quantization_errors",
+          [](ProcessGroupFp8& pg) {
+            std::map<std::string, std::tuple<double, double, int64_t>> out;
+            for (const auto& [op, e] : pg.stats().errors()) out[op] = {e.signal_energy, e.noise_energy, e.values};
+            return out;
+          },
+          "{op: (signal energy, noise energy, values)} measured since the last reset (Options.track_error).")
+      .def("enter_uncompressed",
+           [](ProcessGroupFp8& pg, std::optional<std::chrono::milliseconds> timeout) {
+             pg.enter_uncompressed(timeout_option(timeout));
+           },
+           py::arg("timeout") = py::none(), py::call_guard<py::gil_scoped_release>(),
+           "Opens an uncompressed block once every rank has (collective; fp8comm.uncompressed).")
+      .def("leave_uncompressed",
+           [](ProcessGroupFp8& pg, bool together, std::optional<std::chrono::milliseconds> timeout) {
+             pg.leave_uncompressed(together, timeout_option(timeout));
+           },
+           py::arg("together"), py::arg("timeout") = py::none(), py::call_guard<py::gil_scoped_release>(),
+           "Closes the innermost uncompressed block; with together, waits for every rank to close it.")
+      .def_property_readonly("uncompressed_depth", &ProcessGroupFp8::uncompressed_depth,
+                             "How many uncompressed blocks are open on this group (0: calls may be compressed).")
+      .def_property_readonly("track_error", [](ProcessGroupFp8& pg) { return *pg.options().track_error; })
       .def(
           "transport",
           [](ProcessGroupFp8& pg, const std::string& device) { return pg.transport(device_type_of(device)); },

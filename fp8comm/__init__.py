@@ -3,6 +3,8 @@
     import fp8comm                                    # registers fp8nccl / fp8gloo
     dist.init_process_group("cpu:gloo,cuda:fp8nccl")
     model = fp8comm.convert_to_fp8(model)             # FP8 compute (Fp8Linear)
+    with fp8comm.uncompressed():                      # exact collectives in this block
+        evaluate(model)
 """
 import torch
 import torch.distributed  # noqa: F401  (ProcessGroupFp8 derives from its Backend binding)
@@ -22,6 +24,7 @@ from .nn import Fp8Linear, convert_to_fp8, precompute_fp8_scales_for_fsdp  # noq
 from .options import Options  # noqa: F401
 from .stats import get_stats, reset_stats  # noqa: F401
 from .subgroups import install as _install_splitter
+from .uncompressed_blocks import uncompressed  # noqa: F401
 
 _register_backends()
 _install_splitter()

@@ -1,5 +1,8 @@
-"""Communication counters (DESIGN.md, "Stats")."""
+"""Communication counters, and the quantization error where a group tracks it
+(DESIGN.md, "Stats")."""
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.distributed as dist
@@ -14,6 +17,7 @@ STAT_KEYS = (
     "calls_compressed",
     "calls_passthrough",
 )
+ERROR_KEYS = ("signal_energy", "noise_energy", "quantized_values")
 
 
 def fp8_backends(group=None) -> list:
@@ -30,6 +34,23 @@ def fp8_backends(group=None) -> list:
     return found
 
 
+def sqnr_db(signal_energy: float, noise_energy: float) -> float | None:
+    """10 log10(signal / noise): inf when nothing was lost, None without signal."""
+    if signal_energy <= 0.0:
+        return None
+    if noise_energy <= 0.0:
+        return math.inf
+    return 10.0 * math.log10(signal_energy / noise_energy)
+
+
+def _nothing_measured() -> dict:
+    return {"signal_energy": 0.0, "noise_energy": 0.0, "quantized_values": 0}
+
+
+def _with_sqnr(energies: dict) -> dict:
+    return {**energies, "sqnr_db": sqnr_db(energies["signal_energy"], energies["noise_energy"])}
+
+
 def get_stats(group=None) -> dict:
     """Counters of the fp8 backend(s) of ``group``: ``bytes_sent`` (what this rank
     sends to peers under the standard algorithm volumes: all_gather (P-1)*in,
@@ -39,7 +60,15 @@ def get_stats(group=None) -> dict:
     ``bytes_sent_inter_node``; ``bytes_sent_uncompressed`` (the same calls sent as they were),
     ``calls_compressed``, ``calls_passthrough``, and ``per_op``:
     ``{op: {"compressed": n, "passthrough": n}}``. Raises if the group has no
-    fp8 backend."""
+    fp8 backend.
+
+    Where the group tracks the quantization error (``Options(track_error=True)``
+    / ``FP8COMM_TRACK_ERROR=1``), ``sqnr_db`` is the SQNR of every value this
+    rank quantized since the last reset, and each ``per_op`` entry adds its
+    own ``sqnr_db``, ``signal_energy`` (sum of x^2), ``noise_energy`` (sum of
+    (x - decoded x)^2) and ``quantized_values`` (finite values measured);
+    ``sqnr_db`` is None while nothing has been measured. Without tracking
+    these keys are absent."""
     backends = fp8_backends(group)
     if not backends:
         raise ValueError("fp8comm.get_stats: this process group has no fp8nccl / fp8gloo backend")
@@ -53,11 +82,22 @@ def get_stats(group=None) -> dict:
                 op, kind = key.rsplit(".", 1)
                 per_op.setdefault(op, {"compressed": 0, "passthrough": 0})[kind] += value
     totals["per_op"] = per_op
+    tracking = [b for b in backends if b.track_error]
+    if tracking:
+        errors = {op: _nothing_measured() for op in per_op}
+        for backend in tracking:
+            for op, values in backend.quantization_errors().items():
+                for key, value in zip(ERROR_KEYS, values):
+                    errors.setdefault(op, _nothing_measured())[key] += value
+        for op, entry in per_op.items():
+            entry.update(_with_sqnr(errors[op]))
+        total = {key: sum((e[key] for e in errors.values()), start) for key, start in _nothing_measured().items()}
+        totals["sqnr_db"] = _with_sqnr(total)["sqnr_db"]
     return totals
 
 
 def reset_stats(group=None) -> None:
-    """Zeroes the counters of the fp8 backend(s) of ``group``."""
+    """Zeroes the counters (and the measured error) of the fp8 backend(s) of ``group``."""
     backends = fp8_backends(group)
     if not backends:
         raise ValueError("fp8comm.reset_stats: this process group has no fp8nccl / fp8gloo backend")

@@ -33,7 +33,7 @@ std::vector<Chunk> chunks_of(const Transport& t, const WireLayout& wire, int64_t
 }  // namespace
 
 void all_gather(Transport& t, const WireLayout& wire, Workspace& ws, const std::vector<at::Tensor>& output_segments,
-                const at::Tensor& input) {
+                const at::Tensor& input, QuantizationError* error) {
   const int64_t P = t.size(), k = input.numel();
   const std::vector<Chunk> chunks = chunks_of(t, wire, k);
   const Chunk& last = chunks.back();
@@ -44,7 +44,7 @@ void all_gather(Transport& t, const WireLayout& wire, Workspace& ws, const std::
   for (const Chunk& c : chunks) {
     at::Tensor chunk_gathered = gathered.narrow(0, c.gathered_at, P * c.S);
     at::Tensor mine = chunk_gathered.narrow(0, t.gather_slot(t.rank()) * c.S, c.S);
-    quantize_into(in.narrow(0, c.begin, c.n), 1.0f, std::nullopt, wire.codes(mine, 1, c.n));
+    quantize_measured(in.narrow(0, c.begin, c.n), Reduction{}, wire.codes(mine, 1, c.n), error);
     wire.write_headers(mine, 1, c.n, Phase::kAllGatherInputs, k);
     at::Tensor chunk_scratch = scratch.narrow(0, c.scratch_at, t.gather_scratch_bytes(c.S));
     gathers.push_back(t.start_all_gather(chunk_gathered, c.S, chunk_scratch));

@@ -47,7 +47,8 @@ std::vector<Chunk> chunks_of(const Transport& t, const WireLayout& wire, int64_t
 
 }  // namespace
 
-void all_reduce(Transport& t, const WireLayout& wire, Workspace& ws, const at::Tensor& tensor, const Reduction& red) {
+void all_reduce(Transport& t, const WireLayout& wire, Workspace& ws, const at::Tensor& tensor, const Reduction& red,
+                QuantizationError* error) {
   const int64_t P = t.size(), rank = t.rank(), n = tensor.numel();
   const at::Tensor flat = tensor.view({-1});  // contiguous, any shape (complex64 arrives as [n, 2] floats)
   const std::vector<Chunk> chunks = chunks_of(t, wire, n);
@@ -63,7 +64,7 @@ void all_reduce(Transport& t, const WireLayout& wire, Workspace& ws, const at::T
   for (const Chunk& c : chunks) {
     at::Tensor chunk_send = part(send, c.send_at, (P - 1) * c.S);
     at::Tensor chunk_recv = part(recv, c.send_at, (P - 1) * c.S);
-    quantize_for_peers(t, wire, elements(c), c.m, red, chunk_send);
+    quantize_for_peers(t, wire, elements(c), c.m, red, chunk_send, error);
     wire.write_headers(chunk_send, P - 1, c.m, Phase::kAllReducePieces, n);
     exchanges.push_back(t.start_exchange(chunk_recv, chunk_send, c.S));
   }
@@ -78,6 +79,7 @@ void all_reduce(Transport& t, const WireLayout& wire, Workspace& ws, const at::T
     const OwnAddendTensor own{segments_of(elements(c), rank, 1, c.m), red.premul, red.premul_tensor};
     dequant_sum_requantize_into(wire.codes(chunk_recv, P - 1, c.m), own, red.post_div, wire.codes(sum, 1, c.m),
                                 tensor.device());
+    if (error) measure_requantized_sum(wire.codes(chunk_recv, P - 1, c.m), own, red.post_div, wire.codes(sum, 1, c.m), *error);
     wire.write_headers(sum, 1, c.m, Phase::kAllReduceSums, n);
     gathers.push_back(t.start_all_gather(chunk_gathered, c.S, chunk_scratch));
   }

@@ -42,7 +42,7 @@ at::Tensor segment(const std::vector<at::Tensor>& segments, int64_t r, int64_t k
 }  // namespace
 
 void all_reduce_by_node(NodeTransports& g, const WireLayout& wire, Workspace& ws, const at::Tensor& tensor,
-                        const Reduction& red) {
+                        const Reduction& red, QuantizationError* error) {
   const int64_t L = g.intra.size(), n = tensor.numel();
   const int64_t k = (n + L - 1) / L;
   const at::Tensor flat = tensor.view({-1});
@@ -52,13 +52,14 @@ void all_reduce_by_node(NodeTransports& g, const WireLayout& wire, Workspace& ws
   premultiply(staging, red);
   at::Tensor chunk = node_buffer(ws, Workspace::kNodeChunk, k, tensor);
   g.intra.wait(g.intra.start_reduce_scatter_sum(chunk, staging), "intra-node reduce_scatter");
-  all_reduce(g.inter, wire, ws, chunk, among_nodes(red));
+  all_reduce(g.inter, wire, ws, chunk, among_nodes(red), error);
   g.intra.wait(g.intra.start_all_gather_exact(staging, chunk), "intra-node all_gather");
   flat.copy_(staging.narrow(0, 0, n));
 }
 
 void reduce_scatter_by_node(NodeTransports& g, const WireLayout& wire, Workspace& ws, const at::Tensor& output,
-                            const std::vector<at::Tensor>& input_segments, const Reduction& red) {
+                            const std::vector<at::Tensor>& input_segments, const Reduction& red,
+                            QuantizationError* error) {
   const int64_t L = g.intra.size(), N = g.inter.size(), k = output.numel();
   // Local rank l reduces the segments of the ranks with local index l, one per node in node order.
   at::Tensor staging = node_buffer(ws, Workspace::kNodeStaging, L * N * k, output);
@@ -70,14 +71,15 @@ void reduce_scatter_by_node(NodeTransports& g, const WireLayout& wire, Workspace
   premultiply(staging, red);
   at::Tensor chunk = node_buffer(ws, Workspace::kNodeChunk, N * k, output);
   g.intra.wait(g.intra.start_reduce_scatter_sum(chunk, staging), "intra-node reduce_scatter");
-  reduce_scatter(g.inter, wire, ws, output, {chunk}, among_nodes(red));
+  reduce_scatter(g.inter, wire, ws, output, {chunk}, among_nodes(red), error);
 }
 
 void all_gather_by_node(NodeTransports& g, const WireLayout& wire, Workspace& ws,
-                        const std::vector<at::Tensor>& output_segments, const at::Tensor& input) {
+                        const std::vector<at::Tensor>& output_segments, const at::Tensor& input,
+                        QuantizationError* error) {
   const int64_t L = g.intra.size(), N = g.inter.size(), k = input.numel();
   at::Tensor chunk = node_buffer(ws, Workspace::kNodeChunk, N * k, input);
-  all_gather(g.inter, wire, ws, {chunk}, input);
+  all_gather(g.inter, wire, ws, {chunk}, input, error);
   at::Tensor staging = node_buffer(ws, Workspace::kNodeStaging, L * N * k, input);
   g.intra.wait(g.intra.start_all_gather_exact(staging, chunk), "intra-node all_gather");
   for (int64_t l = 0; l < L; ++l) {

@@ -33,7 +33,7 @@ std::vector<Chunk> chunks_of(int64_t P, const WireLayout& wire, int64_t k) {
 }  // namespace
 
 void reduce_scatter(Transport& t, const WireLayout& wire, Workspace& ws, const at::Tensor& output,
-                    const std::vector<at::Tensor>& input_segments, const Reduction& red) {
+                    const std::vector<at::Tensor>& input_segments, const Reduction& red, QuantizationError* error) {
   const int64_t P = t.size(), rank = t.rank(), k = output.numel();
   // Segment r's elements [begin, begin + n): of one flat input of P * k elements, or of the r-th of P tensors.
   auto piece = [&](int64_t r, int64_t begin, int64_t n) {
@@ -54,8 +54,7 @@ void reduce_scatter(Transport& t, const WireLayout& wire, Workspace& ws, const a
     at::Tensor chunk_recv = recv.narrow(0, c.send_at, (P - 1) * c.S);
     int64_t slot = 0;
     for (int64_t r : t.peers()) {
-      quantize_into(piece(r, c.begin, c.n), red.premul, red.premul_tensor,
-                    wire.codes(chunk_send.narrow(0, slot++ * c.S, c.S), 1, c.n));
+      quantize_measured(piece(r, c.begin, c.n), red, wire.codes(chunk_send.narrow(0, slot++ * c.S, c.S), 1, c.n), error);
     }
     wire.write_headers(chunk_send, P - 1, c.n, Phase::kReduceScatterPieces, k);
     exchanges.push_back(t.start_exchange(chunk_recv, chunk_send, c.S));

@@ -16,11 +16,12 @@ struct Route {
   NodeBytes evenly(int64_t bytes) const;
 };
 
+// `error`: where the quantization error is added (Options.track_error), or null.
 NodeBytes all_reduce(Route& route, const WireLayout& wire, Workspace& ws, const at::Tensor& tensor,
-                     const Reduction& red);
+                     const Reduction& red, QuantizationError* error);
 NodeBytes reduce_scatter(Route& route, const WireLayout& wire, Workspace& ws, const at::Tensor& output,
-                         const std::vector<at::Tensor>& input_segments, const Reduction& red);
+                         const std::vector<at::Tensor>& input_segments, const Reduction& red, QuantizationError* error);
 NodeBytes all_gather(Route& route, const WireLayout& wire, Workspace& ws, const std::vector<at::Tensor>& output_segments,
-                     const at::Tensor& input);
+                     const at::Tensor& input, QuantizationError* error);
 
 }  // namespace fp8comm

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "../codec/codec_tensor.h"
+#include "quantization_error.h"
 #include "reduction.h"
 #include "transport.h"
 #include "wire_layout.h"
@@ -31,20 +32,27 @@ inline at::Tensor segments_of(const at::Tensor& t, int64_t r, int64_t count, int
   return flat.narrow(0, begin, std::min((r + count) * m, n) - begin);
 }
 
+// Quantizes `src` (times the reduction's factor) into `codes`, and adds its
+// error to `error` when there is one (Options.track_error).
+inline void quantize_measured(const at::Tensor& src, const Reduction& red, const BlockCodes& codes,
+                              QuantizationError* error) {
+  quantize_into(src, red.premul, red.premul_tensor, codes);
+  if (error) measure_quantized(src, red.premul, red.premul_tensor, codes, *error);
+}
+
 // Quantizes every segment of `flat` (P segments of m elements) but this
 // rank's own into `send`: the other ranks' segments in order (the exchange's
 // layout).
 inline void quantize_for_peers(const Transport& t, const WireLayout& wire, const at::Tensor& flat, int64_t m,
-                               const Reduction& red, const at::Tensor& send) {
+                               const Reduction& red, const at::Tensor& send, QuantizationError* error) {
   const int64_t rank = t.rank(), P = t.size(), S = wire.segment_bytes(m);
   if (rank > 0) {
-    quantize_into(segments_of(flat, 0, rank, m), red.premul, red.premul_tensor,
-                  wire.codes(send.narrow(0, 0, rank * S), rank, m));
+    quantize_measured(segments_of(flat, 0, rank, m), red, wire.codes(send.narrow(0, 0, rank * S), rank, m), error);
   }
   if (rank + 1 < P) {
     const int64_t count = P - 1 - rank;
-    quantize_into(segments_of(flat, rank + 1, count, m), red.premul, red.premul_tensor,
-                  wire.codes(send.narrow(0, rank * S, count * S), count, m));
+    quantize_measured(segments_of(flat, rank + 1, count, m), red,
+                      wire.codes(send.narrow(0, rank * S, count * S), count, m), error);
   }
 }
 

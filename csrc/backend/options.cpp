@@ -26,6 +26,13 @@ int64_t env_int(const EnvVar& var) {
   TORCH_CHECK_VALUE(false, "fp8comm: environment variable ", var.name, " must be an integer, got '", raw, "'");
 }
 
+bool env_bool(const EnvVar& var) {
+  const std::string raw = var.value_or_fallback();
+  TORCH_CHECK_VALUE(raw == "0" || raw == "1", "fp8comm: environment variable ", var.name, " must be 0 (off) or 1 (on), got '",
+                    raw, "'");
+  return raw == "1";
+}
+
 std::string join(const std::vector<std::string>& items) {
   std::string out;
   for (const auto& s : items) out += (out.empty() ? "" : ",") + s;
@@ -103,6 +110,7 @@ c10::intrusive_ptr<Options> Options::resolved() const {
   if (!cpu_threads && env::kCpuThreads.read()) r->cpu_threads = env_int(env::kCpuThreads);
   TORCH_CHECK_VALUE(!r->cpu_threads || *r->cpu_threads >= 1, "fp8comm.Options: cpu_threads must be an int >= 1, got ",
                     r->cpu_threads.value_or(0), cpu_threads ? "" : " (from FP8COMM_CPU_THREADS)");
+  r->track_error = track_error ? *track_error : env_bool(env::kTrackError);
   r->compress = compress ? parse_compress(*compress, "fp8comm.Options.compress")
                          : parse_compress(split_commas(env::kCompress.value_or_fallback()), env::kCompress.name);
   if (!scope) {

@@ -38,6 +38,10 @@ struct Options : c10d::Backend::Options {
   // process's share of its host's cores (backend.py). Per process, so not
   // in the fingerprint.
   std::optional<int64_t> cpu_threads;
+  // Whether each compressed call measures the quantization error of what
+  // this rank put on the wire (Stats). Per process and it changes no byte
+  // on the wire, so not in the fingerprint; CPU transports only.
+  std::optional<bool> track_error;
 
   // A copy with every field set (from the environment where unset) and
   // checked; raises ValueError naming the field or variable otherwise.

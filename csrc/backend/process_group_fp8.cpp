@@ -9,16 +9,24 @@
 
 namespace fp8comm {
 
-ProcessGroupFp8::ProcessGroupFp8(int rank, int size, c10::intrusive_ptr<fp8comm::Options> options)
-    : c10d::Backend(rank, size), options_(std::move(options)) {
+ProcessGroupFp8::ProcessGroupFp8(int rank, int size, c10::intrusive_ptr<fp8comm::Options> options,
+                                 c10::intrusive_ptr<c10d::Store> store)
+    : c10d::Backend(rank, size), options_(std::move(options)), uncompressed_(std::move(store), rank, size) {
   TORCH_CHECK(options_ && options_->block_size && options_->fp8_dtype && options_->min_numel && options_->compress &&
-                  options_->scope,
+                  options_->scope && options_->track_error,
               "fp8comm: ProcessGroupFp8 needs resolved options (fp8comm.Options(...).resolved())");
   check_block_size(*options_->block_size, "fp8comm.Options");
 }
 
 void ProcessGroupFp8::add_transport(c10::DeviceType device_type, c10::intrusive_ptr<c10d::Backend> inner) {
   TORCH_CHECK(inner, "fp8comm: the inner backend for ", device_type, " is null");
+  // The error is measured with host reads (quantization_error.h), which on
+  // a device would sync the host in every call: refused rather than silent.
+  TORCH_CHECK_VALUE(!*options_->track_error || device_type == c10::DeviceType::CPU,
+                    "fp8comm.Options: track_error=True measures the quantization error on CPU transports only "
+                    "(fp8gloo), and this group has a ", device_type, " transport (", inner->getBackendName(),
+                    "). Create it without track_error (and with FP8COMM_TRACK_ERROR unset or 0), or measure on "
+                    "an fp8gloo group.");
   TORCH_CHECK(inner->getRank() == rank_ && inner->getSize() == size_, "fp8comm: the inner ",
               inner->getBackendName(), " backend has rank ", inner->getRank(), " of ", inner->getSize(),
               " but this group has rank ", rank_, " of ", size_);
@@ -119,8 +127,8 @@ bool ProcessGroupFp8::compresses(const Collective& c, const at::Tensor& t, int64
   const bool has_link = *options_->scope == Scope::kAll || nodes_ > 1;
   // Inside a coalescing block the inner backend defers its ops until
   // endCoalescing, so the multi-phase algorithms cannot run there.
-  return enabled && has_link && coalescing_.empty() && t.layout() == at::kStrided && is_codec_dtype(t.scalar_type()) &&
-         per_rank_numel > 0 && per_rank_numel >= *options_->min_numel;
+  return enabled && has_link && !uncompressed_.active() && coalescing_.empty() && t.layout() == at::kStrided &&
+         is_codec_dtype(t.scalar_type()) && per_rank_numel > 0 && per_rank_numel >= *options_->min_numel;
 }
 
 // Stats are recorded after a call has been issued (enqueued on CUDA, done on
@@ -133,8 +141,31 @@ void ProcessGroupFp8::record_passthrough(const Collective& c, int64_t payload) {
   stats_.record(c.name, false, NodeBytes{intra, plain - intra}, plain);
 }
 
-void ProcessGroupFp8::record_compressed(const Collective& c, int64_t payload, const NodeBytes& wire) {
+void ProcessGroupFp8::record_compressed(const Collective& c, int64_t payload, const NodeBytes& wire,
+                                        const QuantizationError& error) {
   stats_.record(c.name, true, wire, c.plain_bytes_sent(payload, size_));
+  if (*options_->track_error) stats_.record_error(c.name, error);
+}
+
+// --------------------------------------------------------- uncompressed blocks
+// The depth changes under the call lock, so never inside a compressed call
+// that another thread is running; the wait for the other ranks runs outside it.
+void ProcessGroupFp8::enter_uncompressed(std::optional<std::chrono::milliseconds> timeout) {
+  uncompressed_.switch_together("enter", timeout);
+  std::lock_guard<std::recursive_mutex> lock(call_mutex_);
+  uncompressed_.enter();
+}
+
+void ProcessGroupFp8::leave_uncompressed(bool together, std::optional<std::chrono::milliseconds> timeout) {
+  {
+    std::lock_guard<std::recursive_mutex> lock(call_mutex_);
+    uncompressed_.leave();
+  }
+  if (together) {
+    uncompressed_.switch_together("leave", timeout);
+  } else {
+    uncompressed_.switch_alone();
+  }
 }
 
 c10::Stream ProcessGroupFp8::side_stream(const at::Device& device) {

@@ -24,13 +24,16 @@
 #include "collectives.h"
 #include "options.h"
 #include "stats.h"
+#include "uncompressed_blocks.h"
 
 namespace fp8comm {
 
 class ProcessGroupFp8 : public c10d::Backend {
  public:
-  // `options`: resolved (Options::resolved).
-  ProcessGroupFp8(int rank, int size, c10::intrusive_ptr<fp8comm::Options> options);
+  // `options`: resolved (Options::resolved); `store`: the group's, for the
+  // collective switches of uncompressed blocks (without one they are refused).
+  ProcessGroupFp8(int rank, int size, c10::intrusive_ptr<fp8comm::Options> options,
+                  c10::intrusive_ptr<c10d::Store> store = {});
 
   // Adds the transport for tensors of `device_type`; one per device type.
   void add_transport(c10::DeviceType device_type, c10::intrusive_ptr<c10d::Backend> inner);
@@ -52,6 +55,16 @@ class ProcessGroupFp8 : public c10d::Backend {
   const fp8comm::Options& options() const { return *options_; }
   c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override { return options_; }
   Stats& stats() { return stats_; }
+
+  // ---- uncompressed blocks (fp8comm.uncompressed, uncompressed_blocks.h):
+  // while one is open every call passes through exactly. Both switches are
+  // collective and wait for every rank (the store's timeout when none is
+  // given); the mode changes between compressed calls, never during one.
+  void enter_uncompressed(std::optional<std::chrono::milliseconds> timeout);
+  // `together`: false when leaving on an exception, without waiting for the
+  // other ranks. The mode is restored even when the wait fails.
+  void leave_uncompressed(bool together, std::optional<std::chrono::milliseconds> timeout);
+  int uncompressed_depth() const { return uncompressed_.depth(); }
 
   const std::string getBackendName() const override;
   bool supportsCoalescing() const override;
@@ -146,9 +159,13 @@ class ProcessGroupFp8 : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> passed(c10::intrusive_ptr<c10d::Work> work, const Collective& c,
                                         std::vector<at::Tensor> outputs) const;
   // Stats: `payload` bytes as the collectives table counts them; a
-  // compressed call sent `wire` bytes instead of the plain volume.
+  // compressed call sent `wire` bytes instead of the plain volume, and
+  // measured `error` where the options track it.
   void record_passthrough(const Collective& c, int64_t payload);
-  void record_compressed(const Collective& c, int64_t payload, const NodeBytes& wire);
+  void record_compressed(const Collective& c, int64_t payload, const NodeBytes& wire, const QuantizationError& error);
+  // Where a compressed call adds its quantization error: `error` with
+  // Options.track_error, else nowhere (null).
+  QuantizationError* measured(QuantizationError& error) const { return *options_->track_error ? &error : nullptr; }
 
   // Passes a call through: call(inner backend) for `device`, counted in stats.
   template <typename Call>
@@ -189,6 +206,7 @@ class ProcessGroupFp8 : public c10d::Backend {
 
   const c10::intrusive_ptr<fp8comm::Options> options_;
   Stats stats_;
+  UncompressedBlocks uncompressed_;
   mutable std::mutex mutex_;
   std::map<c10::DeviceType, c10::intrusive_ptr<c10d::Backend>> inner_;
   std::map<c10::DeviceType, TransportTraits> traits_;

@@ -49,7 +49,7 @@ c10::intrusive_ptr<ProcessGroupFp8> attach_or_create(const c10::intrusive_ptr<c1
       return existing;
     }
   }
-  auto backend = c10::make_intrusive<ProcessGroupFp8>(rank, size, std::move(options));
+  auto backend = c10::make_intrusive<ProcessGroupFp8>(rank, size, std::move(options), store);
   backend->add_transport(device_type, std::move(inner));
   entries.erase(group_id);
   entries.emplace(group_id, Entry{c10::weak_intrusive_ptr<ProcessGroupFp8>(backend),

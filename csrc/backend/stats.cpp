@@ -12,6 +12,16 @@ void Stats::record(const std::string& op, bool compressed, const NodeBytes& byte
   per_op_[op + (compressed ? ".compressed" : ".passthrough")] += 1;
 }
 
+void Stats::record_error(const std::string& op, const QuantizationError& error) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  errors_[op] += error;
+}
+
+std::map<std::string, QuantizationError> Stats::errors() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return errors_;
+}
+
 std::map<std::string, int64_t> Stats::snapshot() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::map<std::string, int64_t> out = per_op_;
@@ -29,6 +39,7 @@ void Stats::reset() {
   bytes_sent_ = {};
   bytes_sent_uncompressed_ = calls_compressed_ = calls_passthrough_ = 0;
   per_op_.clear();
+  errors_.clear();
 }
 
 }  // namespace fp8comm
