@@ -4,6 +4,7 @@
     torchrun --nproc_per_node=2 examples/train_fsdp.py --no-fp8-compute --no-fp8-comm
     torchrun --nproc_per_node=2 examples/train_fsdp.py --compare losses.png
     torchrun --nproc_per_node=2 examples/train_fsdp.py --no-fp8-all-gather   # weights gathered in FP32/BF16
+    torchrun --nproc_per_node=2 examples/train_fsdp.py --track-error         # SQNR of the FP8 traffic (CPU)
 
 On CUDA machines the group is "cpu:gloo,cuda:fp8nccl" (BF16 parameters and
 gradient reduction, one GPU per rank); without a GPU it is "fp8gloo" on the CPU
@@ -14,6 +15,9 @@ prints both loss curves and writes them to a PNG.
 With FP8 compute and the tensorwise recipe, FSDP2 all-gathers the Fp8Linear
 weights as the FP8 bytes their GEMMs consume (--fp8-all-gather, on by default
 here); each run on an fp8 group prints the bytes one forward's all-gathers sent.
+The final evaluation runs its collectives exact (fp8comm.uncompressed). With
+--track-error (or FP8COMM_TRACK_ERROR=1) the fp8gloo group measures the
+quantization error of every compressed call, and the run prints its SQNR per op.
 """
 from __future__ import annotations
 
@@ -50,15 +54,20 @@ def parse_args(argv=None):
     p.add_argument("--fp8-layers", default="blocks", choices=["blocks", "auto"],
                    help="blocks: every linear of the decoder blocks (the output head stays high precision); "
                         "auto: fp8comm's default size rule")
+    p.add_argument("--track-error", action="store_true",
+                   help="measure the SQNR of every compressed collective (fp8comm.Options(track_error=True); "
+                        "fp8gloo only)")
     p.add_argument("--compare", metavar="PNG", help="train a baseline and an FP8 run, plot both losses")
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
 
-def setup():
+def setup(track_error: bool):
     use_cuda = torch.cuda.is_available()
     if use_cuda:
+        if track_error:
+            raise SystemExit("--track-error: fp8nccl (CUDA) groups do not measure the error; run on the CPU")
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
@@ -66,7 +75,7 @@ def setup():
         plain = dist.new_group(backend="nccl")
     else:
         device = torch.device("cpu")
-        dist.init_process_group("fp8gloo")
+        dist.init_process_group("fp8gloo", pg_options=fp8comm.Options(track_error=True) if track_error else None)
         plain = dist.new_group(backend="gloo")
     return device, dist.group.WORLD, plain
 
@@ -121,7 +130,8 @@ def train(args, device, group, fp8_compute: bool, label: str):
         if rank == 0 and (step % args.log_every == 0 or step == args.steps - 1):
             print(f"[{label}] step {step:4d}  loss {mean:.4f}", flush=True)
 
-    with torch.no_grad():
+    # The final evaluation's collectives run exact; collective: every rank enters here.
+    with torch.no_grad(), fp8comm.uncompressed(group):
         x, y = (t.to(device) for t in data.eval_batch())
         sent_before = fp8comm.get_stats(group)["bytes_sent"] if fp8comm.stats.fp8_backends(group) else None
         logits = model(x)  # the all-gathers of one forward (the amaxes were precomputed)
@@ -143,6 +153,11 @@ def train(args, device, group, fp8_compute: bool, label: str):
         stats = fp8comm.get_stats(group)
         result["bytes_sent"] = stats["bytes_sent"]
         result["bytes_sent_uncompressed"] = stats["bytes_sent_uncompressed"]
+        if "sqnr_db" in stats and rank == 0:  # the group tracks the error (--track-error)
+            measured = [f"{op} {s['sqnr_db']:.1f} dB over {s['compressed']} calls"
+                        for op, s in stats["per_op"].items() if s["sqnr_db"] is not None]
+            print(f"[{label}] SQNR of what rank 0 put on the wire: {'; '.join(measured) or 'nothing compressed'}",
+                  flush=True)
     if rank == 0:
         line = f"[{label}] eval loss {eval_loss:.4f}  tokens/s {result['tokens_per_s']:.0f}"
         if "bytes_sent" in result:
@@ -172,7 +187,7 @@ def plot(results, path):
 
 def main(argv=None):
     args = parse_args(argv)
-    device, fp8_group, plain_group = setup()
+    device, fp8_group, plain_group = setup(args.track_error)
     baseline_label = "bf16" if device.type == "cuda" else "fp32"
     if args.compare:
         runs = [

@@ -1,6 +1,8 @@
 """Frameworks (issue 14, item 3): each snippet of docs/integrations.md, run as
 printed there (2 CPU processes over fp8gloo), trains and reports through
 fp8comm.get_stats() that its gradients went over the wire FP8-compressed.
+The exact-blocks snippet (fp8comm.uncompressed, track_error) also shows its
+metric exact and the gradients' SQNR.
 
 Lightning (Fabric DDP, Trainer DDP with a validation loop; Lightning's FSDP
 is GPU-only) and Accelerate are optional packages: their tests skip,
@@ -70,6 +72,7 @@ LAUNCH = {
     "fabric_ddp": ("lightning", _self_launched),
     "trainer_ddp": ("lightning", _self_launched),
     "accelerate_cpu": ("accelerate", _torchrun),
+    "exact_blocks": ("torch", _torchrun),  # fp8comm.uncompressed and track_error, no framework
 }
 
 STATS = re.compile(r"fp8comm: calls_compressed=(\d+) bytes_sent=(\d+) of (\d+)")
@@ -98,6 +101,11 @@ def test_snippet_trains_with_fp8_compressed_gradients(name, tmp_path):
     assert sent < 0.5 * uncompressed, log
     if name == "accelerate_cpu":
         assert "DistributedType.MULTI_CPU" in out.stdout, log  # Accelerate saw 2 processes, wrapped DDP
+    if name == "exact_blocks":  # the metric all-reduced in the block is exact; the gradients report SQNR
+        assert "histogram exact: True" in out.stdout, log
+        m = re.search(r"^all_reduce: (\d+) compressed, SQNR ([\d.]+) dB, (\d+) passed through$", out.stdout, re.M)
+        assert m and (int(m.group(1)), int(m.group(3))) == (4, 1), log  # 4 gradient buckets; the metric
+        assert 25.0 < float(m.group(2)) < 40.0, log
 
 
 def test_trainer_sync_dist_on_fp8gloo(tmp_path):
