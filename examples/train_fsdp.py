@@ -5,6 +5,7 @@
     torchrun --nproc_per_node=2 examples/train_fsdp.py --compare losses.png
     torchrun --nproc_per_node=2 examples/train_fsdp.py --no-fp8-all-gather   # weights gathered in FP32/BF16
     torchrun --nproc_per_node=2 examples/train_fsdp.py --eval-batches 0 --json run.json
+    torchrun --nproc_per_node=2 examples/train_fsdp.py --track-error         # SQNR of the FP8 traffic (CPU)
 
 On CUDA machines the group is "cpu:gloo,cuda:fp8nccl" (BF16 parameters and
 gradient reduction, one GPU per rank); without a GPU it is "fp8gloo" on the CPU
@@ -19,6 +20,9 @@ The eval loss is measured on held-out text: by default one batch of windows
 that every rank shares; --eval-batches N spreads N batches per rank of distinct
 windows over the ranks (0: the whole held-out tail). --json writes every run's
 per-step losses, eval loss and counters (rank 0); bench/convergence.py reads it.
+The final evaluation runs its collectives exact (fp8comm.uncompressed). With
+--track-error (or FP8COMM_TRACK_ERROR=1) the fp8gloo group measures the
+quantization error of every compressed call, and the run prints its SQNR per op.
 """
 from __future__ import annotations
 
@@ -58,6 +62,9 @@ def parse_args(argv=None):
     p.add_argument("--fp8-layers", default="blocks", choices=["blocks", "auto"],
                    help="blocks: every linear of the decoder blocks (the output head stays high precision); "
                         "auto: fp8comm's default size rule")
+    p.add_argument("--track-error", action="store_true",
+                   help="measure the SQNR of every compressed collective (fp8comm.Options(track_error=True); "
+                        "fp8gloo only)")
     p.add_argument("--compare", metavar="PNG", help="train a baseline and an FP8 run, plot both losses")
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--eval-batches", type=int, default=None, metavar="N",
@@ -68,9 +75,11 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def setup():
+def setup(track_error: bool):
     use_cuda = torch.cuda.is_available()
     if use_cuda:
+        if track_error:
+            raise SystemExit("--track-error: fp8nccl (CUDA) groups do not measure the error; run on the CPU")
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
@@ -78,7 +87,7 @@ def setup():
         plain = dist.new_group(backend="nccl")
     else:
         device = torch.device("cpu")
-        dist.init_process_group("fp8gloo")
+        dist.init_process_group("fp8gloo", pg_options=fp8comm.Options(track_error=True) if track_error else None)
         plain = dist.new_group(backend="gloo")
     return device, dist.group.WORLD, plain
 
@@ -140,7 +149,8 @@ def train(args, device, group, fp8_compute: bool, label: str):
         eval_set = [data.eval_batch()]
     else:
         eval_set = data.eval_batches(args.eval_batches, rank, dist.get_world_size(group))
-    with torch.no_grad():
+    # The final evaluation's collectives run exact; collective: every rank enters here.
+    with torch.no_grad(), fp8comm.uncompressed(group):
         eval_sum = torch.zeros((), device=device)
         for i, batch in enumerate(eval_set):
             x, y = (t.to(device) for t in batch)
@@ -170,6 +180,11 @@ def train(args, device, group, fp8_compute: bool, label: str):
         stats = fp8comm.get_stats(group)
         result["bytes_sent"] = stats["bytes_sent"]
         result["bytes_sent_uncompressed"] = stats["bytes_sent_uncompressed"]
+        if "sqnr_db" in stats and rank == 0:  # the group tracks the error (--track-error)
+            measured = [f"{op} {s['sqnr_db']:.1f} dB over {s['compressed']} calls"
+                        for op, s in stats["per_op"].items() if s["sqnr_db"] is not None]
+            print(f"[{label}] SQNR of what rank 0 put on the wire: {'; '.join(measured) or 'nothing compressed'}",
+                  flush=True)
     if rank == 0:
         line = f"[{label}] eval loss {eval_loss:.4f}  tokens/s {result['tokens_per_s']:.0f}"
         if "bytes_sent" in result:
@@ -210,7 +225,7 @@ def plot(results, path):
 
 def main(argv=None):
     args = parse_args(argv)
-    device, fp8_group, plain_group = setup()
+    device, fp8_group, plain_group = setup(args.track_error)
     baseline_label = "bf16" if device.type == "cuda" else "fp32"
     if args.compare:
         runs = [

@@ -1,7 +1,8 @@
 """Frameworks (issue 14, items 2 and 3): each snippet of docs/integrations.md,
 run as printed there (CPU processes over fp8gloo: 2, or 4 for the 2x2 mesh),
 trains and reports through fp8comm.get_stats() that its gradients went over
-the wire FP8-compressed.
+the wire FP8-compressed. The exact-blocks snippet (fp8comm.uncompressed,
+track_error) also shows its metric exact and the gradients' SQNR.
 
 Lightning (Fabric DDP, Trainer DDP with a validation loop; Lightning's FSDP
 is GPU-only) and Accelerate are optional packages: their tests skip,
@@ -77,6 +78,7 @@ LAUNCH = {
     "trainer_ddp": ("lightning", _self_launched),
     "accelerate_cpu": ("accelerate", _torchrun),
     "device_mesh_hsdp": ("torch", _torchrun_2x2),
+    "exact_blocks": ("torch", _torchrun),  # fp8comm.uncompressed and track_error, no framework
 }
 
 STATS = re.compile(r"fp8comm: calls_compressed=(\d+) bytes_sent=(\d+) of (\d+)")
@@ -109,6 +111,11 @@ def test_snippet_trains_with_fp8_compressed_gradients(name, tmp_path):
         per_dim = dict(re.findall(r"mesh dim (\w+): (\d+) calls compressed", out.stdout))
         assert set(per_dim) == {"replicate", "shard"} and all(int(n) >= 4 for n in per_dim.values()), log
         assert int(re.search(r"FP8 GEMMs: (\d+)", out.stdout).group(1)) > 0, log
+    if name == "exact_blocks":  # the metric all-reduced in the block is exact; the gradients report SQNR
+        assert "histogram exact: True" in out.stdout, log
+        m = re.search(r"^all_reduce: (\d+) compressed, SQNR ([\d.]+) dB, (\d+) passed through$", out.stdout, re.M)
+        assert m and (int(m.group(1)), int(m.group(3))) == (4, 1), log  # 4 gradient buckets; the metric
+        assert 25.0 < float(m.group(2)) < 40.0, log
 
 
 def test_trainer_sync_dist_on_fp8gloo(tmp_path):
