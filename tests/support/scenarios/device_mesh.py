@@ -89,13 +89,7 @@ def hsdp_training(plain: bool, steps: int = 3):
         for group in groups.values():
             fp8comm.reset_stats(group)
     fp8comm.nn.reset_linear_stats()
-    losses = []
-    for seq in F.batches(c.rank, steps):
-        loss = F._loss(model, seq)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(F._global_mean(loss))
+    losses = F.train_losses(model, opt, c.rank, steps)
     return {
         "losses": losses,
         "stats": None if plain else {name: fp8comm.get_stats(g) for name, g in groups.items()},

@@ -102,6 +102,18 @@ def _global_mean(loss) -> float:
     return v.item() / ctx().world
 
 
+def train_losses(model, opt, rank: int, steps: int) -> list[float]:
+    """`steps` optimizer steps on this rank's batches; the global mean loss of each."""
+    losses = []
+    for seq in batches(rank, steps):
+        loss = _loss(model, seq)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(_global_mean(loss))
+    return losses
+
+
 def _capture(model):
     """Forward pre-hooks recording the weight each module sees in forward:
     Fp8Linear weights as (kind, fp8 bytes, inverse scale) or the plain

@@ -98,13 +98,7 @@ def fsdp2_compiled_training(steps: int = 3, backend: str = "inductor"):
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
         fp8comm.reset_stats(c.group)
         fp8comm.nn.reset_linear_stats()
-        losses = []
-        for seq in S.batches(c.rank, steps):
-            loss = S._loss(model, seq)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            losses.append(S._global_mean(loss))
+        losses = S.train_losses(model, opt, c.rank, steps)
         out[mode] = {"losses": losses, "stats": fp8comm.get_stats(c.group), "nn": fp8comm.nn.linear_stats(),
                      "frames": dict(torch._dynamo.utils.counters["frames"]),
                      "graph_breaks": dict(torch._dynamo.utils.counters["graph_break"])}
