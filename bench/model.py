@@ -22,7 +22,9 @@ time = codec time + wire bytes / link bandwidth + steps x per-step latency
 Not modeled: hierarchical (NVLink within a node, IB across) algorithms, NCCL's
 tree and NVLS algorithms (lower latency at scale), all_to_all incast on large
 IB fabrics (fp8comm's all_reduce and reduce_scatter use all_to_all), overlap of
-the codec with the transport (none is assumed), and kernel launch overheads.
+the codec with the transport in the cluster rows (none is assumed), and kernel
+launch overheads. For shaped links, `shaped_link_seconds` overlaps them
+(bench/netlab.py uses it).
 """
 from __future__ import annotations
 
@@ -72,6 +74,24 @@ def codec_seconds(op: str, n: int, elem: int, P: int, codec: dict) -> float:
     else:  # all_gather: n is the output
         moved = (n / P * elem + n / P * w) + (n * w + n * elem)
     return moved / (codec["memory_gbps"] * 1e9 * codec["efficiency"])
+
+
+def pipelined_seconds(cpu_s: float, wire_s: float, chunks: int | None) -> float:
+    """A collective that overlaps its CPU work with the wire: the slower of
+    the two, plus one chunk of the faster (filling and draining the
+    pipeline). chunks=None: a transport with many small segments in flight
+    (a ring), where the fill term vanishes."""
+    if chunks is None:
+        return max(cpu_s, wire_s)
+    return max(cpu_s, wire_s) + min(cpu_s, wire_s) / max(1, chunks)
+
+
+def shaped_link_seconds(unshaped_s: float, link_bytes: float, rate_gbit: float, chunks: int | None) -> float:
+    """A collective's time over a link of `rate_gbit` Gbit/s per direction,
+    from its time over an unshaped link (its CPU cost: codec, copies,
+    sockets) and the bytes it puts on the link, CPU and wire overlapped
+    (pipelined_seconds). bench/netlab.py prints it beside its measurements."""
+    return pipelined_seconds(unshaped_s, link_bytes * 8 / (rate_gbit * 1e9), chunks)
 
 
 def transport_seconds(op: str, n: int, bytes_per_elem: float, P: int, link: dict) -> float:

@@ -22,10 +22,11 @@ FSDP_CONFIGS, interleaved, and estimates gloo's share of a step spent
 communicating (its step time over the unshaped link's). Every rank gets
 OMP_NUM_THREADS = cores / ranks.
 
-The "model" columns are MODELED: time(rate) = time at the unshaped link +
-bytes on the shaped link / rate (codec and wire not overlapped), calibrated
-by the unshaped run; each modeled point is printed beside its measurement
-with the relative error.
+The "model" columns are MODELED by bench/model.py's shaped_link_seconds:
+time(rate) = max(time at the unshaped link, bytes on the shaped link / rate),
+plus one chunk of the smaller for fp8comm's chunked pipeline; the unshaped
+run calibrates the CPU term. Each modeled point is printed beside its
+measurement with the relative error of the ratio.
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ import datetime
 import json
 import os
 import shutil
+import shlex
 import signal
 import socket
 import statistics
@@ -43,6 +45,13 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from model import shaped_link_seconds  # noqa: E402
+
+CHUNK_NUMEL = 1 << 20  # csrc/algorithms/segments.h kChunkNumel
+ELEMENT_SIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
+MODELED_COLUMNS = ("modeled_*: bench/model.py shaped_link_seconds, max(time at the unshaped link, link bytes / rate) "
+                   "+ one chunk's fill for fp8comm (not measured)")
 SUBNET = "10.213"
 
 
@@ -233,12 +242,15 @@ def summarize(by_rate: dict, world: int, ranks_per_node: int) -> list[dict]:
             if base is not None and rate != "unshaped":
                 b_plain = statistics.median(r["rows"][i]["plain"]["median_s"] for r in base)
                 b_fp8 = statistics.median(r["rows"][i]["fp8"]["median_s"] for r in base)
-                bps = float(rate) * 1e9 / 8
-                m_plain = b_plain + link_bytes(rows[0], False, world, ranks_per_node) / bps
-                m_fp8 = b_fp8 + link_bytes(rows[0], True, world, ranks_per_node) / bps
+                chunks = max(1, key[2] // ELEMENT_SIZE[key[1]] // CHUNK_NUMEL)
+                m_plain = shaped_link_seconds(b_plain, link_bytes(rows[0], False, world, ranks_per_node),
+                                              float(rate), chunks=None)
+                m_fp8 = shaped_link_seconds(b_fp8, link_bytes(rows[0], True, world, ranks_per_node),
+                                            float(rate), chunks=chunks)
                 row.update(modeled_plain_ms=m_plain * 1e3, modeled_fp8_ms=m_fp8 * 1e3,
                            modeled_ratio=m_fp8 / m_plain,
-                           model_error=(m_fp8 / m_plain) / (fp8 / plain) - 1)
+                           model_error=(m_fp8 / m_plain) / (fp8 / plain) - 1,
+                           model_error_plain=m_plain / plain - 1, model_error_fp8=m_fp8 / fp8 - 1)
             out.append(row)
     return out
 
@@ -290,6 +302,32 @@ def plot(rows: list[dict], path: str, title: str):
     fig.savefig(path, dpi=120)
 
 
+def print_rows(rows: list[dict]):
+    print(f"{'rate':>9s} {'op':15s} {'dtype':8s} {'MiB':>6s} {'gloo ms':>9s} {'fp8 ms':>9s} {'ratio':>6s} "
+          f"{'modeled':>8s} {'err':>6s} {'gloo err':>8s} {'fp8 err':>7s}")
+    for r in rows:
+        modeled = (f"{r['modeled_ratio']:8.3f} {r['model_error'] * 100:5.0f}% {r['model_error_plain'] * 100:7.0f}% "
+                   f"{r['model_error_fp8'] * 100:6.0f}%") if "modeled_ratio" in r else ""
+        print(f"{r['rate_gbit']:>9s} {r['op']:15s} {r['dtype']:8s} {r['bytes'] / 2**20:6.0f} {r['plain_ms']:9.1f} "
+              f"{r['fp8_ms']:9.1f} {r['ratio']:6.3f} {modeled}")
+
+
+def remodel(path: str, plot_path: str | None) -> int:
+    """Recomputes the modeled columns of a saved result from its raw runs
+    (the measurements are kept) and rewrites the file."""
+    with open(path) as f:
+        result = json.load(f)
+    result["rows"] = summarize(result["raw"], result["nodes"] * result["ranks_per_node"], result["ranks_per_node"])
+    result["modeled_columns"] = MODELED_COLUMNS
+    print_rows(result["rows"])
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+    if plot_path:
+        plot(result["rows"], plot_path, f"fp8gloo vs gloo over shaped links: {result['nodes']} nodes x "
+                                        f"{result['ranks_per_node']} ranks, {result['device']}")
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rates", default="1,10,25", help="link rates in Gbit/s, comma separated")
@@ -315,7 +353,10 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="10 Gbit/s only, 1 and 4 MiB, 3 reps, 1 run")
     p.add_argument("--json", metavar="PATH")
     p.add_argument("--plot", metavar="PNG")
+    p.add_argument("--remodel", metavar="JSON", help="recompute a saved result's modeled columns; no measuring")
     args = p.parse_args(argv)
+    if args.remodel:
+        return remodel(args.remodel, args.plot)
     if args.quick:
         args.rates, args.min_bytes, args.max_bytes, args.reps, args.runs = "10", "1M", "4M", 3, 1
 
@@ -364,8 +405,12 @@ def main(argv=None) -> int:
     if args.no_comm:
         if args.json:
             with open(args.json, "w") as f:
+                from fp8comm.bench import device_label
+
                 json.dump({"benchmark": "netlab-fsdp", "date": datetime.date.today().isoformat(),
-                           "command": " ".join(["python", "bench/netlab.py"] + list(sys.argv[1:] if argv is None else argv)),
+                           "command": shlex.join(["python", "bench/netlab.py"] + list(sys.argv[1:] if argv is None else argv)),
+                           "device": device_label(cuda=False), "delay_ms": args.delay_ms,
+                           "omp_num_threads": max(1, (os.cpu_count() or 1) // world),
                            "nodes": args.nodes, "ranks_per_node": args.ranks_per_node, "fsdp_args": args.fsdp_args,
                            "fsdp": fsdp_rows, "raw": fsdp}, f, indent=1)
         return 0
@@ -373,18 +418,13 @@ def main(argv=None) -> int:
     device = by_rate["unshaped"][0]["device"]
     print(f"\nnetlab: {args.nodes} nodes x {args.ranks_per_node} ranks, {device}, delay {args.delay_ms} ms, "
           f"MTU {args.mtu}; medians over {args.runs} runs of {args.reps} interleaved calls each")
-    print(f"{'rate':>9s} {'op':15s} {'dtype':8s} {'MiB':>6s} {'gloo ms':>9s} {'fp8 ms':>9s} {'ratio':>6s} "
-          f"{'modeled':>8s} {'err':>6s}")
-    for r in rows:
-        modeled = f"{r['modeled_ratio']:8.3f} {r['model_error'] * 100:5.0f}%" if "modeled_ratio" in r else ""
-        print(f"{r['rate_gbit']:>9s} {r['op']:15s} {r['dtype']:8s} {r['bytes'] / 2**20:6.0f} {r['plain_ms']:9.1f} "
-              f"{r['fp8_ms']:9.1f} {r['ratio']:6.3f} {modeled}")
+    print_rows(rows)
     result = {"benchmark": "netlab", "date": datetime.date.today().isoformat(),
-              "command": " ".join(["python", "bench/netlab.py"] + list(sys.argv[1:] if argv is None else argv)),
+              "command": shlex.join(["python", "bench/netlab.py"] + list(sys.argv[1:] if argv is None else argv)),
               "device": device, "nodes": args.nodes, "ranks_per_node": args.ranks_per_node,
               "delay_ms": args.delay_ms, "mtu": args.mtu, "env": dict(args.env), "sysctl": dict(args.sysctl),
               "omp_num_threads": max(1, (os.cpu_count() or 1) // world),
-              "modeled_columns": "modeled_*: time at the unshaped link + link bytes / rate (not measured)",
+              "modeled_columns": MODELED_COLUMNS,
               "rows": rows, "raw": by_rate, "fsdp_args": args.fsdp_args, "fsdp": fsdp_rows, "fsdp_raw": fsdp}
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
