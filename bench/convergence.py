@@ -29,6 +29,7 @@ import datetime
 import json
 import math
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -42,6 +43,11 @@ CONFIGS = [
     {"name": "fp8 comm", "flags": ["--no-fp8-compute", "--fp8-comm"]},
     {"name": "fp8 comm + Fp8Linear tensorwise", "flags": ["--fp8-compute", "--fp8-comm", "--recipe", "tensorwise"]},
     {"name": "fp8 comm + Fp8Linear rowwise", "flags": ["--fp8-compute", "--fp8-comm", "--recipe", "rowwise"]},
+    # Where the tensorwise gap comes from: the same GEMMs with exact communication,
+    # and with the weights all-gathered in FP32 instead of as FP8.
+    {"name": "Fp8Linear tensorwise + fp32 comm", "flags": ["--fp8-compute", "--no-fp8-comm", "--recipe", "tensorwise"]},
+    {"name": "fp8 comm + Fp8Linear tensorwise (fp32 all-gather)",
+     "flags": ["--fp8-compute", "--fp8-comm", "--recipe", "tensorwise", "--no-fp8-all-gather"]},
 ]
 GOAL_REL = 0.01  # within 1% of the baseline's mean eval loss
 
@@ -307,7 +313,7 @@ def main(argv=None):
     machine = args.machine or (os.path.basename(os.path.dirname(os.path.abspath(args.json))) if args.json else None)
     result = {
         "benchmark": "convergence", "date": datetime.date.today().isoformat(),
-        "command": " ".join(["python", "bench/convergence.py", *(sys.argv[1:] if argv is None else argv)]),
+        "command": shlex.join(["python", "bench/convergence.py", *(sys.argv[1:] if argv is None else argv)]),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "1"), "nice": os.nice(0),
         "machine": machine, "device": device_label(False), "torch": __import__("torch").__version__,
         "settings": settings, "configs": configs, "runs": [],
@@ -318,6 +324,9 @@ def main(argv=None):
         if old["settings"] != settings:
             raise SystemExit("convergence: --resume with different settings than the saved result's")
         result["runs"] = old["runs"]
+        result["earlier_commands"] = old.get("earlier_commands", []) + [old["command"]]
+        known = {c["name"] for c in old["configs"]}
+        result["configs"] = old["configs"] + [c for c in configs if c["name"] not in known]
 
     def save():
         if args.json:

@@ -106,3 +106,24 @@ def test_eval_batches_cover_the_held_out_tail_once():
     assert starts[0] == len(text) - held_out and starts[-1] == len(text) - seq - 2  # the whole tail
     assert len(data[0].eval_batches(3, 0, world)) == 3
     assert torch.equal(data[0].eval_batches(1, 0, 1)[0][0], data[0].eval_batch()[0])
+
+
+def test_resume_keeps_the_saved_configurations_and_adds_the_new_ones(tmp_path):
+    """--resume --configs NEW runs only what the file lacks; the saved
+    configurations stay in the summary and NEW joins them."""
+    new = "Fp8Linear tensorwise + fp32 comm"
+    result = synthetic()
+    result["configs"] = [c for c in convergence.CONFIGS if c["name"] in EVALS]
+    result["command"] = "python bench/convergence.py --json first.json"
+    result["runs"] += [{**r, "config": new} for r in result["runs"] if r["config"] == "fp8 comm"]
+    path = tmp_path / "convergence.json"
+    path.write_text(json.dumps(result))
+    s = result["settings"]
+    convergence.main(["--resume", "--configs", new, "--json", str(path), "--seeds", "0,1,2", "--steps", str(s["steps"]),
+                      "--nproc", "2", "--dim", "32", "--layers", "1", "--heads", "2", "--seq", "16", "--batch", "2",
+                      "--eval-batches", "0", "--tail", "5"])  # every run is saved: nothing trains
+    saved = json.loads(path.read_text())
+    assert [c["name"] for c in saved["configs"]] == list(EVALS) + [new]
+    assert [r["config"] for r in saved["summary"]] == list(EVALS) + [new]
+    assert saved["earlier_commands"] == ["python bench/convergence.py --json first.json"]
+    assert len(saved["runs"]) == len(result["runs"])
