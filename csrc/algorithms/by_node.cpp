@@ -51,9 +51,10 @@ void all_reduce_by_node(NodeTransports& g, const WireLayout& wire, Workspace& ws
   if (L * k > n) staging.narrow(0, n, L * k - n).zero_();
   premultiply(staging, red);
   at::Tensor chunk = node_buffer(ws, Workspace::kNodeChunk, k, tensor);
-  g.intra.wait(g.intra.start_reduce_scatter_sum(chunk, staging), "intra-node reduce_scatter");
+  at::Tensor scratch = node_buffer(ws, Workspace::kNodeExchange, g.intra.exact_scratch_numel(k), tensor);
+  g.intra.reduce_scatter_sum(chunk, staging, scratch, "intra-node reduce_scatter");
   all_reduce(g.inter, wire, ws, chunk, among_nodes(red), error);
-  g.intra.wait(g.intra.start_all_gather_exact(staging, chunk), "intra-node all_gather");
+  g.intra.all_gather_exact(staging, chunk, scratch, "intra-node all_gather");
   flat.copy_(staging.narrow(0, 0, n));
 }
 
@@ -70,7 +71,8 @@ void reduce_scatter_by_node(NodeTransports& g, const WireLayout& wire, Workspace
   }
   premultiply(staging, red);
   at::Tensor chunk = node_buffer(ws, Workspace::kNodeChunk, N * k, output);
-  g.intra.wait(g.intra.start_reduce_scatter_sum(chunk, staging), "intra-node reduce_scatter");
+  at::Tensor scratch = node_buffer(ws, Workspace::kNodeExchange, g.intra.exact_scratch_numel(N * k), output);
+  g.intra.reduce_scatter_sum(chunk, staging, scratch, "intra-node reduce_scatter");
   reduce_scatter(g.inter, wire, ws, output, {chunk}, among_nodes(red), error);
 }
 
@@ -81,7 +83,8 @@ void all_gather_by_node(NodeTransports& g, const WireLayout& wire, Workspace& ws
   at::Tensor chunk = node_buffer(ws, Workspace::kNodeChunk, N * k, input);
   all_gather(g.inter, wire, ws, {chunk}, input, error);
   at::Tensor staging = node_buffer(ws, Workspace::kNodeStaging, L * N * k, input);
-  g.intra.wait(g.intra.start_all_gather_exact(staging, chunk), "intra-node all_gather");
+  at::Tensor scratch = node_buffer(ws, Workspace::kNodeExchange, g.intra.exact_scratch_numel(N * k), input);
+  g.intra.all_gather_exact(staging, chunk, scratch, "intra-node all_gather");
   for (int64_t l = 0; l < L; ++l) {
     for (int64_t b = 0; b < N; ++b) {
       segment(output_segments, g.rank_at(b, l), k).copy_(staging.narrow(0, (l * N + b) * k, k));

@@ -63,27 +63,56 @@ Transport::Pending Transport::start_all_gather(at::Tensor& gathered, int64_t S, 
   return inner_->_allgather_base(gathered, mine, opts);  // in place: NCCL reads this rank's slot
 }
 
-Transport::Pending Transport::start_reduce_scatter_sum(at::Tensor& output, at::Tensor& input) {
-  if (size_ == 1) {
-    output.copy_(input);
-    return {};
-  }
-  c10d::ReduceScatterOptions opts;
-  opts.reduceOp = c10d::ReduceOp::SUM;
-  opts.timeout = timeout_;
-  opts.asyncOp = true;
-  return inner_->_reduce_scatter_base(output, input, opts);
+int64_t Transport::exact_scratch_numel(int64_t k) const {
+  return traits_.exact_by_all_to_all && size_ > 1 ? size_ * k : 0;
 }
 
-Transport::Pending Transport::start_all_gather_exact(at::Tensor& output, at::Tensor& input) {
-  if (size_ == 1) {
-    output.copy_(input);
-    return {};
-  }
-  c10d::AllgatherOptions opts;
+Transport::Pending Transport::start_all_to_all(at::Tensor& recv, at::Tensor& send, int64_t k) {
+  std::vector<int64_t> recv_splits(size_, k), send_splits(size_, k);
+  c10d::AllToAllOptions opts;
   opts.timeout = timeout_;
   opts.asyncOp = true;
-  return inner_->_allgather_base(output, input, opts);
+  return inner_->alltoall_base(recv, send, recv_splits, send_splits, opts);
+}
+
+void Transport::reduce_scatter_sum(at::Tensor& output, at::Tensor& input, at::Tensor& scratch, const char* phase) {
+  if (size_ == 1) {
+    output.copy_(input);
+    return;
+  }
+  if (!traits_.exact_by_all_to_all) {
+    c10d::ReduceScatterOptions opts;
+    opts.reduceOp = c10d::ReduceOp::SUM;
+    opts.timeout = timeout_;
+    opts.asyncOp = true;
+    wait(inner_->_reduce_scatter_base(output, input, opts), phase);
+    return;
+  }
+  const int64_t k = output.numel();
+  at::Tensor pieces = scratch.narrow(0, 0, size_ * k);
+  wait(start_all_to_all(pieces, input, k), phase);
+  // Every rank's piece of my segment, added in rank order: one owner per
+  // segment, so the order only has to be fixed, and two pieces add as a+b.
+  at::add_out(output, pieces.narrow(0, 0, k), pieces.narrow(0, k, k));
+  for (int64_t r = 2; r < size_; ++r) output.add_(pieces.narrow(0, r * k, k));
+}
+
+void Transport::all_gather_exact(at::Tensor& output, at::Tensor& input, at::Tensor& scratch, const char* phase) {
+  if (size_ == 1) {
+    output.copy_(input);
+    return;
+  }
+  if (!traits_.exact_by_all_to_all) {
+    c10d::AllgatherOptions opts;
+    opts.timeout = timeout_;
+    opts.asyncOp = true;
+    wait(inner_->_allgather_base(output, input, opts), phase);
+    return;
+  }
+  const int64_t k = input.numel();
+  at::Tensor copies = scratch.narrow(0, 0, size_ * k);
+  for (int64_t r = 0; r < size_; ++r) copies.narrow(0, r * k, k).copy_(input);
+  wait(start_all_to_all(output, copies, k), phase);
 }
 
 void Transport::wait(const Pending& work, const char* phase) {

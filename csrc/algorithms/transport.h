@@ -54,11 +54,15 @@ class Transport {
   // this rank has written; `scratch` has gather_scratch_bytes(S) bytes.
   Pending start_all_gather(at::Tensor& gathered, int64_t S, at::Tensor& scratch);
 
-  // The inner backend's own exact collectives on tensors of any dtype (the
-  // inter_node scope's phases inside a node): `output` <- segment `rank` of
-  // the SUM of every rank's `input`; `output` <- every rank's `input`, in rank order.
-  Pending start_reduce_scatter_sum(at::Tensor& output, at::Tensor& input);
-  Pending start_all_gather_exact(at::Tensor& output, at::Tensor& input);
+  // Exact collectives on flat tensors of any dtype (the inter_node scope's
+  // phases inside a node), done when they return: `output` (k elements) <-
+  // segment `rank` of the SUM of every rank's `input` (P * k);
+  // `output` (P * k) <- every rank's `input` (k), in rank order. `scratch`
+  // holds exact_scratch_numel(k) elements of their dtype: the all_to_all's
+  // buffer where the traits say exact_by_all_to_all, else nothing.
+  int64_t exact_scratch_numel(int64_t k) const;
+  void reduce_scatter_sum(at::Tensor& output, at::Tensor& input, at::Tensor& scratch, const char* phase);
+  void all_gather_exact(at::Tensor& output, at::Tensor& input, at::Tensor& scratch, const char* phase);
 
   // Orders what follows after `work` (CPU: blocks until it is done) and keeps
   // it for the call's Work (CUDA: where it may still fail). An error names
@@ -70,6 +74,10 @@ class Transport {
   void adopt_works(Transport& other);
 
  private:
+  // An all_to_all of k elements from every rank to every rank, this one
+  // included (the inner backend copies that segment locally).
+  Pending start_all_to_all(at::Tensor& recv, at::Tensor& send, int64_t k);
+
   c10::intrusive_ptr<c10d::Backend> inner_;
   const TransportTraits traits_;
   int64_t rank_, size_;

@@ -23,6 +23,12 @@ struct TransportTraits {
   // The transport reduces AVG and PREMUL_SUM itself; else fp8comm emulates
   // them around an exact SUM for passthrough calls.
   bool reduces_avg_and_premul = false;
+  // The exact phases inside a node (inter_node scope) run as all_to_alls,
+  // the reduce_scatter summing the pieces on this rank: gloo's own
+  // reduce_scatter and all_gather move the same bytes several times slower
+  // (docs/performance.md, "Shaped links"); else the transport's own
+  // reduce_scatter and all_gather (NCCL).
+  bool exact_by_all_to_all = false;
 
   // The traits of torch's gloo on the CPU or on CUDA, and of NCCL (or a
   // transport that behaves as NCCL does). Any other transport: an error.
@@ -34,6 +40,7 @@ struct TransportTraits {
       t.segment_headers = host;
       t.gather_by_all_to_all = true;
       t.reduces_avg_and_premul = false;
+      t.exact_by_all_to_all = true;
     } else if (name == "nccl") {
       t.reduces_avg_and_premul = true;
     } else {

@@ -12,8 +12,8 @@ namespace fp8comm {
 
 class Workspace {
  public:
-  // kNodeStaging, kNodeChunk: the inter_node scope's data inside a node (by_node.cpp).
-  enum Slot { kSend = 0, kRecv, kGathered, kGatherScratch, kNodeStaging, kNodeChunk, kSlots };
+  // kNodeStaging, kNodeChunk, kNodeExchange: the inter_node scope's data inside a node (by_node.cpp).
+  enum Slot { kSend = 0, kRecv, kGathered, kGatherScratch, kNodeStaging, kNodeChunk, kNodeExchange, kSlots };
   static constexpr int64_t kMaxCachedBytes = int64_t{256} << 20;
 
   // A contiguous uint8 tensor of `bytes` bytes on `like`'s device. CPU

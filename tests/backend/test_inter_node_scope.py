@@ -1,6 +1,6 @@
 """The inter_node scope (DESIGN.md, "Topology") on CPU processes grouped into
-simulated nodes (FP8COMM_LOCAL_SIZE=2): 4 ranks as 2 nodes x 2 and 6 as
-3 x 2 on fp8gloo, 4 on fp8ncclsim (fp8nccl's path).
+simulated nodes (FP8COMM_LOCAL_SIZE): 4 ranks as 2 nodes x 2, 6 as 3 x 2
+and 6 as 2 x 3 on fp8gloo, 4 as 2 x 2 on fp8ncclsim (fp8nccl's path).
 
 Every compressed collective and form is bitwise equal to a model built from
 plain pieces (the node's exact sum, then the flat compressed collective
@@ -14,19 +14,22 @@ from tests.support.harness import DistPool
 from tests.support.inputs import same_bits
 from tests.support.scenarios import topology as ts
 
-LOCAL = 2
 # E4M3 with 32-element blocks over 2-3 nodes: one quantization on the way
 # between nodes (reduce_scatter, all_gather), two for all_reduce.
 MIN_SQNR_DB = {"all_reduce": 25.0, "reduce_scatter": 28.0, "all_gather": 28.0}
 
 
-@pytest.fixture(scope="module", params=[("fp8gloo", 4), ("fp8gloo", 6), ("fp8ncclsim", 4)],
-                ids=lambda p: f"{p[0]}-{p[1]}")
+# (backend, nodes, ranks per node). On gloo the exact phases inside a node
+# are all_to_alls summed here in rank order; on fp8ncclsim, NCCL's own
+# reduce_scatter (gloo's underneath, which adds two pieces as a + b too).
+@pytest.fixture(scope="module", params=[("fp8gloo", 2, 2), ("fp8gloo", 3, 2), ("fp8gloo", 2, 3),
+                                        ("fp8ncclsim", 2, 2)],
+                ids=lambda p: f"{p[0]}-{p[1]}x{p[2]}")
 def pool(request):
-    backend, world = request.param
-    p = DistPool(world, backend=backend, pg_options={"min_numel": 1024, "compress": "all"},
-                 env={"FP8COMM_SCOPE": "inter_node", "FP8COMM_LOCAL_SIZE": str(LOCAL)})
-    p.nodes = world // LOCAL
+    backend, nodes, local = request.param
+    p = DistPool(nodes * local, backend=backend, pg_options={"min_numel": 1024, "compress": "all"},
+                 env={"FP8COMM_SCOPE": "inter_node", "FP8COMM_LOCAL_SIZE": str(local)})
+    p.nodes, p.local = nodes, local
     yield p
     p.close()
 
@@ -83,12 +86,12 @@ def test_all_reduce_bytes_between_nodes(pool):
     n = 1 << 16
     by_node = pool.run(ts.compressed_case, "all_reduce", n, torch.float32)
     flat = pool.run(ts.flat_scope_split, n)
-    world = pool.nodes * LOCAL
+    world = pool.nodes * pool.local
     for r, f in zip(by_node, flat):
-        assert r["stats"]["bytes_sent_intra_node"] == 2 * (LOCAL - 1) * (n // LOCAL) * 4
+        assert r["stats"]["bytes_sent_intra_node"] == 2 * (pool.local - 1) * -(-n // pool.local) * 4
         assert r["stats"]["bytes_sent_inter_node"] < f["bytes_sent_inter_node"]
         # Flat scope: bytes split by the share of peers on this node.
-        assert f["bytes_sent_intra_node"] == f["bytes_sent"] * (LOCAL - 1) // (world - 1)
+        assert f["bytes_sent_intra_node"] == f["bytes_sent"] * (pool.local - 1) // (world - 1)
 
 
 def test_a_group_on_one_node_passes_through_exactly(pool):
@@ -103,6 +106,7 @@ def test_a_group_on_one_node_passes_through_exactly(pool):
 
 def test_nodes_of_different_sizes_are_refused_at_creation(pool):
     errors = pool.run(ts.uneven_nodes_group)
-    for rank in range(LOCAL + 1):
+    for rank in range(pool.local + 1):
         assert errors[rank] is not None and "same number of this group's ranks on every node" in errors[rank]
-        assert "2 on ranks 0-1, 1 on ranks 2-3" in errors[rank], errors[rank]
+        L = pool.local
+        assert f"{L} on ranks 0-{L - 1}, 1 on ranks {L}-{2 * L - 1}" in errors[rank], errors[rank]

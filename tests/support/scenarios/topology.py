@@ -55,11 +55,21 @@ def _premultiplied(x: torch.Tensor, reduce_kind: str, factor: float) -> torch.Te
     return x.mul(factor) if reduce_kind == "premul_sum" else x.clone()
 
 
+def _node_sum(x: torch.Tensor, intra) -> torch.Tensor:
+    """The node's ranks' tensors added in rank order, as the exact
+    reduce_scatter inside a node adds each segment's pieces."""
+    pieces = [torch.empty_like(x) for _ in range(local_size())]
+    dist.all_gather(pieces, x, group=intra)
+    total = pieces[0] + pieces[1]
+    for piece in pieces[2:]:
+        total += piece
+    return total
+
+
 def _all_reduce_model(x, inter, intra, reduce_kind, factor):
     """The node's exact sum, chunk l through the flat all_reduce among local index l."""
     L, n = local_size(), x.numel()
-    node_sum = _premultiplied(x, reduce_kind, factor)
-    dist.all_reduce(node_sum, group=intra)
+    node_sum = _node_sum(_premultiplied(x, reduce_kind, factor), intra)
     k = -(-n // L)
     padded = x.new_zeros(L * k)
     padded[:n] = node_sum
@@ -76,8 +86,7 @@ def _reduce_scatter_model(x, inter, intra, reduce_kind, factor):
     (one per node) through the flat reduce_scatter among them."""
     c, L = ctx(), local_size()
     nodes, k = c.world // L, x.numel() // c.world
-    node_sum = _premultiplied(x, reduce_kind, factor)
-    dist.all_reduce(node_sum, group=intra)
+    node_sum = _node_sum(_premultiplied(x, reduce_kind, factor), intra)
     local = c.rank % L
     chunk = torch.cat([node_sum[(b * L + local) * k:(b * L + local + 1) * k] for b in range(nodes)])
     out = x.new_zeros(k)
