@@ -219,6 +219,10 @@ def link_bytes(row: dict, fp8: bool, world: int, ranks_per_node: int) -> float:
     peers on the same node are reached over loopback)."""
     if fp8 and "bytes_sent_inter_node" in row:  # what fp8comm counted for other nodes (either scope)
         return row["bytes_sent_inter_node"] * ranks_per_node
+    if not fp8 and row["op"] == "all_reduce":
+        # gloo's ring over contiguous ranks: one edge of the ring leaves each
+        # node, carrying what one rank sends.
+        return row["bytes_sent_uncompressed"]
     remote_share = (world - ranks_per_node) / world
     per_rank = row["bytes_sent"] if fp8 else row["bytes_sent_uncompressed"]
     # bytes_sent counts every peer; the link carries the share sent to other nodes.

@@ -55,7 +55,7 @@ class Transport {
   Pending start_all_gather(at::Tensor& gathered, int64_t S, at::Tensor& scratch);
 
   // Exact collectives on flat tensors of any dtype (the inter_node scope's
-  // phases inside a node), done when they return: `output` (k elements) <-
+  // phases inside a node), waited for before they return: `output` (k elements) <-
   // segment `rank` of the SUM of every rank's `input` (P * k);
   // `output` (P * k) <- every rank's `input` (k), in rank order. `scratch`
   // holds exact_scratch_numel(k) elements of their dtype: the all_to_all's
