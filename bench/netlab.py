@@ -316,6 +316,10 @@ def print_rows(rows: list[dict]):
               f"{r['fp8_ms']:9.1f} {r['ratio']:6.3f} {modeled}")
 
 
+def scope_label(env: dict) -> str:
+    return f", scope {env['FP8COMM_SCOPE']}" if "FP8COMM_SCOPE" in env else ""
+
+
 def remodel(path: str, plot_path: str | None) -> int:
     """Recomputes the modeled columns of a saved result from its raw runs
     (the measurements are kept) and rewrites the file."""
@@ -328,7 +332,7 @@ def remodel(path: str, plot_path: str | None) -> int:
         json.dump(result, f, indent=1)
     if plot_path:
         plot(result["rows"], plot_path, f"fp8gloo vs gloo over shaped links: {result['nodes']} nodes x "
-                                        f"{result['ranks_per_node']} ranks, {result['device']}")
+                                        f"{result['ranks_per_node']} ranks{scope_label(result['env'])}, {result['device']}")
     return 0
 
 
@@ -436,7 +440,7 @@ def main(argv=None) -> int:
             json.dump(result, f, indent=1)
     if args.plot:
         plot(rows, args.plot, f"fp8gloo vs gloo over shaped links: {args.nodes} nodes x {args.ranks_per_node} "
-                              f"ranks, {device}")
+                              f"ranks{scope_label(dict(args.env))}, {device}")
     return 0
 
 
