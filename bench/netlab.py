@@ -49,7 +49,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 from model import shaped_link_seconds  # noqa: E402
 
 CHUNK_NUMEL = 1 << 20  # csrc/algorithms/segments.h kChunkNumel
-ELEMENT_SIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
+ELEMENT_SIZE = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 MODELED_COLUMNS = ("modeled_*: bench/model.py shaped_link_seconds, max(time at the unshaped link, link bytes / rate) "
                    "+ one chunk's fill for fp8comm (not measured)")
 SUBNET = "10.213"
@@ -412,9 +412,9 @@ def main(argv=None) -> int:
                                                  "estimated)" if "gloo_comm_share" in r else ""))
     if args.no_comm:
         if args.json:
-            with open(args.json, "w") as f:
-                from fp8comm.bench import device_label
+            from fp8comm.bench import device_label
 
+            with open(args.json, "w") as f:
                 json.dump({"benchmark": "netlab-fsdp", "date": datetime.date.today().isoformat(),
                            "command": shlex.join(["python", "bench/netlab.py"] + list(sys.argv[1:] if argv is None else argv)),
                            "device": device_label(cuda=False), "delay_ms": args.delay_ms,
