@@ -75,44 +75,57 @@ Transport::Pending Transport::start_all_to_all(at::Tensor& recv, at::Tensor& sen
   return inner_->alltoall_base(recv, send, recv_splits, send_splits, opts);
 }
 
-void Transport::reduce_scatter_sum(at::Tensor& output, at::Tensor& input, at::Tensor& scratch, const char* phase) {
+Transport::Pending Transport::start_reduce_scatter_sum(at::Tensor& output, at::Tensor& input, at::Tensor& scratch) {
   if (size_ == 1) {
     output.copy_(input);
-    return;
+    return {};
   }
   if (!traits_.exact_by_all_to_all) {
     c10d::ReduceScatterOptions opts;
     opts.reduceOp = c10d::ReduceOp::SUM;
     opts.timeout = timeout_;
     opts.asyncOp = true;
-    wait(inner_->_reduce_scatter_base(output, input, opts), phase);
-    return;
+    return inner_->_reduce_scatter_base(output, input, opts);
   }
   const int64_t k = output.numel();
   at::Tensor pieces = scratch.narrow(0, 0, size_ * k);
-  wait(start_all_to_all(pieces, input, k), phase);
-  // Every rank's piece of my segment, added in rank order: one owner per
-  // segment, so the order only has to be fixed, and two pieces add as a+b.
-  at::add_out(output, pieces.narrow(0, 0, k), pieces.narrow(0, k, k));
-  for (int64_t r = 2; r < size_; ++r) output.add_(pieces.narrow(0, r * k, k));
+  return start_all_to_all(pieces, input, k);
 }
 
-void Transport::all_gather_exact(at::Tensor& output, at::Tensor& input, at::Tensor& scratch, const char* phase) {
+void Transport::finish_reduce_scatter_sum(const Pending& work, at::Tensor& output, at::Tensor& scratch,
+                                          const char* phase) {
+  wait(work, phase);
+  if (size_ == 1 || !traits_.exact_by_all_to_all) return;
+  // Every rank's piece of my segment, added in rank order: one owner per
+  // segment, so the order only has to be fixed, and two pieces add as a+b.
+  const int64_t k = output.numel();
+  at::add_out(output, scratch.narrow(0, 0, k), scratch.narrow(0, k, k));
+  for (int64_t r = 2; r < size_; ++r) output.add_(scratch.narrow(0, r * k, k));
+}
+
+Transport::Pending Transport::start_all_gather_exact(at::Tensor& output, at::Tensor& input, at::Tensor& scratch) {
   if (size_ == 1) {
     output.copy_(input);
-    return;
+    return {};
   }
   if (!traits_.exact_by_all_to_all) {
     c10d::AllgatherOptions opts;
     opts.timeout = timeout_;
     opts.asyncOp = true;
-    wait(inner_->_allgather_base(output, input, opts), phase);
-    return;
+    return inner_->_allgather_base(output, input, opts);
   }
   const int64_t k = input.numel();
   at::Tensor copies = scratch.narrow(0, 0, size_ * k);
   for (int64_t r = 0; r < size_; ++r) copies.narrow(0, r * k, k).copy_(input);
-  wait(start_all_to_all(output, copies, k), phase);
+  return start_all_to_all(output, copies, k);
+}
+
+void Transport::reduce_scatter_sum(at::Tensor& output, at::Tensor& input, at::Tensor& scratch, const char* phase) {
+  finish_reduce_scatter_sum(start_reduce_scatter_sum(output, input, scratch), output, scratch, phase);
+}
+
+void Transport::all_gather_exact(at::Tensor& output, at::Tensor& input, at::Tensor& scratch, const char* phase) {
+  wait(start_all_gather_exact(output, input, scratch), phase);
 }
 
 void Transport::wait(const Pending& work, const char* phase) {
