@@ -26,9 +26,6 @@ namespace fp8comm {
 void all_reduce(Transport& t, const WireLayout& wire, Workspace& ws, const at::Tensor& tensor, const Reduction& red,
                 QuantizationError* error = nullptr);
 int64_t all_reduce_bytes_sent(int64_t group_size, const WireLayout& wire, int64_t numel);
-// Elements of each of all_reduce's chunks (the last one may be shorter): a
-// call over whole chunks of a tensor gives the bits one call over it gives.
-int64_t all_reduce_chunk_numel(int64_t group_size, const WireLayout& wire);
 
 // `output` <- the reduction of segment `rank` of every rank's input, given as
 // one flat tensor of P * k elements or as P tensors of k.

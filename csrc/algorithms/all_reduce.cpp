@@ -97,8 +97,6 @@ void all_reduce(Transport& t, const WireLayout& wire, Workspace& ws, const at::T
   }
 }
 
-int64_t all_reduce_chunk_numel(int64_t group_size, const WireLayout& wire) { return chunk_step(group_size, wire); }
-
 int64_t all_reduce_bytes_sent(int64_t group_size, const WireLayout& wire, int64_t numel) {
   const int64_t P = group_size, step = chunk_step(P, wire);
   int64_t bytes = 0;

@@ -75,57 +75,44 @@ Transport::Pending Transport::start_all_to_all(at::Tensor& recv, at::Tensor& sen
   return inner_->alltoall_base(recv, send, recv_splits, send_splits, opts);
 }
 
-Transport::Pending Transport::start_reduce_scatter_sum(at::Tensor& output, at::Tensor& input, at::Tensor& scratch) {
+void Transport::reduce_scatter_sum(at::Tensor& output, at::Tensor& input, at::Tensor& scratch, const char* phase) {
   if (size_ == 1) {
     output.copy_(input);
-    return {};
+    return;
   }
   if (!traits_.exact_by_all_to_all) {
     c10d::ReduceScatterOptions opts;
     opts.reduceOp = c10d::ReduceOp::SUM;
     opts.timeout = timeout_;
     opts.asyncOp = true;
-    return inner_->_reduce_scatter_base(output, input, opts);
+    wait(inner_->_reduce_scatter_base(output, input, opts), phase);
+    return;
   }
   const int64_t k = output.numel();
   at::Tensor pieces = scratch.narrow(0, 0, size_ * k);
-  return start_all_to_all(pieces, input, k);
-}
-
-void Transport::finish_reduce_scatter_sum(const Pending& work, at::Tensor& output, at::Tensor& scratch,
-                                          const char* phase) {
-  wait(work, phase);
-  if (size_ == 1 || !traits_.exact_by_all_to_all) return;
+  wait(start_all_to_all(pieces, input, k), phase);
   // Every rank's piece of my segment, added in rank order: one owner per
   // segment, so the order only has to be fixed, and two pieces add as a+b.
-  const int64_t k = output.numel();
-  at::add_out(output, scratch.narrow(0, 0, k), scratch.narrow(0, k, k));
-  for (int64_t r = 2; r < size_; ++r) output.add_(scratch.narrow(0, r * k, k));
+  at::add_out(output, pieces.narrow(0, 0, k), pieces.narrow(0, k, k));
+  for (int64_t r = 2; r < size_; ++r) output.add_(pieces.narrow(0, r * k, k));
 }
 
-Transport::Pending Transport::start_all_gather_exact(at::Tensor& output, at::Tensor& input, at::Tensor& scratch) {
+void Transport::all_gather_exact(at::Tensor& output, at::Tensor& input, at::Tensor& scratch, const char* phase) {
   if (size_ == 1) {
     output.copy_(input);
-    return {};
+    return;
   }
   if (!traits_.exact_by_all_to_all) {
     c10d::AllgatherOptions opts;
     opts.timeout = timeout_;
     opts.asyncOp = true;
-    return inner_->_allgather_base(output, input, opts);
+    wait(inner_->_allgather_base(output, input, opts), phase);
+    return;
   }
   const int64_t k = input.numel();
   at::Tensor copies = scratch.narrow(0, 0, size_ * k);
   for (int64_t r = 0; r < size_; ++r) copies.narrow(0, r * k, k).copy_(input);
-  return start_all_to_all(output, copies, k);
-}
-
-void Transport::reduce_scatter_sum(at::Tensor& output, at::Tensor& input, at::Tensor& scratch, const char* phase) {
-  finish_reduce_scatter_sum(start_reduce_scatter_sum(output, input, scratch), output, scratch, phase);
-}
-
-void Transport::all_gather_exact(at::Tensor& output, at::Tensor& input, at::Tensor& scratch, const char* phase) {
-  wait(start_all_gather_exact(output, input, scratch), phase);
+  wait(start_all_to_all(output, copies, k), phase);
 }
 
 void Transport::wait(const Pending& work, const char* phase) {

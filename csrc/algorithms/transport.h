@@ -63,13 +63,6 @@ class Transport {
   int64_t exact_scratch_numel(int64_t k) const;
   void reduce_scatter_sum(at::Tensor& output, at::Tensor& input, at::Tensor& scratch, const char* phase);
   void all_gather_exact(at::Tensor& output, at::Tensor& input, at::Tensor& scratch, const char* phase);
-  // The same in two steps, so that other work runs while they travel: the
-  // reduce_scatter's `output` is written by its finish (the pieces are added
-  // there); the all_gather is done once waited for. `scratch` stays theirs
-  // until then.
-  Pending start_reduce_scatter_sum(at::Tensor& output, at::Tensor& input, at::Tensor& scratch);
-  void finish_reduce_scatter_sum(const Pending& work, at::Tensor& output, at::Tensor& scratch, const char* phase);
-  Pending start_all_gather_exact(at::Tensor& output, at::Tensor& input, at::Tensor& scratch);
 
   // Orders what follows after `work` (CPU: blocks until it is done) and keeps
   // it for the call's Work (CUDA: where it may still fail). An error names

@@ -61,15 +61,6 @@ def test_all_reduce_avg_and_premul_sum(pool, reduce_kind):
     check_compressed(results, "all_reduce", reduce_kind)
 
 
-def test_all_reduce_in_node_chunks(pool):
-    """Segments of 4.2M elements per local rank: the phases run in three
-    node chunks of two inter-node chunks each (the last one ragged),
-    overlapped, and still give the model's bits."""
-    n = pool.local * 4_200_000 + 3
-    results = pool.run(ts.compressed_case, "all_reduce", n, torch.float32, "premul_sum")
-    check_compressed(results, "all_reduce", "premul_sum")
-
-
 @pytest.mark.parametrize("name", [n for n in ts.FAMILIES if n != "all_reduce"])
 def test_every_form_matches_the_by_node_model(pool, name):
     tensors = 2 if name.endswith("coalesced") else 1
