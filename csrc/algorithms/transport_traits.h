@@ -25,7 +25,7 @@ struct TransportTraits {
   bool reduces_avg_and_premul = false;
   // The exact phases inside a node (inter_node scope) run as all_to_alls,
   // the reduce_scatter summing the pieces on this rank: gloo's own
-  // reduce_scatter and all_gather move the same bytes several times slower
+  // reduce_scatter and all_gather move the same bytes two to three times slower
   // (docs/performance.md, "Shaped links"); else the transport's own
   // reduce_scatter and all_gather (NCCL).
   bool exact_by_all_to_all = false;

@@ -105,8 +105,7 @@ def test_a_group_on_one_node_passes_through_exactly(pool):
 
 
 def test_nodes_of_different_sizes_are_refused_at_creation(pool):
-    errors = pool.run(ts.uneven_nodes_group)
-    for rank in range(pool.local + 1):
+    errors, L = pool.run(ts.uneven_nodes_group), pool.local
+    for rank in range(L + 1):
         assert errors[rank] is not None and "same number of this group's ranks on every node" in errors[rank]
-        L = pool.local
         assert f"{L} on ranks 0-{L - 1}, 1 on ranks {L}-{2 * L - 1}" in errors[rank], errors[rank]
