@@ -68,7 +68,8 @@ def parse_args(argv=None):
     p.add_argument("--json", help="write every run and the summary here (rewritten after each run)")
     p.add_argument("--plot", metavar="PNG", help="draw the loss curves and final eval losses")
     p.add_argument("--machine", help="the bench/results folder the result belongs in (default: the --json path's folder)")
-    p.add_argument("--resume", action="store_true", help="keep the runs the --json file already holds, run the rest")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the runs the --json file already holds, run the rest (new --seeds and --configs join)")
     p.add_argument("--replot", metavar="JSON", help="print the table and draw --plot from a saved result; no training")
     p.add_argument("--smooth", type=int, default=25, help="moving-average window (steps) of the plotted training loss")
     p.add_argument("--tail", type=int, default=50, help="steps at the end whose training losses the table averages")
@@ -321,8 +322,10 @@ def main(argv=None):
     if args.resume and args.json and os.path.exists(args.json):
         with open(args.json) as f:
             old = json.load(f)
-        if old["settings"] != settings:
-            raise SystemExit("convergence: --resume with different settings than the saved result's")
+        if {**old["settings"], "seeds": None} != {**settings, "seeds": None}:
+            raise SystemExit("convergence: --resume with different settings than the saved result's "
+                             "(only --seeds and --configs may differ)")
+        settings["seeds"] = sorted(set(old["settings"]["seeds"]) | set(seeds))  # more seeds join the saved ones
         result["runs"] = old["runs"]
         result["earlier_commands"] = old.get("earlier_commands", []) + [old["command"]]
         known = {c["name"] for c in old["configs"]}

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from tests.support import REPO_ROOT
@@ -127,3 +128,24 @@ def test_resume_keeps_the_saved_configurations_and_adds_the_new_ones(tmp_path):
     assert [r["config"] for r in saved["summary"]] == list(EVALS) + [new]
     assert saved["earlier_commands"] == ["python bench/convergence.py --json first.json"]
     assert len(saved["runs"]) == len(result["runs"])
+
+
+def test_resume_adds_seeds_and_refuses_other_settings(tmp_path):
+    """--resume --seeds NEW keeps the saved seeds and adds NEW to the
+    settings; any other setting that differs from the file's is refused."""
+    result = synthetic()
+    result["configs"] = [c for c in convergence.CONFIGS if c["name"] in EVALS]
+    result["command"] = "python bench/convergence.py --json first.json"
+    result["runs"] += [{**r, "seed": 3} for r in result["runs"] if r["seed"] == 0]  # seed 3 already ran
+    path = tmp_path / "convergence.json"
+    path.write_text(json.dumps(result))
+    s = result["settings"]
+    args = ["--resume", "--json", str(path), "--steps", str(s["steps"]), "--nproc", "2", "--dim", "32",
+            "--layers", "1", "--heads", "2", "--seq", "16", "--batch", "2", "--eval-batches", "0", "--tail", "5",
+            "--configs", ",".join(EVALS)]
+    convergence.main(args + ["--seeds", "3"])  # every run is saved: nothing trains
+    saved = json.loads(path.read_text())
+    assert saved["settings"]["seeds"] == sorted(set(s["seeds"]) | {3})
+    assert {r["config"]: len(r["seeds"]) for r in saved["summary"]} == {c: len(s["seeds"]) + 1 for c in EVALS}
+    with pytest.raises(SystemExit, match="different settings"):
+        convergence.main([a if a != "32" else "64" for a in args] + ["--seeds", "3"])
