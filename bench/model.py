@@ -23,8 +23,9 @@ Not modeled: hierarchical (NVLink within a node, IB across) algorithms, NCCL's
 tree and NVLS algorithms (lower latency at scale), all_to_all incast on large
 IB fabrics (fp8comm's all_reduce and reduce_scatter use all_to_all), overlap of
 the codec with the transport in the cluster rows (none is assumed), and kernel
-launch overheads. For shaped links, `shaped_link_seconds` overlaps them
-(bench/netlab.py uses it).
+launch overheads. For shaped links, `shaped_link_seconds` overlaps them, and
+`by_node_seconds` adds the inter_node scope's node phases in series
+(bench/netlab.py uses both).
 """
 from __future__ import annotations
 
@@ -92,6 +93,15 @@ def shaped_link_seconds(unshaped_s: float, link_bytes: float, rate_gbit: float, 
     sockets) and the bytes it puts on the link, CPU and wire overlapped
     (pipelined_seconds). bench/netlab.py prints it beside its measurements."""
     return pipelined_seconds(unshaped_s, link_bytes * 8 / (rate_gbit * 1e9), chunks)
+
+
+def by_node_seconds(unshaped_s: float, node_s: float, link_bytes: float, rate_gbit: float,
+                    chunks: int | None) -> float:
+    """shaped_link_seconds for the inter_node scope: its exact phases inside
+    each node (node_s, timed alone by bench/node_phases.py) run before and
+    after the hop between nodes, not overlapped with it; the rest of the
+    unshaped time overlaps the link."""
+    return node_s + shaped_link_seconds(max(0.0, unshaped_s - node_s), link_bytes, rate_gbit, chunks)
 
 
 def transport_seconds(op: str, n: int, bytes_per_elem: float, P: int, link: dict) -> float:

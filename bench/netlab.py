@@ -25,8 +25,10 @@ OMP_NUM_THREADS = cores / ranks.
 The "model" columns are MODELED by bench/model.py's shaped_link_seconds:
 time(rate) = max(time at the unshaped link, bytes on the shaped link / rate),
 plus one chunk of the smaller for fp8comm's chunked pipeline; the unshaped
-run calibrates the CPU term. Each modeled point is printed beside its
-measurement with the relative error of the ratio.
+run calibrates the CPU term. In inter_node scope with several ranks per node,
+each unshaped run also times the exact node phases alone
+(bench/node_phases.py), which by_node_seconds adds in series. Each modeled
+point is printed beside its measurement with the relative error of the ratio.
 """
 from __future__ import annotations
 
@@ -46,12 +48,13 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-from model import shaped_link_seconds  # noqa: E402
+from model import by_node_seconds, shaped_link_seconds  # noqa: E402
 
 CHUNK_NUMEL = 1 << 20  # csrc/algorithms/segments.h kChunkNumel
 ELEMENT_SIZE = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 MODELED_COLUMNS = ("modeled_*: bench/model.py shaped_link_seconds, max(time at the unshaped link, link bytes / rate) "
-                   "+ one chunk's fill for fp8comm (not measured)")
+                   "+ one chunk's fill for fp8comm; in inter_node scope by_node_seconds, the node phases "
+                   "(bench/node_phases.py, unshaped) + shaped_link_seconds of the rest (not measured)")
 SUBNET = "10.213"
 
 
@@ -183,7 +186,27 @@ def comm_once(lab, args, rate, tmp, run_index) -> dict:
                "--max-bytes", args.max_bytes, "--reps", str(args.reps), "--json", path]
     launch(lab, args.ranks_per_node, target, dict(args.env), args.timeout)
     with open(path) as f:
-        return json.load(f)
+        result = json.load(f)
+    if rate == "unshaped" and by_node(dict(args.env), args.ranks_per_node):
+        result["node_phases"] = node_phases_once(lab, args, result["rows"], tmp, run_index)
+    return result
+
+
+def by_node(env: dict, ranks_per_node: int) -> bool:
+    """Whether fp8comm runs its by-node algorithms (exact phases inside each node)."""
+    return env.get("FP8COMM_SCOPE") == "inter_node" and ranks_per_node > 1
+
+
+def node_phases_once(lab, args, rows: list[dict], tmp, run_index) -> list[dict]:
+    """bench/node_phases.py on the comm benchmark's FP32 cases: the by-node
+    model's serial term, measured over the same unshaped lab."""
+    path = os.path.join(tmp, f"node-phases-{run_index}.json")
+    cases = ",".join(f"{r['op']}:{r['bytes']}" for r in rows if r["dtype"] == "float32")
+    target = [os.path.join(ROOT, "bench", "node_phases.py"), "--cases", cases, "--reps", str(args.reps),
+              "--json", path]
+    launch(lab, args.ranks_per_node, target, {}, args.timeout)
+    with open(path) as f:
+        return json.load(f)["cases"]
 
 
 # The FSDP2 example's configurations timed by --fsdp: (label, example flags, extra environment).
@@ -215,18 +238,36 @@ def module_exists(name: str) -> bool:
 
 
 def link_bytes(row: dict, fp8: bool, world: int, ranks_per_node: int) -> float:
-    """Bytes one node sends over its link in one call (algorithm volumes;
-    peers on the same node are reached over loopback)."""
+    """Bytes one node's link carries in one call, in the busier direction
+    (algorithm volumes; peers on the same node are reached over loopback)."""
     if fp8 and "bytes_sent_inter_node" in row:  # what fp8comm counted for other nodes (either scope)
         return row["bytes_sent_inter_node"] * ranks_per_node
-    if not fp8 and row["op"] == "all_reduce":
-        # gloo's ring over contiguous ranks: one edge of the ring leaves each
-        # node, carrying what one rank sends.
-        return row["bytes_sent_uncompressed"]
+    if not fp8:
+        # gloo's rings run over contiguous ranks, so one edge of the ring
+        # leaves each node, carrying what one rank sends.
+        if row["op"] == "all_reduce":
+            return row["bytes_sent_uncompressed"]
+        if row["op"] == "reduce_scatter":
+            # ProcessGroupGloo's reduce_scatter_tensor all-reduces a copy of
+            # the whole input and keeps its own chunk: an all_reduce's bytes.
+            return 2 * row["bytes_sent_uncompressed"]
+        if row["op"] == "all_gather":
+            # gloo's ring all_gather sends each step as two large messages;
+            # between two ranks both directions share one pair, which moves
+            # a large message's two directions in turn (bench/netlab_duplex.py).
+            return row["bytes_sent_uncompressed"] * (2 if world == 2 else 1)
     remote_share = (world - ranks_per_node) / world
     per_rank = row["bytes_sent"] if fp8 else row["bytes_sent_uncompressed"]
     # bytes_sent counts every peer; the link carries the share sent to other nodes.
     return per_rank * remote_share / ((world - 1) / world) * ranks_per_node
+
+
+def node_phase_seconds(base: list[dict], key: tuple) -> float | None:
+    """Median over the unshaped runs of the node phases' time for this
+    (op, dtype, bytes); None where they were not timed (not by node)."""
+    times = [c["median_s"] for run_ in base for c in run_.get("node_phases", [])
+             if (c["op"], c["dtype"], c["bytes"]) == key]
+    return statistics.median(times) if times else None
 
 
 def summarize(by_rate: dict, world: int, ranks_per_node: int) -> list[dict]:
@@ -249,8 +290,13 @@ def summarize(by_rate: dict, world: int, ranks_per_node: int) -> list[dict]:
                 chunks = max(1, key[2] // ELEMENT_SIZE[key[1]] // CHUNK_NUMEL)
                 m_plain = shaped_link_seconds(b_plain, link_bytes(rows[0], False, world, ranks_per_node),
                                               float(rate), chunks=None)
-                m_fp8 = shaped_link_seconds(b_fp8, link_bytes(rows[0], True, world, ranks_per_node),
-                                            float(rate), chunks=chunks)
+                fp8_link = link_bytes(rows[0], True, world, ranks_per_node)
+                node_s = node_phase_seconds(base, key)
+                if node_s is None:
+                    m_fp8 = shaped_link_seconds(b_fp8, fp8_link, float(rate), chunks=chunks)
+                else:
+                    m_fp8 = by_node_seconds(b_fp8, node_s, fp8_link, float(rate), chunks=chunks)
+                    row["node_phases_ms"] = node_s * 1e3
                 row.update(modeled_plain_ms=m_plain * 1e3, modeled_fp8_ms=m_fp8 * 1e3,
                            modeled_ratio=m_fp8 / m_plain,
                            model_error=(m_fp8 / m_plain) / (fp8 / plain) - 1,

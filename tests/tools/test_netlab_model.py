@@ -50,3 +50,65 @@ def test_remodel_keeps_the_measurements_and_recomputes_the_model(tmp_path):
         base = next(b for b in after["rows"] if b["rate_gbit"] == "unshaped" and b["op"] == r["op"])
         assert r["modeled_fp8_ms"] >= base["fp8_ms"] and r["modeled_plain_ms"] >= base["plain_ms"]
     assert f"{shaped[0]['op']}" in out.stdout
+
+
+def test_gloo_link_bytes_follow_its_algorithms():
+    """gloo's reduce_scatter is an all_reduce of the whole input; its rings
+    leave each node over one edge; two ranks' all_gather moves its two
+    directions in turn."""
+    netlab = load("fp8comm_bench_netlab", "bench/netlab.py")
+    n = 1 << 20  # bytes of the whole tensor
+    rs = {"op": "reduce_scatter", "bytes_sent_uncompressed": n // 2}  # (P - 1) / P of the input, P = 2
+    ar = {"op": "all_reduce", "bytes_sent_uncompressed": n}
+    assert netlab.link_bytes(rs, False, world=2, ranks_per_node=1) == netlab.link_bytes(ar, False, 2, 1) == n
+    ag = {"op": "all_gather", "bytes_sent_uncompressed": n // 2}
+    assert netlab.link_bytes(ag, False, world=2, ranks_per_node=1) == n
+    ag4 = {"op": "all_gather", "bytes_sent_uncompressed": 3 * n // 4}  # 2 nodes x 2 ranks: one rank's sends leave
+    assert netlab.link_bytes(ag4, False, world=4, ranks_per_node=2) == 3 * n // 4
+    fp8 = {"op": "all_gather", "bytes_sent": 100, "bytes_sent_inter_node": 40}
+    assert netlab.link_bytes(fp8, True, world=4, ranks_per_node=2) == 80  # both ranks' inter-node bytes
+
+
+def test_by_node_time_adds_the_node_phases_in_series():
+    # 0.3 s unshaped, 0.1 s of it the node phases; the link alone would take 0.25 s.
+    t = model.by_node_seconds(0.3, 0.1, 125e6 / 4, 1.0, chunks=None)
+    assert t == pytest.approx(0.1 + 0.25)
+    assert model.by_node_seconds(0.3, 0.1, 125e6 / 4, 100.0, chunks=None) == pytest.approx(0.3)  # CPU-bound
+    assert model.by_node_seconds(0.3, 0.0, 0.0, 1.0, chunks=None) == model.shaped_link_seconds(0.3, 0.0, 1.0, None)
+
+
+def test_summarize_uses_the_node_phases_where_they_were_timed():
+    netlab = load("fp8comm_bench_netlab", "bench/netlab.py")
+
+    def comm(plain_s, fp8_s, phases=None):
+        row = {"op": "all_reduce", "dtype": "float32", "bytes": 1 << 26, "numel": 1 << 24, "sqnr_db": 30.0,
+               "plain": {"median_s": plain_s}, "fp8": {"median_s": fp8_s}, "bytes_sent": 75_000_000,
+               "bytes_sent_uncompressed": 100_000_000, "bytes_sent_inter_node": 8_650_000}
+        out = {"rows": [row]}
+        if phases is not None:
+            out["node_phases"] = [{"op": "all_reduce", "dtype": "float32", "bytes": 1 << 26, "median_s": phases}]
+        return out
+
+    by_rate = {"unshaped": [comm(0.18, 0.24, 0.10), comm(0.18, 0.24, 0.12)], "1": [comm(0.83, 0.35)]}
+    shaped = [r for r in netlab.summarize(by_rate, world=4, ranks_per_node=2) if r["rate_gbit"] == "1"][0]
+    assert shaped["node_phases_ms"] == pytest.approx(110.0)  # the median of the two runs
+    link_s = 8_650_000 * 2 * 8 / 1e9
+    assert shaped["modeled_fp8_ms"] == pytest.approx(
+        1e3 * (0.11 + model.pipelined_seconds(0.24 - 0.11, link_s, chunks=16)))
+    for run_ in by_rate["unshaped"]:
+        del run_["node_phases"]
+    flat = [r for r in netlab.summarize(by_rate, world=4, ranks_per_node=2) if r["rate_gbit"] == "1"][0]
+    assert "node_phases_ms" not in flat
+    assert flat["modeled_fp8_ms"] == pytest.approx(1e3 * model.shaped_link_seconds(0.24, 2 * 8_650_000, 1.0, 16))
+
+
+def test_node_phases_script_times_every_case(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=4", "bench/node_phases.py",
+                          "--local-size", "2", "--cases", "all_reduce:64K,reduce_scatter:64K,all_gather:64K",
+                          "--reps", "2", "--json", str(tmp_path / "phases.json")],
+                         capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    result = json.loads((tmp_path / "phases.json").read_text())
+    assert (result["nodes"], result["local_size"]) == (2, 2)
+    assert [c["op"] for c in result["cases"]] == ["all_reduce", "reduce_scatter", "all_gather"]
+    assert all(c["bytes"] == 65536 and len(c["times_s"]) == 2 and c["median_s"] > 0 for c in result["cases"])

@@ -1,0 +1,122 @@
+"""The exact node phases of fp8comm's `inter_node` scope, timed alone on plain
+gloo: the CPU term that bench/model.py's by-node model adds to the hop
+between nodes (bench/netlab.py runs it over the unshaped lab).
+
+    torchrun --nnodes N --nproc_per_node L bench/node_phases.py --cases all_reduce:64M [--json PATH]
+
+Each case is OP:BYTES, the collective's full tensor (all_reduce's tensor,
+reduce_scatter's input, all_gather's output) in FP32. The phases are the
+ones csrc/algorithms/by_node.cpp runs on gloo (the transport's
+exact_by_all_to_all traits), with the same copies:
+
+- all_reduce: copy into the staging buffer, node reduce_scatter (an
+  all_to_all of the L pieces, added in rank order); after the hop, node
+  all_gather (an all_to_all of L copies of the chunk) and the copy back;
+- reduce_scatter: the staging copy and the node reduce_scatter;
+- all_gather: the node all_gather of the gathered chunk and the copy out.
+
+The ranks of every node run their phases at once, as in the collective.
+Reports rank 0's median over --reps of the phases' time (each phase starts
+after a barrier of the whole job, as it starts after a collective step).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def parse_size(s: str) -> int:
+    s = s.strip().upper()
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1], 1)
+    return int(float(s[:-1] if s[-1] in "KMG" else s) * mult)
+
+
+class NodePhases:
+    """Buffers and phases of one case on this rank's node group."""
+
+    def __init__(self, op: str, numel: int, group, local: int, nodes: int):
+        self.op, self.group, self.L = op, group, local
+        world = local * nodes
+        if op == "all_reduce":
+            self.k = -(-numel // local)  # this rank's chunk of the node sum
+            self.tensor = torch.randn(numel)
+        elif op == "reduce_scatter":
+            self.k = numel // local  # nodes x output: what this rank reduces for the hop
+            self.tensor = torch.randn(numel)
+        elif op == "all_gather":
+            self.k = numel // local  # the hop's output
+            self.tensor = torch.empty(numel)
+            self.gathered = torch.randn(self.k)
+        else:
+            raise SystemExit(f"node_phases: unknown op {op!r} (all_reduce, reduce_scatter, all_gather)")
+        self.world = world
+        self.staging = torch.zeros(local * self.k)
+        self.pieces = torch.empty(local * self.k)
+        self.chunk = torch.empty(self.k)
+
+    def before(self):
+        if self.op == "all_gather":
+            return
+        self.staging.narrow(0, 0, self.tensor.numel()).copy_(self.tensor)
+        dist.all_to_all_single(self.pieces, self.staging, group=self.group)
+        k = self.k
+        torch.add(self.pieces[:k], self.pieces[k:2 * k], out=self.chunk)
+        for r in range(2, self.L):
+            self.chunk.add_(self.pieces[r * k:(r + 1) * k])
+
+    def after(self):
+        if self.op == "reduce_scatter":
+            return
+        source = self.chunk if self.op == "all_reduce" else self.gathered
+        copies = self.pieces.view(self.L, self.k)
+        copies.copy_(source.expand(self.L, self.k))
+        dist.all_to_all_single(self.staging, self.pieces, group=self.group)
+        self.tensor.copy_(self.staging.narrow(0, 0, self.tensor.numel()))
+
+
+def timed(phase) -> float:
+    dist.barrier()
+    t0 = time.perf_counter()
+    phase()
+    return time.perf_counter() - t0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cases", required=True, help="OP:BYTES,... (e.g. all_reduce:64M,all_gather:64M)")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--local-size", type=int, default=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    p.add_argument("--json", metavar="PATH", help="rank 0 writes {cases: [{op, bytes, median_s, times_s}]}")
+    args = p.parse_args(argv)
+    dist.init_process_group("gloo")
+    world, rank, L = dist.get_world_size(), dist.get_rank(), args.local_size
+    if L < 2 or world % L:
+        raise SystemExit(f"node_phases: needs nodes of at least 2 ranks dividing the world ({world}); got {L}")
+    nodes = world // L
+    groups = [dist.new_group(list(range(b * L, (b + 1) * L))) for b in range(nodes)]
+    cases = []
+    for case in args.cases.split(","):
+        op, size = case.split(":")
+        phases = NodePhases(op, parse_size(size) // 4, groups[rank // L], L, nodes)
+        phases.before(), phases.after()  # warm-up: first touch of the buffers, gloo's connections
+        times = [timed(phases.before) + timed(phases.after) for _ in range(args.reps)]
+        cases.append({"op": op, "bytes": parse_size(size), "dtype": "float32", "median_s": statistics.median(times),
+                      "times_s": times})
+        if rank == 0:
+            print(f"node_phases {op} {parse_size(size) >> 20} MiB: {statistics.median(times) * 1e3:.1f} ms "
+                  f"({nodes} nodes x {L} ranks)", flush=True)
+    if rank == 0 and args.json:
+        with open(args.json, "w") as f:
+            json.dump({"benchmark": "node_phases", "nodes": nodes, "local_size": L, "cases": cases}, f, indent=1)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
