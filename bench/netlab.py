@@ -14,13 +14,13 @@ addresses of the namespaces it creates and deletes them on exit (also on
 Ctrl-C); where namespaces cannot be made (not root, no iproute2) it says so
 and exits 0 without measuring.
 
-At each rate it runs the comm benchmark (fp8comm.bench's comm: gloo and
-fp8gloo timed interleaved in one job, medians of --reps calls) --runs times
-and reports, per op and size, the median over runs of the fp8/plain time
-ratio. --fsdp also times the FSDP2 example (tokens/s) in each of
-FSDP_CONFIGS, interleaved, and estimates gloo's share of a step spent
-communicating (its step time over the unshaped link's). Every rank gets
-OMP_NUM_THREADS = cores / ranks.
+It runs the comm benchmark (fp8comm.bench's comm: gloo and fp8gloo timed
+interleaved in one job, medians of --reps calls) --runs times at each rate,
+the rates interleaved within each run, and reports, per op and size, the
+median over runs of the fp8/plain time ratio. --fsdp also times the FSDP2
+example (tokens/s) in each of FSDP_CONFIGS, interleaved, and estimates
+gloo's share of a step spent communicating (its step time over the
+unshaped link's). Every rank gets OMP_NUM_THREADS = cores / ranks.
 
 The "model" columns are MODELED by bench/model.py's shaped_link_seconds:
 time(rate) = max(time at the unshaped link, bytes on the shaped link / rate),
@@ -435,17 +435,19 @@ def main(argv=None) -> int:
         lab.build()
         lab.sysctl(args.sysctl)
         with tempfile.TemporaryDirectory(prefix="fp8lab") as tmp:
-            for rate in rates:
-                lab.shape(None if rate == "unshaped" else float(rate), args.delay_ms)
-                by_rate[rate] = []
-                for i in range(args.runs):
+            # Rates interleaved within each run, so that a slow spell of the
+            # machine does not land on one rate (the unshaped run calibrates the model).
+            for i in range(args.runs):
+                for rate in rates:
+                    lab.shape(None if rate == "unshaped" else float(rate), args.delay_ms)
                     if not args.no_comm:
-                        by_rate[rate].append(comm_once(lab, args, rate, tmp, i))
+                        by_rate.setdefault(rate, []).append(comm_once(lab, args, rate, tmp, i))
                     if args.fsdp:  # configurations interleaved within each run
                         for label, flags, env in FSDP_CONFIGS:
                             fsdp.setdefault(rate, {}).setdefault(label, []).append(
                                 fsdp_once(lab, args, label, flags, env))
-                    print(f"netlab: {rate if rate == 'unshaped' else rate + ' Gbit/s'} run {i + 1}/{args.runs} done", file=sys.stderr, flush=True)
+                    print(f"netlab: {rate if rate == 'unshaped' else rate + ' Gbit/s'} run {i + 1}/{args.runs} done",
+                          file=sys.stderr, flush=True)
     finally:
         lab.close()
         for s, h in previous.items():

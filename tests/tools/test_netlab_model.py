@@ -112,3 +112,19 @@ def test_node_phases_script_times_every_case(tmp_path):
     assert (result["nodes"], result["local_size"]) == (2, 2)
     assert [c["op"] for c in result["cases"]] == ["all_reduce", "reduce_scatter", "all_gather"]
     assert all(c["bytes"] == 65536 and len(c["times_s"]) == 2 and c["median_s"] > 0 for c in result["cases"])
+
+
+def test_netlab_quick_run_in_inter_node_scope(tmp_path):
+    """The whole lab, smallest form: two namespaces of two ranks, one rate,
+    the node phases timed and modeled (skips where namespaces cannot be made)."""
+    path = tmp_path / "netlab.json"
+    out = subprocess.run([sys.executable, "bench/netlab.py", "--quick", "--ranks-per-node", "2",
+                          "--ops", "all_reduce", "--env", "FP8COMM_SCOPE=inter_node", "--json", str(path)],
+                         capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    if "netlab: skipped" in out.stdout:
+        pytest.skip(out.stdout.strip())
+    result = json.loads(path.read_text())
+    shaped = [r for r in result["rows"] if r["rate_gbit"] != "unshaped"]
+    assert shaped and all(r["node_phases_ms"] > 0 and r["modeled_fp8_ms"] > 0 for r in shaped)
+    assert all("node_phases" in run_ for run_ in result["raw"]["unshaped"])
