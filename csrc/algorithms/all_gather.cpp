@@ -56,13 +56,14 @@ void all_gather(Transport& t, const WireLayout& wire, Workspace& ws, const std::
                        k, t.op());
   }
   const bool flat = output_segments.size() == 1;  // one flat output of P * k elements, else P of k
+  const int64_t output_bytes = P * input.nbytes();
   for (const Chunk& c : chunks) {
     const at::Tensor chunk_gathered = gathered.narrow(0, c.gathered_at, P * c.S);
     if (flat && c.n == k) {  // one chunk: runs of consecutive ranks are contiguous in the output
-      decode_gathered(t, wire, chunk_gathered, k, P,
+      decode_gathered(t, wire, chunk_gathered, k, P, output_bytes,
                       [&](int64_t r, int64_t count) { return segments_of(output_segments[0], r, count, k); });
     } else {
-      decode_gathered(t, wire, chunk_gathered, c.n, 1, [&](int64_t r, int64_t) {
+      decode_gathered(t, wire, chunk_gathered, c.n, 1, output_bytes, [&](int64_t r, int64_t) {
         return flat ? output_segments[0].view({-1}).narrow(0, r * k + c.begin, c.n)
                     : output_segments[r].view({-1}).narrow(0, c.begin, c.n);
       });

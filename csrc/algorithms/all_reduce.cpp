@@ -92,7 +92,7 @@ void all_reduce(Transport& t, const WireLayout& wire, Workspace& ws, const at::T
   // Written only now: a call that failed in any phase has left the tensor as it was.
   for (const Chunk& c : chunks) {
     const at::Tensor chunk = elements(c);
-    decode_gathered(t, wire, part(gathered, c.gathered_at, P * c.S), c.m, P,
+    decode_gathered(t, wire, part(gathered, c.gathered_at, P * c.S), c.m, P, tensor.nbytes(),
                     [&](int64_t r, int64_t count) { return segments_of(chunk, r, count, c.m); });
   }
 }

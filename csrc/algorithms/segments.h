@@ -59,16 +59,20 @@ inline void quantize_for_peers(const Transport& t, const WireLayout& wire, const
 // Decodes the P segments of m elements of an all_gather's buffer `gathered`
 // into out(r, count), the elements of ranks [r, r + count), in runs of at
 // most max_run ranks whose slots are consecutive (Transport::gather_slot: at
-// most three runs).
+// most three runs). whole_output_bytes: the collective's whole output, of
+// which these runs are part (codec.h, dequantize).
 template <typename Out>
 void decode_gathered(const Transport& t, const WireLayout& wire, const at::Tensor& gathered, int64_t m,
-                     int64_t max_run, Out&& out) {
+                     int64_t max_run, int64_t whole_output_bytes, Out&& out) {
   const int64_t P = t.size(), S = wire.segment_bytes(m);
   for (int64_t r = 0; r < P;) {
     int64_t count = 1;
     while (count < max_run && r + count < P && t.gather_slot(r + count) == t.gather_slot(r) + count) ++count;
     const at::Tensor dst = out(r, count);
-    if (dst.numel() > 0) dequantize_into(wire.codes(gathered.narrow(0, t.gather_slot(r) * S, count * S), count, m), dst);
+    if (dst.numel() > 0) {
+      dequantize_into(wire.codes(gathered.narrow(0, t.gather_slot(r) * S, count * S), count, m), dst,
+                      whole_output_bytes);
+    }
     r += count;
   }
 }

@@ -74,7 +74,10 @@ inline BlockCodes wire_segments(uint8_t* base, int64_t num_segments, int64_t m, 
 
 // ---------------------------------------------------------------- operations
 // quantize:        codes(dst) <- q(src * premul), src has `numel` elements.
-// dequantize:      dst[0, numel) <- d(src codes).
+// dequantize:      dst[0, numel) <- d(src codes). whole_output_bytes: the
+//                  bytes of the whole output this call writes part of (a
+//                  collective decoding chunk by chunk; 0: this call's own),
+//                  by which the CPU kernels choose streaming stores.
 // dequant_sum:     dst[0, numel) <- (own + sum over r of d(piece r)) / post_div,
 //                  where piece r is segment r of `pieces` (numel <=
 //                  segment_numel); `pieces` may hold no segment when own is present.
@@ -94,7 +97,7 @@ bool cpu_avx512_enabled();
 bool set_cpu_avx512(bool enabled);
 
 void quantize_cpu(const void* src, ElemType type, int64_t numel, float premul, const BlockCodes& dst);
-void dequantize_cpu(const BlockCodes& src, void* dst, ElemType type, int64_t numel);
+void dequantize_cpu(const BlockCodes& src, void* dst, ElemType type, int64_t numel, int64_t whole_output_bytes = 0);
 void dequant_sum_cpu(const BlockCodes& pieces, const OwnAddend& own, int post_div, void* dst, ElemType type,
                      int64_t numel);
 void dequant_sum_requantize_cpu(const BlockCodes& pieces, const OwnAddend& own, int post_div, const BlockCodes& out);

@@ -324,7 +324,7 @@ void quantize_cpu(const void* src, ElemType type, int64_t numel, float premul, c
   });
 }
 
-void dequantize_cpu(const BlockCodes& src, void* dst, ElemType type, int64_t numel) {
+void dequantize_cpu(const BlockCodes& src, void* dst, ElemType type, int64_t numel, int64_t whole_output_bytes) {
   check_block_size(src.block_size, "fp8comm codec");
   const int64_t total = src.num_segments * ceil_div(src.segment_numel, src.block_size);
   with_codec_types(type, src.fp8_dtype, [&](auto e, auto f) {
@@ -332,7 +332,7 @@ void dequantize_cpu(const BlockCodes& src, void* dst, ElemType type, int64_t num
     constexpr Fp8Dtype F = decltype(f)::value;
     auto* d = static_cast<Storage<E>*>(dst);
     const bool simd = cpu_simd_enabled();
-    const int64_t output_bytes = numel * static_cast<int64_t>(sizeof(Storage<E>));
+    const int64_t output_bytes = std::max(numel * static_cast<int64_t>(sizeof(Storage<E>)), whole_output_bytes);
     parallel_blocks(total, grain_blocks(src.block_size), [&](int64_t b, int64_t end) {
       dequantize_blocks<E, F>(src, d, numel, b, end, simd, output_bytes);
     });

@@ -307,8 +307,10 @@ FP8C_AVX2_INLINE bool quantize_group_normal(Source x, uint8_t* codes, uint8_t* s
 
 // Decoded FP32 outputs of at least kStreamBytes are written with streaming
 // stores: they cannot stay in cache anyway, and a streaming store skips
-// reading the line it overwrites. The size is the whole call's output, not
-// one thread's part of it. The bytes written are the same either way.
+// reading the line it overwrites. The size is the whole output, not one
+// thread's part of it: the call's, or the collective's when it decodes
+// chunk by chunk (dequantize's whole_output_bytes). The bytes written are
+// the same either way.
 constexpr int64_t kStreamBytes = int64_t{8} << 20;
 
 FP8C_AVX2_INLINE bool stream_output(const void* dst, int64_t bytes) {

@@ -76,10 +76,10 @@ void quantize_into(const at::Tensor& src, float premul, const std::optional<at::
              "quantize");
 }
 
-void dequantize_into(const BlockCodes& src, const at::Tensor& dst) {
+void dequantize_into(const BlockCodes& src, const at::Tensor& dst, int64_t whole_output_bytes) {
   const ElemType type = elem_type_of(dst.scalar_type(), "fp8comm dequantize output");
   if (!on_cuda(dst.device(), "dequantize")) {
-    dequantize_cpu(src, dst.data_ptr(), type, dst.numel());
+    dequantize_cpu(src, dst.data_ptr(), type, dst.numel(), whole_output_bytes);
     return;
   }
   CudaLaunch launch(dst.device());

@@ -23,7 +23,8 @@ void check_block_size(int64_t block_size, const char* what);
 // on that device) replaces premul when given.
 void quantize_into(const at::Tensor& src, float premul, const std::optional<at::Tensor>& premul_tensor,
                    const BlockCodes& dst);
-void dequantize_into(const BlockCodes& src, const at::Tensor& dst);
+// whole_output_bytes: codec.h, dequantize (the CPU's choice of stores only).
+void dequantize_into(const BlockCodes& src, const at::Tensor& dst, int64_t whole_output_bytes = 0);
 
 // The own addend of a sum (codec.h, OwnAddend) as a tensor: `src` undefined
 // for none, else contiguous on the sum's device; premul_tensor as above.
