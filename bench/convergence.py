@@ -188,6 +188,19 @@ def _smooth(values, window):
     return out
 
 
+def _seed_ranges(result: dict) -> str:
+    """The seeds each configuration ran, grouped: "0-5" or "0-5 (rowwise: 0-2)"."""
+    def span(seeds):
+        return f"{seeds[0]}-{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) else str(seeds)
+
+    per = {}
+    for r in result["runs"]:
+        per.setdefault(r["config"], set()).add(r["seed"])
+    every = sorted(set(result["settings"]["seeds"]))
+    fewer = [f"{name}: {span(sorted(seeds))}" for name, seeds in per.items() if sorted(seeds) != every]
+    return span(every) + (f"\n(fewer seeds: {'; '.join(fewer)})" if fewer else "")
+
+
 def plot(result, path, smooth: int = 25, tail: int = 50):
     import matplotlib
 
@@ -248,14 +261,15 @@ def plot(result, path, smooth: int = 25, tail: int = 50):
         ax_eval.scatter([i] * len(r["eval_losses"]), r["eval_losses"], color=colors[r["config"]], s=18, zorder=3)
         ax_eval.scatter([i], [r["eval_mean"]], color=colors[r["config"]], marker="_", s=400, zorder=3)
     ax_eval.set_xticks(range(len(rows)))
-    ax_eval.set_xticklabels([r["config"].replace(" + ", "\n+ ") for r in rows], fontsize=7)
+    ax_eval.set_xticklabels([r["config"].replace(" + ", "\n+ ") for r in rows], fontsize=6, rotation=25, ha="right")
     ax_eval.set_ylabel("final eval loss (held-out text)")
     ax_eval.set_title("final eval loss per seed (bar: mean)")
     ax_eval.legend(fontsize=8)
 
     s = result["settings"]
     fig.suptitle(f"tiny Llama (dim {s['dim']}, {s['layers']} layers, seq {s['seq']}, batch {s['batch']}/rank), "
-                 f"FSDP2 on {s['nproc']} ranks, {s['steps']} steps, seeds {s['seeds']}; {result.get('device', '')}",
+                 f"FSDP2 on {s['nproc']} ranks, {s['steps']} steps, seeds {_seed_ranges(result)}; "
+                 f"{result.get('device', '')}",
                  fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -198,10 +198,10 @@ def by_node(env: dict, ranks_per_node: int) -> bool:
 
 
 def node_phases_once(lab, args, rows: list[dict], tmp, run_index) -> list[dict]:
-    """bench/node_phases.py on the comm benchmark's FP32 cases: the by-node
+    """bench/node_phases.py on the comm benchmark's cases: the by-node
     model's serial term, measured over the same unshaped lab."""
     path = os.path.join(tmp, f"node-phases-{run_index}.json")
-    cases = ",".join(f"{r['op']}:{r['bytes']}" for r in rows if r["dtype"] == "float32")
+    cases = ",".join(f"{r['op']}:{r['bytes']}:{r['dtype']}" for r in rows)
     target = [os.path.join(ROOT, "bench", "node_phases.py"), "--cases", cases, "--reps", str(args.reps),
               "--json", path]
     launch(lab, args.ranks_per_node, target, {}, args.timeout)
@@ -238,8 +238,9 @@ def module_exists(name: str) -> bool:
 
 
 def link_bytes(row: dict, fp8: bool, world: int, ranks_per_node: int) -> float:
-    """Bytes one node's link carries in one call, in the busier direction
-    (algorithm volumes; peers on the same node are reached over loopback)."""
+    """Bytes one node's link carries in one call, in one direction or, where
+    the two directions take turns, both (algorithm volumes; peers on the
+    same node are reached over loopback)."""
     if fp8 and "bytes_sent_inter_node" in row:  # what fp8comm counted for other nodes (either scope)
         return row["bytes_sent_inter_node"] * ranks_per_node
     if not fp8:
@@ -253,8 +254,9 @@ def link_bytes(row: dict, fp8: bool, world: int, ranks_per_node: int) -> float:
             return 2 * row["bytes_sent_uncompressed"]
         if row["op"] == "all_gather":
             # gloo's ring all_gather sends each step as two large messages;
-            # between two ranks both directions share one pair, which moves
-            # a large message's two directions in turn (bench/netlab_duplex.py).
+            # between two ranks one TCP pair carries both directions, and a
+            # gloo pair moves large messages one direction at a time
+            # (bench/netlab_duplex.py): counted as both directions' bytes.
             return row["bytes_sent_uncompressed"] * (2 if world == 2 else 1)
     remote_share = (world - ranks_per_node) / world
     per_rank = row["bytes_sent"] if fp8 else row["bytes_sent_uncompressed"]
@@ -294,8 +296,9 @@ def summarize(by_rate: dict, world: int, ranks_per_node: int) -> list[dict]:
                 node_s = node_phase_seconds(base, key)
                 if node_s is None:
                     m_fp8 = shaped_link_seconds(b_fp8, fp8_link, float(rate), chunks=chunks)
-                else:
-                    m_fp8 = by_node_seconds(b_fp8, node_s, fp8_link, float(rate), chunks=chunks)
+                else:  # the hop between nodes carries 1/L of the data, in as many fewer chunks
+                    m_fp8 = by_node_seconds(b_fp8, node_s, fp8_link, float(rate),
+                                            chunks=max(1, chunks // ranks_per_node))
                     row["node_phases_ms"] = node_s * 1e3
                 row.update(modeled_plain_ms=m_plain * 1e3, modeled_fp8_ms=m_fp8 * 1e3,
                            modeled_ratio=m_fp8 / m_plain,

@@ -2,10 +2,11 @@
 gloo: the CPU term that bench/model.py's by-node model adds to the hop
 between nodes (bench/netlab.py runs it over the unshaped lab).
 
-    torchrun --nnodes N --nproc_per_node L bench/node_phases.py --cases all_reduce:64M [--json PATH]
+    torchrun --nnodes N --nproc_per_node L bench/node_phases.py --cases all_reduce:64M [--check] [--json PATH]
 
-Each case is OP:BYTES, the collective's full tensor (all_reduce's tensor,
-reduce_scatter's input, all_gather's output) in FP32. The phases are the
+Each case is OP:BYTES[:DTYPE], the collective's full tensor (all_reduce's
+tensor, reduce_scatter's input, all_gather's output; float32 unless DTYPE
+says otherwise). The phases are the
 ones csrc/algorithms/by_node.cpp runs on gloo (the transport's
 exact_by_all_to_all traits), with the same copies:
 
@@ -18,6 +19,9 @@ exact_by_all_to_all traits), with the same copies:
 The ranks of every node run their phases at once, as in the collective.
 Reports rank 0's median over --reps of the phases' time (each phase starts
 after a barrier of the whole job, as it starts after a collective step).
+--check also compares each case's result with plain gloo's collective on
+the node (the hop between nodes left out), so the phases are known to do
+the collective's work.
 """
 from __future__ import annotations
 
@@ -40,30 +44,33 @@ def parse_size(s: str) -> int:
 class NodePhases:
     """Buffers and phases of one case on this rank's node group."""
 
-    def __init__(self, op: str, numel: int, group, local: int, nodes: int):
+    def __init__(self, op: str, numel: int, dtype: torch.dtype, group, local: int):
         self.op, self.group, self.L = op, group, local
-        world = local * nodes
+        # The collective's input, read by the first phase (all_gather's is
+        # `gathered`, what the hop between nodes delivers), and its output,
+        # written by the last: one tensor in all_reduce, kept apart here so
+        # that every repetition starts from the same input.
+        self.input = torch.randn(numel).to(dtype) if op != "all_gather" else None
+        self.tensor = torch.empty(numel, dtype=dtype)
         if op == "all_reduce":
             self.k = -(-numel // local)  # this rank's chunk of the node sum
-            self.tensor = torch.randn(numel)
         elif op == "reduce_scatter":
             self.k = numel // local  # nodes x output: what this rank reduces for the hop
-            self.tensor = torch.randn(numel)
         elif op == "all_gather":
             self.k = numel // local  # the hop's output
-            self.tensor = torch.empty(numel)
-            self.gathered = torch.randn(self.k)
+            self.gathered = torch.randn(self.k).to(dtype)
         else:
             raise SystemExit(f"node_phases: unknown op {op!r} (all_reduce, reduce_scatter, all_gather)")
-        self.world = world
-        self.staging = torch.zeros(local * self.k)
-        self.pieces = torch.empty(local * self.k)
-        self.chunk = torch.empty(self.k)
+        self.staging = torch.zeros(local * self.k, dtype=dtype)
+        self.pieces = torch.empty(local * self.k, dtype=dtype)
+        self.chunk = torch.empty(self.k, dtype=dtype)
 
     def before(self):
         if self.op == "all_gather":
             return
-        self.staging.narrow(0, 0, self.tensor.numel()).copy_(self.tensor)
+        n = self.input.numel()
+        self.staging.narrow(0, 0, n).copy_(self.input)
+        self.staging.narrow(0, n, self.staging.numel() - n).zero_()
         dist.all_to_all_single(self.pieces, self.staging, group=self.group)
         k = self.k
         torch.add(self.pieces[:k], self.pieces[k:2 * k], out=self.chunk)
@@ -79,6 +86,25 @@ class NodePhases:
         dist.all_to_all_single(self.staging, self.pieces, group=self.group)
         self.tensor.copy_(self.staging.narrow(0, 0, self.tensor.numel()))
 
+    def check(self):
+        """The phases' result against plain gloo's collective on the node;
+        the pieces are added in rank order, as gloo may not, so sums compare
+        to a rounding error."""
+        if self.op == "all_gather":
+            expected = torch.empty(self.L * self.k, dtype=self.tensor.dtype)
+            dist.all_gather_into_tensor(expected, self.gathered, group=self.group)
+            ok = torch.equal(self.tensor, expected[:self.tensor.numel()])
+        else:
+            summed = self.input.clone()
+            dist.all_reduce(summed, group=self.group)
+            if self.op == "all_reduce":
+                ok = torch.allclose(self.tensor.float(), summed.float(), rtol=1e-2, atol=1e-2)
+            else:
+                mine = dist.get_rank(self.group) * self.k
+                ok = torch.allclose(self.chunk.float(), summed[mine:mine + self.k].float(), rtol=1e-2, atol=1e-2)
+        if not ok:
+            raise SystemExit(f"node_phases: the {self.op} phases' result differs from gloo's on the node")
+
 
 def timed(phase) -> float:
     dist.barrier()
@@ -89,7 +115,8 @@ def timed(phase) -> float:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--cases", required=True, help="OP:BYTES,... (e.g. all_reduce:64M,all_gather:64M)")
+    p.add_argument("--cases", required=True, help="OP:BYTES[:DTYPE],... (e.g. all_reduce:64M,all_gather:64M:bfloat16)")
+    p.add_argument("--check", action="store_true", help="also compare each case's result with gloo's on the node")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--local-size", type=int, default=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     p.add_argument("--json", metavar="PATH", help="rank 0 writes {cases: [{op, bytes, median_s, times_s}]}")
@@ -102,11 +129,16 @@ def main(argv=None) -> int:
     groups = [dist.new_group(list(range(b * L, (b + 1) * L))) for b in range(nodes)]
     cases = []
     for case in args.cases.split(","):
-        op, size = case.split(":")
-        phases = NodePhases(op, parse_size(size) // 4, groups[rank // L], L, nodes)
-        phases.before(), phases.after()  # warm-up: first touch of the buffers, gloo's connections
+        op, size, dtype_name = (case.split(":") + ["float32"])[:3]
+        dtype = getattr(torch, dtype_name)
+        phases = NodePhases(op, parse_size(size) // dtype.itemsize, dtype, groups[rank // L], L)
+        # Warm-up: first touch of the buffers, gloo's connections.
+        phases.before()
+        phases.after()
+        if args.check:
+            phases.check()
         times = [timed(phases.before) + timed(phases.after) for _ in range(args.reps)]
-        cases.append({"op": op, "bytes": parse_size(size), "dtype": "float32", "median_s": statistics.median(times),
+        cases.append({"op": op, "bytes": parse_size(size), "dtype": dtype_name, "median_s": statistics.median(times),
                       "times_s": times})
         if rank == 0:
             print(f"node_phases {op} {parse_size(size) >> 20} MiB: {statistics.median(times) * 1e3:.1f} ms "

@@ -30,7 +30,7 @@ bool supported();
 // scales of block j at codes + j * block_size and scales[j].
 void quantize_full_blocks(const void* src, ElemType type, Fp8Dtype fp8_dtype, int64_t blocks, int block_size,
                           float premul, uint8_t* codes, uint8_t* scales);
-// output_bytes: the size of the call's whole output (streaming stores are chosen by it).
+// output_bytes: the size of the whole output, the call's or its collective's (streaming stores are chosen by it).
 void dequantize_full_blocks(const uint8_t* codes, const uint8_t* scales, Fp8Dtype fp8_dtype, int64_t blocks,
                             int block_size, void* dst, ElemType type, int64_t output_bytes);
 // Blocks [first_block, first_block + blocks) of the pieces, summed as

@@ -94,7 +94,7 @@ def test_summarize_uses_the_node_phases_where_they_were_timed():
     assert shaped["node_phases_ms"] == pytest.approx(110.0)  # the median of the two runs
     link_s = 8_650_000 * 2 * 8 / 1e9
     assert shaped["modeled_fp8_ms"] == pytest.approx(
-        1e3 * (0.11 + model.pipelined_seconds(0.24 - 0.11, link_s, chunks=16)))
+        1e3 * (0.11 + model.pipelined_seconds(0.24 - 0.11, link_s, chunks=8)))  # the hop carries half the data
     for run_ in by_rate["unshaped"]:
         del run_["node_phases"]
     flat = [r for r in netlab.summarize(by_rate, world=4, ranks_per_node=2) if r["rate_gbit"] == "1"][0]
@@ -103,15 +103,20 @@ def test_summarize_uses_the_node_phases_where_they_were_timed():
 
 
 def test_node_phases_script_times_every_case(tmp_path):
+    """Every op and dtype timed, each result checked against gloo's on the
+    node (--check: a wrong split, slice or padding fails the run); 500,001
+    bfloat16 elements leave one element of padding on a node of 2 ranks."""
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=4", "bench/node_phases.py",
-                          "--local-size", "2", "--cases", "all_reduce:64K,reduce_scatter:64K,all_gather:64K",
+                          "--local-size", "2", "--check", "--cases",
+                          "all_reduce:64K,reduce_scatter:64K,all_gather:64K,all_reduce:1000002:bfloat16",
                           "--reps", "2", "--json", str(tmp_path / "phases.json")],
                          capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     result = json.loads((tmp_path / "phases.json").read_text())
     assert (result["nodes"], result["local_size"]) == (2, 2)
-    assert [c["op"] for c in result["cases"]] == ["all_reduce", "reduce_scatter", "all_gather"]
-    assert all(c["bytes"] == 65536 and len(c["times_s"]) == 2 and c["median_s"] > 0 for c in result["cases"])
+    assert [(c["op"], c["dtype"]) for c in result["cases"]] == [
+        ("all_reduce", "float32"), ("reduce_scatter", "float32"), ("all_gather", "float32"), ("all_reduce", "bfloat16")]
+    assert all(len(c["times_s"]) == 2 and c["median_s"] > 0 for c in result["cases"])
 
 
 def test_netlab_quick_run_in_inter_node_scope(tmp_path):
