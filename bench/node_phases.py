@@ -34,11 +34,7 @@ import time
 import torch
 import torch.distributed as dist
 
-
-def parse_size(s: str) -> int:
-    s = s.strip().upper()
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1], 1)
-    return int(float(s[:-1] if s[-1] in "KMG" else s) * mult)
+from fp8comm.bench.comm import parse_size
 
 
 class NodePhases:
