@@ -3,6 +3,8 @@
     OMP_NUM_THREADS=1 nice -n 10 python bench/convergence.py \\
         --json bench/results/cpu-epyc-avx2/convergence.json --plot bench/results/cpu-epyc-avx2/convergence.png
     python bench/convergence.py --replot bench/results/cpu-epyc-avx2/convergence.json --plot out.png
+    OMP_NUM_THREADS=1 nice -n 10 python bench/convergence.py --lr-schedule cosine --warmup-steps 25 \
+        --json bench/results/cpu-epyc-avx2/convergence-cosine.json --plot bench/results/cpu-epyc-avx2/convergence-cosine.png
 
 Trains examples/train_fsdp.py (the Llama-style model on the standard
 library's source text, FSDP2) on --nproc ranks under torchrun, once per
@@ -16,7 +18,9 @@ configuration and seed:
 The loop is seed-major (every configuration of seed 0, then of seed 1, ...),
 so a drift in the machine's load touches every configuration alike. Each run's
 eval loss is the example's --eval-batches mean over the held-out tail of the
-text. The JSON is rewritten after every run (--resume skips the runs it
+text, measured after the last step; a decaying schedule (--lr-schedule cosine)
+ends each run near a minimum instead of wherever a constant rate leaves it,
+so the seeds scatter less at the end. The JSON is rewritten after every run (--resume skips the runs it
 already holds); the table compares each configuration's final eval loss,
 mean over seeds, with the baseline's: the goal is within 1% of the baseline's
 mean and inside the baseline's seed range (min..max). --replot redraws the
@@ -50,6 +54,19 @@ CONFIGS = [
      "flags": ["--fp8-compute", "--fp8-comm", "--recipe", "tensorwise", "--no-fp8-all-gather"]},
 ]
 GOAL_REL = 0.01  # within 1% of the baseline's mean eval loss
+# What results saved before the schedule options existed trained with.
+LR_DEFAULTS = {"lr_schedule": "constant", "warmup_steps": 0, "min_lr_ratio": 0.1}
+
+
+def lr_settings(args) -> dict:
+    return {"lr_schedule": args.lr_schedule, "warmup_steps": args.warmup_steps, "min_lr_ratio": args.min_lr_ratio}
+
+
+def schedule_label(settings: dict) -> str:
+    """"lr constant" or "lr cosine to 0.1x, warmup 25" for a result's settings."""
+    s = {**LR_DEFAULTS, **settings}
+    label = "lr constant" if s["lr_schedule"] == "constant" else f"lr cosine to {s['min_lr_ratio']:g}x"
+    return label + (f", warmup {s['warmup_steps']}" if s["warmup_steps"] else "")
 
 
 def parse_args(argv=None):
@@ -62,6 +79,10 @@ def parse_args(argv=None):
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--batch", type=int, default=8, help="sequences per rank per step")
+    p.add_argument("--lr-schedule", default="constant", choices=["constant", "cosine"],
+                   help="the example's --lr-schedule (cosine: decay to --min-lr-ratio of the peak at the last step)")
+    p.add_argument("--warmup-steps", type=int, default=0, help="the example's --warmup-steps")
+    p.add_argument("--min-lr-ratio", type=float, default=0.1, help="the example's --min-lr-ratio")
     p.add_argument("--eval-batches", type=int, default=0, help="the example's --eval-batches (0: the whole held-out tail)")
     p.add_argument("--configs", default=None,
                    help="comma list of configuration names to run (default all): " + ", ".join(c["name"] for c in CONFIGS))
@@ -268,7 +289,7 @@ def plot(result, path, smooth: int = 25, tail: int = 50):
 
     s = result["settings"]
     fig.suptitle(f"tiny Llama (dim {s['dim']}, {s['layers']} layers, seq {s['seq']}, batch {s['batch']}/rank), "
-                 f"FSDP2 on {s['nproc']} ranks, {s['steps']} steps, seeds {_seed_ranges(result)}; "
+                 f"FSDP2 on {s['nproc']} ranks, {s['steps']} steps, {schedule_label(s)}, seeds {_seed_ranges(result)}; "
                  f"{result.get('device', '')}",
                  fontsize=10)
     fig.tight_layout()
@@ -283,7 +304,8 @@ def run_one(args, config, seed, tmp):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}", EXAMPLE,
            "--steps", str(args.steps), "--seed", str(seed), "--dim", str(args.dim), "--layers", str(args.layers),
            "--heads", str(args.heads), "--seq", str(args.seq), "--batch", str(args.batch),
-           "--eval-batches", str(args.eval_batches), "--log-every", str(max(1, args.steps // 5)),
+           "--eval-batches", str(args.eval_batches), "--lr-schedule", args.lr_schedule,
+           "--warmup-steps", str(args.warmup_steps), "--min-lr-ratio", str(args.min_lr_ratio), "--log-every", str(max(1, args.steps // 5)),
            "--json", path, *config["flags"]]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     t0 = time.perf_counter()
@@ -324,7 +346,8 @@ def main(argv=None):
             raise SystemExit(f"convergence: unknown configurations {sorted(unknown)}")
         configs = [c for c in CONFIGS if c["name"] in wanted or c.get("baseline")]
     settings = {"seeds": seeds, "steps": args.steps, "nproc": args.nproc, "dim": args.dim, "layers": args.layers,
-                "heads": args.heads, "seq": args.seq, "batch": args.batch, "eval_batches": args.eval_batches}
+                "heads": args.heads, "seq": args.seq, "batch": args.batch, "eval_batches": args.eval_batches,
+                **lr_settings(args)}
     machine = args.machine or (os.path.basename(os.path.dirname(os.path.abspath(args.json))) if args.json else None)
     result = {
         "benchmark": "convergence", "date": datetime.date.today().isoformat(),
@@ -336,7 +359,7 @@ def main(argv=None):
     if args.resume and args.json and os.path.exists(args.json):
         with open(args.json) as f:
             old = json.load(f)
-        if {**old["settings"], "seeds": None} != {**settings, "seeds": None}:
+        if {**LR_DEFAULTS, **old["settings"], "seeds": None} != {**settings, "seeds": None}:
             raise SystemExit("convergence: --resume with different settings than the saved result's "
                              "(only --seeds and --configs may differ)")
         settings["seeds"] = sorted(set(old["settings"]["seeds"]) | set(seeds))  # more seeds join the saved ones

@@ -6,6 +6,7 @@
     torchrun --nproc_per_node=2 examples/train_fsdp.py --no-fp8-all-gather   # weights gathered in FP32/BF16
     torchrun --nproc_per_node=2 examples/train_fsdp.py --eval-batches 0 --json run.json
     torchrun --nproc_per_node=2 examples/train_fsdp.py --track-error         # SQNR of the FP8 traffic (CPU)
+    torchrun --nproc_per_node=2 examples/train_fsdp.py --lr-schedule cosine --warmup-steps 25 --steps 500
 
 On CUDA machines the group is "cpu:gloo,cuda:fp8nccl" (BF16 parameters and
 gradient reduction, one GPU per rank); without a GPU it is "fp8gloo" on the CPU
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import sys
 import time
@@ -50,7 +52,12 @@ def parse_args(argv=None):
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--batch", type=int, default=8, help="sequences per rank per step")
     p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW)")
+    p.add_argument("--lr-schedule", default="constant", choices=["constant", "cosine"],
+                   help="constant: --lr throughout; cosine: decay from --lr to --min-lr-ratio x --lr at the last step")
+    p.add_argument("--warmup-steps", type=int, default=0,
+                   help="raise the learning rate linearly to --lr over this many steps first")
+    p.add_argument("--min-lr-ratio", type=float, default=0.1, help="the cosine schedule's final learning rate / --lr")
     p.add_argument("--fp8-compute", action=argparse.BooleanOptionalAction, default=True,
                    help="convert the model's nn.Linear layers to fp8comm Fp8Linear")
     p.add_argument("--fp8-comm", action=argparse.BooleanOptionalAction, default=True,
@@ -72,7 +79,25 @@ def parse_args(argv=None):
                         "(0: the whole held-out tail); default: one batch every rank shares")
     p.add_argument("--json", metavar="PATH", help="rank 0 writes the runs' losses, eval loss and counters here")
     p.add_argument("--seed", type=int, default=0)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if not 0 <= args.warmup_steps < args.steps:
+        p.error(f"--warmup-steps {args.warmup_steps}: expected 0 <= warmup < --steps ({args.steps})")
+    if not 0.0 <= args.min_lr_ratio <= 1.0:
+        p.error(f"--min-lr-ratio {args.min_lr_ratio}: expected a fraction of --lr in [0, 1]")
+    return args
+
+
+def lr_factor(step: int, steps: int, schedule: str, warmup: int, min_ratio: float) -> float:
+    """The learning rate of optimizer step `step` (0-based) as a fraction of the peak:
+    linear warmup over `warmup` steps, then constant or a cosine from 1 down to
+    `min_ratio` at the last step."""
+    if step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    span = steps - 1 - warmup
+    progress = (step - warmup) / span if span > 0 else 1.0
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 def setup(track_error: bool):
@@ -118,6 +143,8 @@ def train(args, device, group, fp8_compute: bool, label: str):
     if fp8_all_gather:  # one all_reduce for all weight amaxes, instead of one per weight per all-gather
         fp8comm.precompute_fp8_scales_for_fsdp(model)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda step: lr_factor(step, args.steps, args.lr_schedule, args.warmup_steps, args.min_lr_ratio))
     data = ByteBatches(stdlib_bytes(), args.seq, args.batch, rank, seed=args.seed)
     if fp8comm.stats.fp8_backends(group):
         fp8comm.reset_stats(group)
@@ -133,6 +160,7 @@ def train(args, device, group, fp8_compute: bool, label: str):
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        schedule.step()
         if fp8_all_gather:
             fp8comm.precompute_fp8_scales_for_fsdp(model)
         mean = global_mean(loss, group)  # also synchronizes the step
