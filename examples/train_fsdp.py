@@ -150,7 +150,7 @@ def train(args, device, group, fp8_compute: bool, label: str):
         fp8comm.reset_stats(group)
     fp8comm.nn.reset_linear_stats()
 
-    losses, tokens, timed_s = [], 0, 0.0
+    losses, lrs, tokens, timed_s = [], [], 0, 0.0
     warmup = min(3, args.steps - 1)
     for step in range(args.steps):
         t0 = time.perf_counter()
@@ -159,6 +159,7 @@ def train(args, device, group, fp8_compute: bool, label: str):
         loss = torch.nn.functional.cross_entropy(logits.float().view(-1, cfg.vocab), y.reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        lrs.append(opt.param_groups[0]["lr"])
         opt.step()
         schedule.step()
         if fp8_all_gather:
@@ -190,7 +191,7 @@ def train(args, device, group, fp8_compute: bool, label: str):
             eval_sum += torch.nn.functional.cross_entropy(logits.float().view(-1, cfg.vocab), y.reshape(-1))
         eval_loss = global_mean(eval_sum / len(eval_set), group)
     result = {"label": label, "fp8_compute": fp8_compute, "fp8_comm": bool(fp8comm.stats.fp8_backends(group)),
-              "fp8_all_gather": fp8_all_gather, "losses": losses, "eval_loss": eval_loss,
+              "fp8_all_gather": fp8_all_gather, "losses": losses, "lrs": lrs, "eval_loss": eval_loss,
               "eval_tokens": len(eval_set) * args.batch * args.seq * (1 if args.eval_batches is None
                                                                       else dist.get_world_size(group)),
               "tokens_per_s": tokens / timed_s if timed_s else float("nan"),

@@ -149,3 +149,21 @@ def test_resume_adds_seeds_and_refuses_other_settings(tmp_path):
     assert {r["config"]: len(r["seeds"]) for r in saved["summary"]} == {c: len(s["seeds"]) + 1 for c in EVALS}
     with pytest.raises(SystemExit, match="different settings"):
         convergence.main([a if a != "32" else "64" for a in args] + ["--seeds", "3"])
+
+
+def test_resume_refuses_another_lr_schedule(tmp_path):
+    """A result saved without the schedule settings trained at a constant rate:
+    resuming it with --lr-schedule cosine would mix two studies."""
+    result = synthetic()
+    result["configs"] = [c for c in convergence.CONFIGS if c["name"] in EVALS]
+    result["command"] = "python bench/convergence.py --json first.json"
+    path = tmp_path / "convergence.json"
+    path.write_text(json.dumps(result))
+    args = ["--resume", "--json", str(path), "--steps", "40", "--nproc", "2", "--dim", "32", "--layers", "1",
+            "--heads", "2", "--seq", "16", "--batch", "2", "--eval-batches", "0", "--configs", ",".join(EVALS)]
+    convergence.main(args)  # the defaults are the constant schedule: nothing trains
+    with pytest.raises(SystemExit, match="different settings"):
+        convergence.main(args + ["--lr-schedule", "cosine", "--warmup-steps", "5"])
+    assert convergence.schedule_label(result["settings"]) == "lr constant"
+    assert convergence.schedule_label({"lr_schedule": "cosine", "warmup_steps": 25, "min_lr_ratio": 0.1}) \
+        == "lr cosine to 0.1x, warmup 25"

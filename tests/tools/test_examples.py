@@ -1,4 +1,5 @@
 """The examples, run as users run them: torchrun with 2 processes on the CPU."""
+import importlib.util
 import json
 import math
 import os
@@ -55,3 +56,33 @@ def test_fsdp2_reports_the_sqnr_of_its_fp8_traffic():
     m = re.search(r"SQNR of what rank 0 put on the wire: .*reduce_scatter_tensor ([\d.]+) dB over (\d+) calls", out)
     assert m, out
     assert 25.0 < float(m.group(1)) < 40.0 and int(m.group(2)) >= 3, out
+
+
+def test_fsdp2_follows_the_lr_schedule(tmp_path):
+    """--lr-schedule cosine --warmup-steps: linear warmup to --lr, then a cosine
+    down to --min-lr-ratio x --lr at the last step; the JSON holds each step's rate."""
+    path = tmp_path / "run.json"
+    torchrun("train_fsdp.py", "--steps", "6", "--lr", "0.01", "--lr-schedule", "cosine", "--warmup-steps", "2",
+             "--min-lr-ratio", "0.2", "--no-fp8-compute", "--dim", "32", "--layers", "1", "--heads", "2",
+             "--json", str(path))
+    lrs = json.loads(path.read_text())["runs"][0]["lrs"]
+    # warmup 1/2, 2/2 of the peak; then 0.2 + 0.8 * (1 + cos(pi * k / 3)) / 2 for k = 0..3
+    expected = [0.005, 0.01, 0.01, 0.008, 0.004, 0.002]
+    assert len(lrs) == 6 and all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(lrs, expected)), lrs
+
+
+def test_fsdp2_refuses_a_warmup_as_long_as_the_run():
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    try:
+        spec = importlib.util.spec_from_file_location("fp8comm_example_train_fsdp",
+                                                      os.path.join(ROOT, "examples", "train_fsdp.py"))
+        example = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(example)
+    finally:
+        sys.path.remove(os.path.join(ROOT, "examples"))
+    assert example.parse_args(["--steps", "10", "--warmup-steps", "9"]).warmup_steps == 9
+    for bad in (["--steps", "10", "--warmup-steps", "10"], ["--min-lr-ratio", "1.5"]):
+        out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "train_fsdp.py"), *bad],
+                             capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert out.returncode == 2 and ("--warmup-steps 10: expected" in out.stderr
+                                        or "--min-lr-ratio 1.5: expected" in out.stderr), out.stderr[-2000:]
