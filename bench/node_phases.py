@@ -10,9 +10,10 @@ says otherwise). The phases are the
 ones csrc/algorithms/by_node.cpp runs on gloo (the transport's
 exact_by_all_to_all traits), with the same copies:
 
-- all_reduce: copy into the staging buffer, node reduce_scatter (an
-  all_to_all of the L pieces, added in rank order); after the hop, node
-  all_gather (an all_to_all of L copies of the chunk) and the copy back;
+- all_reduce: node reduce_scatter (an all_to_all of the L pieces, read
+  from the tensor itself, or from a padded staging copy when L does not
+  divide it; added in rank order); after the hop, node all_gather (an
+  all_to_all of L copies of the chunk) and the copy back;
 - reduce_scatter: the staging copy and the node reduce_scatter;
 - all_gather: the node all_gather of the gathered chunk and the copy out.
 
@@ -65,9 +66,12 @@ class NodePhases:
         if self.op == "all_gather":
             return
         n = self.input.numel()
-        self.staging.narrow(0, 0, n).copy_(self.input)
-        self.staging.narrow(0, n, self.staging.numel() - n).zero_()
-        dist.all_to_all_single(self.pieces, self.staging, group=self.group)
+        source = self.input
+        if self.op == "reduce_scatter" or self.staging.numel() > n:  # reordered segments, or padding
+            self.staging.narrow(0, 0, n).copy_(self.input)
+            self.staging.narrow(0, n, self.staging.numel() - n).zero_()
+            source = self.staging
+        dist.all_to_all_single(self.pieces, source, group=self.group)
         k = self.k
         torch.add(self.pieces[:k], self.pieces[k:2 * k], out=self.chunk)
         for r in range(2, self.L):

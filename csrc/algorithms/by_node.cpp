@@ -45,15 +45,21 @@ void all_reduce_by_node(NodeTransports& g, const WireLayout& wire, Workspace& ws
                         const Reduction& red, QuantizationError* error) {
   const int64_t L = g.intra.size(), n = tensor.numel();
   const int64_t k = (n + L - 1) / L;
-  const at::Tensor flat = tensor.view({-1});
+  at::Tensor flat = tensor.view({-1});
   at::Tensor staging = node_buffer(ws, Workspace::kNodeStaging, L * k, tensor);
-  staging.narrow(0, 0, n).copy_(flat);
-  if (L * k > n) staging.narrow(0, n, L * k - n).zero_();
-  premultiply(staging, red);
+  // The node reduce_scatter only reads its input, so it reads the tensor
+  // itself unless it needs padding or the PREMUL_SUM factor.
+  const bool read_in_place = L * k == n && !red.premul_tensor && red.premul == 1.0f;
+  if (!read_in_place) {
+    staging.narrow(0, 0, n).copy_(flat);
+    if (L * k > n) staging.narrow(0, n, L * k - n).zero_();
+    premultiply(staging, red);
+  }
   at::Tensor chunk = node_buffer(ws, Workspace::kNodeChunk, k, tensor);
   at::Tensor scratch = node_buffer(ws, Workspace::kNodeExchange, g.intra.exact_scratch_numel(k), tensor);
-  g.intra.reduce_scatter_sum(chunk, staging, scratch, "intra-node reduce_scatter");
+  g.intra.reduce_scatter_sum(chunk, read_in_place ? flat : staging, scratch, "intra-node reduce_scatter");
   all_reduce(g.inter, wire, ws, chunk, among_nodes(red), error);
+  // Gathered apart and copied in last: a failed phase leaves the tensor as it was.
   g.intra.all_gather_exact(staging, chunk, scratch, "intra-node all_gather");
   flat.copy_(staging.narrow(0, 0, n));
 }
