@@ -43,6 +43,25 @@ def test_dead_peer_raises_on_every_survivor_within_the_timeout(when, kind, backe
         assert r.untouched, f"rank {rank}: the failed call wrote into the tensor"
 
 
+@pytest.mark.parametrize("backend", ["fp8gloo", "fp8ncclsim"])
+def test_dead_peer_in_inter_node_scope_raises_everywhere_and_leaves_the_tensors(backend):
+    """2 nodes x 2 ranks in the inter_node scope; rank 1 dies while the others
+    run all_reduces. Its node peer (rank 0) fails in a phase inside the node,
+    rank 3 in the hop between nodes, rank 2 waiting for rank 0 there: each
+    raises within the group timeout naming the op, and no tensor was written
+    (the node reduce_scatter reads the tensor in place; the all_gather lands
+    in staging and is copied in last)."""
+    pool = DistPool(4, backend=backend, timeout_s=GROUP_TIMEOUT_S,
+                    env={"FP8COMM_SCOPE": "inter_node", "FP8COMM_LOCAL_SIZE": "2"})
+    answers = pool.run_with_deaths(faults.peer_dies, "during", "compressed", timeout=GROUP_TIMEOUT_S + SLACK_S + 60)
+    assert set(answers) == {0, 2, 3}
+    for rank, r in answers.items():
+        assert r.error is not None, f"rank {rank} finished without noticing the dead peer"
+        assert "fp8comm all_reduce" in r.error and "failed in the inner" in r.error, r.error
+        assert r.seconds <= GROUP_TIMEOUT_S + SLACK_S
+        assert r.untouched, f"rank {rank}: the failed call wrote into the tensor"
+
+
 STUCK_TIMEOUT_S = 5.0
 
 
