@@ -5,6 +5,8 @@
 // Only the hop between nodes carries FP8, each element quantized as often as
 // in the flat algorithm. Each chunk of the node's exact sum has one owner,
 // and the exact phases only copy, so every rank ends with the same bits.
+#include <algorithm>
+
 #include "algorithms.h"
 #include "segments.h"
 
@@ -46,22 +48,31 @@ void all_reduce_by_node(NodeTransports& g, const WireLayout& wire, Workspace& ws
   const int64_t L = g.intra.size(), n = tensor.numel();
   const int64_t k = (n + L - 1) / L;
   at::Tensor flat = tensor.view({-1});
-  at::Tensor staging = node_buffer(ws, Workspace::kNodeStaging, L * k, tensor);
   // The node reduce_scatter only reads its input, so it reads the tensor
   // itself unless it needs padding or the PREMUL_SUM factor.
-  const bool read_in_place = L * k == n && !red.premul_tensor && red.premul == 1.0f;
-  if (!read_in_place) {
-    staging.narrow(0, 0, n).copy_(flat);
-    if (L * k > n) staging.narrow(0, n, L * k - n).zero_();
-    premultiply(staging, red);
+  at::Tensor source = flat;
+  if (L * k != n || red.premul_tensor || red.premul != 1.0f) {
+    source = node_buffer(ws, Workspace::kNodeStaging, L * k, tensor);
+    source.narrow(0, 0, n).copy_(flat);
+    if (L * k > n) source.narrow(0, n, L * k - n).zero_();
+    premultiply(source, red);
   }
   at::Tensor chunk = node_buffer(ws, Workspace::kNodeChunk, k, tensor);
-  at::Tensor scratch = node_buffer(ws, Workspace::kNodeExchange, g.intra.exact_scratch_numel(k), tensor);
-  g.intra.reduce_scatter_sum(chunk, read_in_place ? flat : staging, scratch, "intra-node reduce_scatter");
+  at::Tensor scratch = node_buffer(
+      ws, Workspace::kNodeExchange,
+      std::max(g.intra.reduce_scatter_scratch_numel(k), g.intra.all_gather_scratch_numel(k)), tensor);
+  g.intra.reduce_scatter_sum(chunk, source, scratch, "intra-node reduce_scatter");
   all_reduce(g.inter, wire, ws, chunk, among_nodes(red), error);
-  // Gathered apart and copied in last: a failed phase leaves the tensor as it was.
-  g.intra.all_gather_exact(staging, chunk, scratch, "intra-node all_gather");
-  flat.copy_(staging.narrow(0, 0, n));
+  // Each rank's chunk goes straight to its place in the tensor (the last
+  // one less its padding), once all have arrived: a failed phase leaves the
+  // tensor as it was.
+  g.intra.all_gather_exact(
+      [&](int64_t l, const at::Tensor& piece) {
+        const int64_t start = std::min(l * k, n);
+        const int64_t len = std::min(k, n - start);
+        if (len > 0) flat.narrow(0, start, len).copy_(piece.narrow(0, 0, len));
+      },
+      chunk, scratch, "intra-node all_gather");
 }
 
 void reduce_scatter_by_node(NodeTransports& g, const WireLayout& wire, Workspace& ws, const at::Tensor& output,
@@ -77,7 +88,7 @@ void reduce_scatter_by_node(NodeTransports& g, const WireLayout& wire, Workspace
   }
   premultiply(staging, red);
   at::Tensor chunk = node_buffer(ws, Workspace::kNodeChunk, N * k, output);
-  at::Tensor scratch = node_buffer(ws, Workspace::kNodeExchange, g.intra.exact_scratch_numel(N * k), output);
+  at::Tensor scratch = node_buffer(ws, Workspace::kNodeExchange, g.intra.reduce_scatter_scratch_numel(N * k), output);
   g.intra.reduce_scatter_sum(chunk, staging, scratch, "intra-node reduce_scatter");
   reduce_scatter(g.inter, wire, ws, output, {chunk}, among_nodes(red), error);
 }
@@ -85,17 +96,16 @@ void reduce_scatter_by_node(NodeTransports& g, const WireLayout& wire, Workspace
 void all_gather_by_node(NodeTransports& g, const WireLayout& wire, Workspace& ws,
                         const std::vector<at::Tensor>& output_segments, const at::Tensor& input,
                         QuantizationError* error) {
-  const int64_t L = g.intra.size(), N = g.inter.size(), k = input.numel();
+  const int64_t N = g.inter.size(), k = input.numel();
   at::Tensor chunk = node_buffer(ws, Workspace::kNodeChunk, N * k, input);
   all_gather(g.inter, wire, ws, {chunk}, input, error);
-  at::Tensor staging = node_buffer(ws, Workspace::kNodeStaging, L * N * k, input);
-  at::Tensor scratch = node_buffer(ws, Workspace::kNodeExchange, g.intra.exact_scratch_numel(N * k), input);
-  g.intra.all_gather_exact(staging, chunk, scratch, "intra-node all_gather");
-  for (int64_t l = 0; l < L; ++l) {
-    for (int64_t b = 0; b < N; ++b) {
-      segment(output_segments, g.rank_at(b, l), k).copy_(staging.narrow(0, (l * N + b) * k, k));
-    }
-  }
+  at::Tensor scratch = node_buffer(ws, Workspace::kNodeExchange, g.intra.all_gather_scratch_numel(N * k), input);
+  // Local rank l's chunk holds the inputs of the ranks with local index l, in node order.
+  g.intra.all_gather_exact(
+      [&](int64_t l, const at::Tensor& piece) {
+        for (int64_t b = 0; b < N; ++b) segment(output_segments, g.rank_at(b, l), k).copy_(piece.narrow(0, b * k, k));
+      },
+      chunk, scratch, "intra-node all_gather");
 }
 
 NodeBytes all_reduce_by_node_bytes_sent(int64_t nodes, int64_t local_size, const WireLayout& wire, int64_t numel,

@@ -63,8 +63,15 @@ Transport::Pending Transport::start_all_gather(at::Tensor& gathered, int64_t S, 
   return inner_->_allgather_base(gathered, mine, opts);  // in place: NCCL reads this rank's slot
 }
 
-int64_t Transport::exact_scratch_numel(int64_t k) const {
-  return traits_.exact_by_all_to_all && size_ > 1 ? size_ * k : 0;
+int64_t Transport::reduce_scatter_scratch_numel(int64_t k) const {
+  return traits_.exact_by_all_to_all && size_ > 1 ? size_ * k : 0;  // every rank's piece of this rank's segment
+}
+
+int64_t Transport::all_gather_scratch_numel(int64_t k) const {
+  if (size_ == 1) return 0;
+  if (!traits_.exact_by_all_to_all) return size_ * k;  // the gathered slots
+  // The other ranks' inputs, and the copies of this rank's sent to more than one peer.
+  return (size_ > 2 ? 2 : 1) * (size_ - 1) * k;
 }
 
 Transport::Pending Transport::start_all_to_all(at::Tensor& recv, at::Tensor& send, int64_t k) {
@@ -97,22 +104,33 @@ void Transport::reduce_scatter_sum(at::Tensor& output, at::Tensor& input, at::Te
   for (int64_t r = 2; r < size_; ++r) output.add_(pieces.narrow(0, r * k, k));
 }
 
-void Transport::all_gather_exact(at::Tensor& output, at::Tensor& input, at::Tensor& scratch, const char* phase) {
+void Transport::all_gather_exact(const Deliver& deliver, at::Tensor& input, at::Tensor& scratch, const char* phase) {
   if (size_ == 1) {
-    output.copy_(input);
-    return;
-  }
-  if (!traits_.exact_by_all_to_all) {
-    c10d::AllgatherOptions opts;
-    opts.timeout = timeout_;
-    opts.asyncOp = true;
-    wait(inner_->_allgather_base(output, input, opts), phase);
+    deliver(0, input);
     return;
   }
   const int64_t k = input.numel();
-  at::Tensor copies = scratch.narrow(0, 0, size_ * k);
-  for (int64_t r = 0; r < size_; ++r) copies.narrow(0, r * k, k).copy_(input);
-  wait(start_all_to_all(output, copies, k), phase);
+  if (!traits_.exact_by_all_to_all) {
+    at::Tensor gathered = scratch.narrow(0, 0, size_ * k);
+    c10d::AllgatherOptions opts;
+    opts.timeout = timeout_;
+    opts.asyncOp = true;
+    wait(inner_->_allgather_base(gathered, input, opts), phase);
+    for (int64_t r = 0; r < size_; ++r) deliver(r, gathered.narrow(0, r * k, k));
+    return;
+  }
+  // An exchange: this rank's input never travels to itself, and with one
+  // peer it is sent as it is.
+  at::Tensor received = scratch.narrow(0, 0, (size_ - 1) * k);
+  at::Tensor send = input;
+  if (size_ > 2) {
+    send = scratch.narrow(0, (size_ - 1) * k, (size_ - 1) * k);
+    for (int64_t i = 0; i < size_ - 1; ++i) send.narrow(0, i * k, k).copy_(input);
+  }
+  wait(start_exchange(received, send, k), phase);
+  for (int64_t r = 0; r < size_; ++r) {
+    deliver(r, r == rank_ ? input : received.narrow(0, (r < rank_ ? r : r - 1) * k, k));
+  }
 }
 
 void Transport::wait(const Pending& work, const char* phase) {

@@ -12,6 +12,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include <chrono>
+#include <functional>
 #include <vector>
 
 #include "transport_traits.h"
@@ -33,8 +34,8 @@ class Transport {
   std::chrono::milliseconds timeout() const { return timeout_; }
 
   // Sends segment i of `send` to the i-th other rank and receives the i-th
-  // other rank's segment into segment i of `recv` (P - 1 segments of S bytes
-  // each, ranks in order with this one left out: a rank's own segment never
+  // other rank's segment into segment i of `recv` (P - 1 segments of S
+  // elements each, bytes on the wire buffers; ranks in order with this one left out: a rank's own segment never
   // travels). An alltoall_base with a zero split for this rank.
   Pending start_exchange(at::Tensor& recv, at::Tensor& send, int64_t S);
 
@@ -55,14 +56,18 @@ class Transport {
   Pending start_all_gather(at::Tensor& gathered, int64_t S, at::Tensor& scratch);
 
   // Exact collectives on flat tensors of any dtype (the inter_node scope's
-  // phases inside a node), waited for before they return: `output` (k elements) <-
-  // segment `rank` of the SUM of every rank's `input` (P * k);
-  // `output` (P * k) <- every rank's `input` (k), in rank order. `scratch`
-  // holds exact_scratch_numel(k) elements of their dtype: the all_to_all's
-  // buffer where the traits say exact_by_all_to_all, else nothing.
-  int64_t exact_scratch_numel(int64_t k) const;
+  // phases inside a node), waited for before they return. `scratch` holds
+  // the *_scratch_numel(k) elements of their dtype that each needs.
+  // reduce_scatter_sum: `output` (k elements) <- segment `rank` of the SUM of
+  // every rank's `input` (P * k), the pieces added in rank order.
+  int64_t reduce_scatter_scratch_numel(int64_t k) const;
   void reduce_scatter_sum(at::Tensor& output, at::Tensor& input, at::Tensor& scratch, const char* phase);
-  void all_gather_exact(at::Tensor& output, at::Tensor& input, at::Tensor& scratch, const char* phase);
+  // all_gather_exact: calls deliver(r, rank r's `input`) for every rank r
+  // once every rank's input (k elements each) is here, so the caller copies
+  // each straight to where it belongs and writes nothing if a phase fails.
+  using Deliver = std::function<void(int64_t rank, const at::Tensor& input)>;
+  int64_t all_gather_scratch_numel(int64_t k) const;
+  void all_gather_exact(const Deliver& deliver, at::Tensor& input, at::Tensor& scratch, const char* phase);
 
   // Orders what follows after `work` (CPU: blocks until it is done) and keeps
   // it for the call's Work (CUDA: where it may still fail). An error names

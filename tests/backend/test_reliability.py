@@ -49,8 +49,8 @@ def test_dead_peer_in_inter_node_scope_raises_everywhere_and_leaves_the_tensors(
     run all_reduces. Its node peer (rank 0) fails in a phase inside the node,
     rank 3 in the hop between nodes, rank 2 waiting for rank 0 there: each
     raises within the group timeout naming the op, and no tensor was written
-    (the node reduce_scatter reads the tensor in place; the all_gather lands
-    in staging and is copied in last)."""
+    (the node reduce_scatter reads the tensor in place; the all_gather
+    copies the chunks into it once all have arrived)."""
     pool = DistPool(4, backend=backend, timeout_s=GROUP_TIMEOUT_S,
                     env={"FP8COMM_SCOPE": "inter_node", "FP8COMM_LOCAL_SIZE": "2"})
     answers = pool.run_with_deaths(faults.peer_dies, "during", "compressed", timeout=GROUP_TIMEOUT_S + SLACK_S + 60)

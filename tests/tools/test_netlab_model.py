@@ -102,18 +102,20 @@ def test_summarize_uses_the_node_phases_where_they_were_timed():
     assert flat["modeled_fp8_ms"] == pytest.approx(1e3 * model.shaped_link_seconds(0.24, 2 * 8_650_000, 1.0, 16))
 
 
-def test_node_phases_script_times_every_case(tmp_path):
-    """Every op and dtype timed, each result checked against gloo's on the
-    node (--check: a wrong split, slice or padding fails the run); 500,001
-    bfloat16 elements leave one element of padding on a node of 2 ranks."""
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=4", "bench/node_phases.py",
-                          "--local-size", "2", "--check", "--cases",
-                          "all_reduce:64K,reduce_scatter:64K,all_gather:64K,all_reduce:1000002:bfloat16",
+@pytest.mark.parametrize("local", [2, 3])
+def test_node_phases_script_times_every_case(tmp_path, local):
+    """Every op and dtype timed on 2 nodes of 2 or 3 ranks, each result
+    checked against gloo's on the node (--check: a wrong split, slice or
+    padding fails the run); 500,001 bfloat16 elements leave padding on
+    either node size, and 3 ranks send copies of the chunk to 2 peers."""
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={2 * local}",
+                          "bench/node_phases.py", "--local-size", str(local), "--check", "--cases",
+                          "all_reduce:64K,reduce_scatter:96K,all_gather:96K,all_reduce:1000002:bfloat16",
                           "--reps", "2", "--json", str(tmp_path / "phases.json")],
                          capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     result = json.loads((tmp_path / "phases.json").read_text())
-    assert (result["nodes"], result["local_size"]) == (2, 2)
+    assert (result["nodes"], result["local_size"]) == (2, local)
     assert [(c["op"], c["dtype"]) for c in result["cases"]] == [
         ("all_reduce", "float32"), ("reduce_scatter", "float32"), ("all_gather", "float32"), ("all_reduce", "bfloat16")]
     assert all(len(c["times_s"]) == 2 and c["median_s"] > 0 for c in result["cases"])
