@@ -12,7 +12,8 @@ exact_by_all_to_all traits), with the same copies:
 
 - all_reduce: node reduce_scatter (an all_to_all of the L pieces, read
   from the tensor itself, or from a padded staging copy when L does not
-  divide it; added in rank order); after the hop, node all_gather (an
+  divide it; the first and the last rank of a node send only the other
+  ranks' pieces and read their own where it is; added in rank order); after the hop, node all_gather (an
   all_to_all with no segment to itself: the chunk to every other rank, as it
   is to one peer, else from L - 1 copies) and each rank's chunk copied into
   the tensor;
@@ -78,11 +79,19 @@ class NodePhases:
             self.staging.narrow(0, 0, n).copy_(self.input)
             self.staging.narrow(0, n, self.staging.numel() - n).zero_()
             source = self.staging
-        dist.all_to_all_single(self.pieces, source, group=self.group)
-        k = self.k
-        torch.add(self.pieces[:k], self.pieces[k:2 * k], out=self.chunk)
-        for r in range(2, self.L):
-            self.chunk.add_(self.pieces[r * k:(r + 1) * k])
+        L, k, me = self.L, self.k, dist.get_rank(self.group)
+        if me in (0, L - 1):  # the other ranks' pieces lie together: only they travel
+            splits = [0 if r == me else k for r in range(L)]
+            others = source[k:] if me == 0 else source[:(L - 1) * k]
+            dist.all_to_all_single(self.pieces[:(L - 1) * k], others, splits, splits, group=self.group)
+            piece = [source[me * k:][:k] if r == me else self.pieces[(r if r < me else r - 1) * k:][:k]
+                     for r in range(L)]
+        else:
+            dist.all_to_all_single(self.pieces, source, group=self.group)
+            piece = [self.pieces[r * k:][:k] for r in range(L)]
+        torch.add(piece[0], piece[1], out=self.chunk)
+        for r in range(2, L):
+            self.chunk.add_(piece[r])
 
     def after(self):
         if self.op == "reduce_scatter":

@@ -96,12 +96,26 @@ void Transport::reduce_scatter_sum(at::Tensor& output, at::Tensor& input, at::Te
     return;
   }
   const int64_t k = output.numel();
-  at::Tensor pieces = scratch.narrow(0, 0, size_ * k);
-  wait(start_all_to_all(pieces, input, k), phase);
-  // Every rank's piece of my segment, added in rank order: one owner per
-  // segment, so the order only has to be fixed, and two pieces add as a+b.
-  at::add_out(output, pieces.narrow(0, 0, k), pieces.narrow(0, k, k));
-  for (int64_t r = 2; r < size_; ++r) output.add_(pieces.narrow(0, r * k, k));
+  // Every rank's piece of my segment. Where the pieces for the other ranks
+  // lie together (this rank first or last), an exchange sends only them and
+  // this rank's own piece is read where it is; else an all_to_all moves all.
+  std::vector<at::Tensor> piece(size_);
+  if (rank_ == 0 || rank_ == size_ - 1) {
+    at::Tensor received = scratch.narrow(0, 0, (size_ - 1) * k);
+    at::Tensor others = input.narrow(0, rank_ == 0 ? k : 0, (size_ - 1) * k);
+    wait(start_exchange(received, others, k), phase);
+    for (int64_t r = 0; r < size_; ++r) {
+      piece[r] = r == rank_ ? input.narrow(0, r * k, k) : received.narrow(0, (r < rank_ ? r : r - 1) * k, k);
+    }
+  } else {
+    at::Tensor pieces = scratch.narrow(0, 0, size_ * k);
+    wait(start_all_to_all(pieces, input, k), phase);
+    for (int64_t r = 0; r < size_; ++r) piece[r] = pieces.narrow(0, r * k, k);
+  }
+  // Added in rank order: one owner per segment, so the order only has to be
+  // fixed, and two pieces add as a+b.
+  at::add_out(output, piece[0], piece[1]);
+  for (int64_t r = 2; r < size_; ++r) output.add_(piece[r]);
 }
 
 void Transport::all_gather_exact(const Deliver& deliver, at::Tensor& input, at::Tensor& scratch, const char* phase) {
