@@ -18,9 +18,9 @@ configuration and seed:
 The loop is seed-major (every configuration of seed 0, then of seed 1, ...),
 so a drift in the machine's load touches every configuration alike. Each run's
 eval loss is the example's --eval-batches mean over the held-out tail of the
-text, measured after the last step; a decaying schedule (--lr-schedule cosine)
-ends each run near a minimum instead of wherever a constant rate leaves it,
-so the seeds scatter less at the end. The JSON is rewritten after every run (--resume skips the runs it
+text, measured after the last step; with --lr-schedule cosine the last steps
+run at a small learning rate instead of wherever a constant rate leaves the
+model. The JSON is rewritten after every run (--resume skips the runs it
 already holds); the table compares each configuration's final eval loss,
 mean over seeds, with the baseline's: the goal is within 1% of the baseline's
 mean and inside the baseline's seed range (min..max). --replot redraws the
@@ -305,7 +305,8 @@ def run_one(args, config, seed, tmp):
            "--steps", str(args.steps), "--seed", str(seed), "--dim", str(args.dim), "--layers", str(args.layers),
            "--heads", str(args.heads), "--seq", str(args.seq), "--batch", str(args.batch),
            "--eval-batches", str(args.eval_batches), "--lr-schedule", args.lr_schedule,
-           "--warmup-steps", str(args.warmup_steps), "--min-lr-ratio", str(args.min_lr_ratio), "--log-every", str(max(1, args.steps // 5)),
+           "--warmup-steps", str(args.warmup_steps), "--min-lr-ratio", str(args.min_lr_ratio),
+           "--log-every", str(max(1, args.steps // 5)),
            "--json", path, *config["flags"]]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     t0 = time.perf_counter()

@@ -151,7 +151,7 @@ def train(args, device, group, fp8_compute: bool, label: str):
     fp8comm.nn.reset_linear_stats()
 
     losses, lrs, tokens, timed_s = [], [], 0, 0.0
-    warmup = min(3, args.steps - 1)
+    untimed = min(3, args.steps - 1)  # first steps: allocations, connections
     for step in range(args.steps):
         t0 = time.perf_counter()
         x, y = (t.to(device) for t in data.next())
@@ -165,7 +165,7 @@ def train(args, device, group, fp8_compute: bool, label: str):
         if fp8_all_gather:
             fp8comm.precompute_fp8_scales_for_fsdp(model)
         mean = global_mean(loss, group)  # also synchronizes the step
-        if step >= warmup:
+        if step >= untimed:
             timed_s += time.perf_counter() - t0
             tokens += x.numel() * dist.get_world_size(group)
         losses.append(mean)

@@ -35,8 +35,9 @@ class Transport {
 
   // Sends segment i of `send` to the i-th other rank and receives the i-th
   // other rank's segment into segment i of `recv` (P - 1 segments of S
-  // elements each, bytes on the wire buffers; ranks in order with this one left out: a rank's own segment never
-  // travels). An alltoall_base with a zero split for this rank.
+  // elements each, bytes on the wire buffers; ranks in order with this one
+  // left out: a rank's own segment never travels). An alltoall_base with a
+  // zero split for this rank.
   Pending start_exchange(at::Tensor& recv, at::Tensor& send, int64_t S);
 
   // The slot of an all_gather's P-slot buffer that holds rank r's segment:
