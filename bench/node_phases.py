@@ -13,10 +13,10 @@ exact_by_all_to_all traits), with the same copies:
 - all_reduce: node reduce_scatter (an all_to_all of the L pieces, read
   from the tensor itself, or from a padded staging copy when L does not
   divide it; the first and the last rank of a node send only the other
-  ranks' pieces and read their own where it is; added in rank order); after the hop, node all_gather (an
-  all_to_all with no segment to itself: the chunk to every other rank, as it
-  is to one peer, else from L - 1 copies) and each rank's chunk copied into
-  the tensor;
+  ranks' pieces and read their own where it is; added in rank order);
+  after the hop, node all_gather (an all_to_all with no segment to itself:
+  the chunk to every other rank, as it is to one peer, else from L - 1
+  copies) and each rank's chunk copied into the tensor;
 - reduce_scatter: the staging copy and the node reduce_scatter;
 - all_gather: the node all_gather of the gathered chunk, each rank's
   copied out.

@@ -106,11 +106,11 @@ def test_summarize_uses_the_node_phases_where_they_were_timed():
 def test_node_phases_script_times_every_case(tmp_path, local):
     """Every op and dtype timed on 2 nodes of 2 or 3 ranks, each result
     checked against gloo's on the node (--check: a wrong split, slice or
-    padding fails the run); 500,001 bfloat16 elements leave padding on
+    padding fails the run); 500,003 bfloat16 elements leave padding on
     either node size, and 3 ranks send copies of the chunk to 2 peers."""
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={2 * local}",
                           "bench/node_phases.py", "--local-size", str(local), "--check", "--cases",
-                          "all_reduce:64K,reduce_scatter:96K,all_gather:96K,all_reduce:1000002:bfloat16",
+                          "all_reduce:64K,reduce_scatter:96K,all_gather:96K,all_reduce:1000006:bfloat16",
                           "--reps", "2", "--json", str(tmp_path / "phases.json")],
                          capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
