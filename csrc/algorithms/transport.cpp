@@ -5,6 +5,14 @@
 
 namespace fp8comm {
 
+namespace {
+
+// Where another rank's segment lies in an exchange's buffer of P - 1
+// segments (start_exchange): the other ranks in order, this one left out.
+int64_t exchange_slot(int64_t r, int64_t rank) { return r < rank ? r : r - 1; }
+
+}  // namespace
+
 Transport::Transport(c10::intrusive_ptr<c10d::Backend> inner, const TransportTraits& traits, int64_t rank,
                      int64_t size, std::chrono::milliseconds timeout, const char* op)
     : inner_(std::move(inner)), traits_(traits), rank_(rank), size_(size), timeout_(timeout), op_(op) {}
@@ -21,8 +29,8 @@ Transport::Pending Transport::start_exchange(at::Tensor& recv, at::Tensor& send,
 }
 
 int64_t Transport::gather_slot(int64_t r) const {
-  if (!traits_.gather_by_all_to_all || r < rank_) return r;
-  return r == rank_ ? size_ - 1 : r - 1;
+  if (!traits_.gather_by_all_to_all) return r;
+  return r == rank_ ? size_ - 1 : exchange_slot(r, rank_);
 }
 
 std::vector<int64_t> Transport::gathered_from() const {
@@ -105,7 +113,7 @@ void Transport::reduce_scatter_sum(at::Tensor& output, at::Tensor& input, at::Te
     at::Tensor others = input.narrow(0, rank_ == 0 ? k : 0, (size_ - 1) * k);
     wait(start_exchange(received, others, k), phase);
     for (int64_t r = 0; r < size_; ++r) {
-      piece[r] = r == rank_ ? input.narrow(0, r * k, k) : received.narrow(0, (r < rank_ ? r : r - 1) * k, k);
+      piece[r] = r == rank_ ? input.narrow(0, r * k, k) : received.narrow(0, exchange_slot(r, rank_) * k, k);
     }
   } else {
     at::Tensor pieces = scratch.narrow(0, 0, size_ * k);
@@ -143,7 +151,7 @@ void Transport::all_gather_exact(const Deliver& deliver, at::Tensor& input, at::
   }
   wait(start_exchange(received, send, k), phase);
   for (int64_t r = 0; r < size_; ++r) {
-    deliver(r, r == rank_ ? input : received.narrow(0, (r < rank_ ? r : r - 1) * k, k));
+    deliver(r, r == rank_ ? input : received.narrow(0, exchange_slot(r, rank_) * k, k));
   }
 }
 
