@@ -27,7 +27,9 @@ time(rate) = max(time at the unshaped link, bytes on the shaped link / rate),
 plus one chunk of the smaller for fp8comm's chunked pipeline; the unshaped
 run calibrates the CPU term. In inter_node scope with several ranks per node,
 each unshaped run also times the exact node phases alone
-(bench/node_phases.py), which by_node_seconds adds in series. Each modeled
+(bench/node_phases.py): all_reduce and all_gather run them beside the hop,
+chunk by chunk, so they count as CPU time that overlaps the link; for
+reduce_scatter by_node_seconds adds them in series. Each modeled
 point is printed beside its measurement with the relative error of the ratio.
 """
 from __future__ import annotations
@@ -53,9 +55,14 @@ from model import by_node_seconds, shaped_link_seconds  # noqa: E402
 CHUNK_NUMEL = 1 << 20  # csrc/algorithms/segments.h kChunkNumel
 ELEMENT_SIZE = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 MODELED_COLUMNS = ("modeled_*: bench/model.py shaped_link_seconds, max(time at the unshaped link, link bytes / rate) "
-                   "+ one chunk's fill for fp8comm; in inter_node scope by_node_seconds, the node phases "
-                   "(bench/node_phases.py, unshaped) + shaped_link_seconds of the rest (not measured)")
+                   "+ one chunk's fill for fp8comm; in inter_node scope, for reduce_scatter, whose node phases "
+                   "run before the hop, by_node_seconds: the node phases (bench/node_phases.py, "
+                   "unshaped) + shaped_link_seconds of the rest (not measured)")
 SUBNET = "10.213"
+# Ops whose node phases (inter_node scope) csrc/algorithms/by_node.cpp runs
+# chunk by chunk beside the hop between nodes: modeled as CPU time that
+# overlaps the link, like the rest of the unshaped time; the others' in series.
+NODE_PHASES_BESIDE_THE_HOP = ("all_reduce", "all_gather")
 
 
 def run(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -297,8 +304,11 @@ def summarize(by_rate: dict, world: int, ranks_per_node: int) -> list[dict]:
                 if node_s is None:
                     m_fp8 = shaped_link_seconds(b_fp8, fp8_link, float(rate), chunks=chunks)
                 else:  # the hop between nodes carries 1/L of the data, in as many fewer chunks
-                    m_fp8 = by_node_seconds(b_fp8, node_s, fp8_link, float(rate),
-                                            chunks=max(1, chunks // ranks_per_node))
+                    hop_chunks = max(1, chunks // ranks_per_node)
+                    if key[0] in NODE_PHASES_BESIDE_THE_HOP:
+                        m_fp8 = shaped_link_seconds(b_fp8, fp8_link, float(rate), chunks=hop_chunks)
+                    else:
+                        m_fp8 = by_node_seconds(b_fp8, node_s, fp8_link, float(rate), chunks=hop_chunks)
                     row["node_phases_ms"] = node_s * 1e3
                 row.update(modeled_plain_ms=m_plain * 1e3, modeled_fp8_ms=m_fp8 * 1e3,
                            modeled_ratio=m_fp8 / m_plain,

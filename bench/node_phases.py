@@ -1,6 +1,8 @@
 """The exact node phases of fp8comm's `inter_node` scope, timed alone on plain
-gloo: the CPU term that bench/model.py's by-node model adds to the hop
-between nodes (bench/netlab.py runs it over the unshaped lab).
+gloo: what they cost beside the hop between nodes (all_reduce and
+all_gather run them chunk by chunk while the hop moves bytes), and the term
+bench/model.py's by_node_seconds adds in series for reduce_scatter
+(bench/netlab.py runs it over the unshaped lab).
 
     torchrun --nnodes N --nproc_per_node L bench/node_phases.py --cases all_reduce:64M [--check] [--json PATH]
 
@@ -10,10 +12,11 @@ says otherwise). The phases are the
 ones csrc/algorithms/by_node.cpp runs on gloo (the transport's
 exact_by_all_to_all traits), with the same copies:
 
-- all_reduce: node reduce_scatter (an all_to_all of the L pieces, read
-  from the tensor itself, or from a padded staging copy when L does not
-  divide it; the first and the last rank of a node send only the other
-  ranks' pieces and read their own where it is; added in rank order);
+- all_reduce: node reduce_scatter (an all_to_all of the other ranks'
+  pieces, read from the tensor itself, or from a padded staging copy when L
+  does not divide it; where they do not lie together, the middle ranks of
+  a node of more than 2, from a copy; each rank reads its own piece where it
+  is; added in rank order);
   after the hop, node all_gather (an all_to_all with no segment to itself:
   the chunk to every other rank, as it is to one peer, else from L - 1
   copies) and each rank's chunk copied into the tensor;
@@ -21,6 +24,8 @@ exact_by_all_to_all traits), with the same copies:
 - all_gather: the node all_gather of the gathered chunk, each rank's
   copied out.
 
+The phases run here on the whole tensor, one after another, where the
+collective runs all_reduce's and all_gather's on the hop's chunks beside it.
 The ranks of every node run their phases at once, as in the collective.
 Reports rank 0's median over --reps of the phases' time (each phase starts
 after a barrier of the whole job, as it starts after a collective step).
@@ -68,6 +73,7 @@ class NodePhases:
             raise SystemExit(f"node_phases: unknown op {op!r} (all_reduce, reduce_scatter, all_gather)")
         self.staging = torch.zeros(local * self.k, dtype=dtype)
         self.pieces = torch.empty(local * self.k, dtype=dtype)
+        self.send = torch.empty((local - 1) * self.k, dtype=dtype)
         self.chunk = torch.empty(self.k, dtype=dtype)
 
     def before(self):
@@ -80,15 +86,18 @@ class NodePhases:
             self.staging.narrow(0, n, self.staging.numel() - n).zero_()
             source = self.staging
         L, k, me = self.L, self.k, dist.get_rank(self.group)
-        if me in (0, L - 1):  # the other ranks' pieces lie together: only they travel
-            splits = [0 if r == me else k for r in range(L)]
+        # Only the other ranks' pieces travel: as they lie where they lie
+        # together (the first and the last rank), else copied together.
+        splits = [0 if r == me else k for r in range(L)]
+        if me in (0, L - 1):
             others = source[k:] if me == 0 else source[:(L - 1) * k]
-            dist.all_to_all_single(self.pieces[:(L - 1) * k], others, splits, splits, group=self.group)
-            piece = [source[me * k:][:k] if r == me else self.pieces[(r if r < me else r - 1) * k:][:k]
-                     for r in range(L)]
         else:
-            dist.all_to_all_single(self.pieces, source, group=self.group)
-            piece = [self.pieces[r * k:][:k] for r in range(L)]
+            others = self.send
+            others[:me * k].copy_(source[:me * k])
+            others[me * k:].copy_(source[(me + 1) * k:])
+        dist.all_to_all_single(self.pieces[:(L - 1) * k], others, splits, splits, group=self.group)
+        piece = [source[me * k:][:k] if r == me else self.pieces[(r if r < me else r - 1) * k:][:k]
+                 for r in range(L)]
         torch.add(piece[0], piece[1], out=self.chunk)
         for r in range(2, L):
             self.chunk.add_(piece[r])

@@ -11,6 +11,7 @@
 // rank quantizes (quantization_error.h); null: nothing is measured.
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <vector>
 
 #include "../common/node_bytes.h"
@@ -22,9 +23,26 @@
 
 namespace fp8comm {
 
+// A caller's own phases run beside all_reduce's or all_gather's, chunk by
+// chunk (the inter_node scope's phases inside a node): ready(i) before chunk
+// i's elements are first read (all_reduce), done(i) once they hold the
+// result. With hooks, each chunk is decoded as soon as its gather is
+// through, so the output must be a buffer of the caller's that a failed call
+// may leave half written.
+struct ChunkHooks {
+  std::function<void(size_t chunk)> ready, done;
+  // all_gather: where chunk i of rank r's input is decoded, in place of the output.
+  std::function<at::Tensor(size_t chunk, int64_t rank)> place;
+};
+// [begin, begin + numel) of each chunk of all_reduce over `numel` elements.
+struct ChunkRange {
+  int64_t begin, numel;
+};
+std::vector<ChunkRange> all_reduce_chunks(int64_t group_size, const WireLayout& wire, int64_t numel);
+
 // `tensor` <- the reduction of every rank's `tensor`, bitwise the same on every rank.
 void all_reduce(Transport& t, const WireLayout& wire, Workspace& ws, const at::Tensor& tensor, const Reduction& red,
-                QuantizationError* error = nullptr);
+                QuantizationError* error = nullptr, const ChunkHooks* hooks = nullptr);
 int64_t all_reduce_bytes_sent(int64_t group_size, const WireLayout& wire, int64_t numel);
 
 // `output` <- the reduction of segment `rank` of every rank's input, given as
@@ -37,7 +55,10 @@ int64_t reduce_scatter_bytes_sent(int64_t group_size, const WireLayout& wire, in
 // Segment r of the output <- rank r's input (decoded from FP8 on every rank,
 // its own included), given as one flat tensor of P * k elements or as P of k.
 void all_gather(Transport& t, const WireLayout& wire, Workspace& ws, const std::vector<at::Tensor>& output_segments,
-                const at::Tensor& input, QuantizationError* error = nullptr);
+                const at::Tensor& input, QuantizationError* error = nullptr, const ChunkHooks* hooks = nullptr);
+// [begin, begin + numel) of every rank's input, for each chunk of all_gather
+// over inputs of `input_numel` elements.
+std::vector<ChunkRange> all_gather_chunks(int64_t group_size, const WireLayout& wire, int64_t input_numel);
 int64_t all_gather_bytes_sent(int64_t group_size, const WireLayout& wire, int64_t input_numel);
 
 // ---- the inter_node scope (by_node.cpp): exact inside each node, compressed between nodes.

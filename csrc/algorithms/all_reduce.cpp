@@ -29,8 +29,8 @@ struct Chunk {
   int64_t send_at, gathered_at, scratch_at;
 };
 
-std::vector<Chunk> chunks_of(const Transport& t, const WireLayout& wire, int64_t n) {
-  const int64_t P = t.size(), step = chunk_step(P, wire);
+std::vector<Chunk> chunks_of(int64_t P, const WireLayout& wire, int64_t n, const Transport* t = nullptr) {
+  const int64_t step = chunk_step(P, wire);
   std::vector<Chunk> chunks;
   int64_t send_at = 0, gathered_at = 0, scratch_at = 0;
   for (int64_t begin = 0; begin < n || chunks.empty(); begin += step) {
@@ -39,7 +39,7 @@ std::vector<Chunk> chunks_of(const Transport& t, const WireLayout& wire, int64_t
     c.S = wire.segment_bytes(c.m);
     send_at += (P - 1) * c.S;
     gathered_at += P * c.S;
-    scratch_at += t.gather_scratch_bytes(c.S);
+    if (t) scratch_at += t->gather_scratch_bytes(c.S);
     chunks.push_back(c);
   }
   return chunks;
@@ -47,11 +47,17 @@ std::vector<Chunk> chunks_of(const Transport& t, const WireLayout& wire, int64_t
 
 }  // namespace
 
+std::vector<ChunkRange> all_reduce_chunks(int64_t group_size, const WireLayout& wire, int64_t numel) {
+  std::vector<ChunkRange> ranges;
+  for (const Chunk& c : chunks_of(group_size, wire, numel)) ranges.push_back({c.begin, c.n});
+  return ranges;
+}
+
 void all_reduce(Transport& t, const WireLayout& wire, Workspace& ws, const at::Tensor& tensor, const Reduction& red,
-                QuantizationError* error) {
+                QuantizationError* error, const ChunkHooks* hooks) {
   const int64_t P = t.size(), rank = t.rank(), n = tensor.numel();
   const at::Tensor flat = tensor.view({-1});  // contiguous, any shape (complex64 arrives as [n, 2] floats)
-  const std::vector<Chunk> chunks = chunks_of(t, wire, n);
+  const std::vector<Chunk> chunks = chunks_of(P, wire, n, &t);
   const Chunk& last = chunks.back();
   at::Tensor send = ws.bytes(Workspace::kSend, last.send_at + (P - 1) * last.S, tensor);
   at::Tensor recv = ws.bytes(Workspace::kRecv, last.send_at + (P - 1) * last.S, tensor);
@@ -61,7 +67,9 @@ void all_reduce(Transport& t, const WireLayout& wire, Workspace& ws, const at::T
   auto elements = [&](const Chunk& c) { return flat.narrow(0, c.begin, c.n); };
 
   std::vector<Transport::Pending> exchanges, gathers;
-  for (const Chunk& c : chunks) {
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const Chunk& c = chunks[i];
+    if (hooks) hooks->ready(i);
     at::Tensor chunk_send = part(send, c.send_at, (P - 1) * c.S);
     at::Tensor chunk_recv = part(recv, c.send_at, (P - 1) * c.S);
     quantize_for_peers(t, wire, elements(c), c.m, red, chunk_send, error);
@@ -83,18 +91,26 @@ void all_reduce(Transport& t, const WireLayout& wire, Workspace& ws, const at::T
     wire.write_headers(sum, 1, c.m, Phase::kAllReduceSums, n);
     gathers.push_back(t.start_all_gather(chunk_gathered, c.S, chunk_scratch));
   }
+  auto decode = [&](const Chunk& c, int64_t whole_output_bytes) {
+    const at::Tensor chunk = elements(c);
+    decode_gathered(t, wire, part(gathered, c.gathered_at, P * c.S), c.m, P, whole_output_bytes,
+                    [&](int64_t r, int64_t count) { return segments_of(chunk, r, count, c.m); });
+  };
   for (size_t i = 0; i < chunks.size(); ++i) {
     const Chunk& c = chunks[i];
     t.wait(gathers[i], "all_gather");
     wire.check_headers(part(gathered, c.gathered_at, P * c.S), t.gathered_from(), c.m, Phase::kAllReduceSums, n,
                        t.op());
+    if (hooks) {
+      // Decoded for the caller's next phase, which reads it at once: no
+      // streaming stores past the cache.
+      decode(c, c.n * tensor.element_size());
+      hooks->done(i);
+    }
   }
+  if (hooks) return;
   // Written only now: a call that failed in any phase has left the tensor as it was.
-  for (const Chunk& c : chunks) {
-    const at::Tensor chunk = elements(c);
-    decode_gathered(t, wire, part(gathered, c.gathered_at, P * c.S), c.m, P, tensor.nbytes(),
-                    [&](int64_t r, int64_t count) { return segments_of(chunk, r, count, c.m); });
-  }
+  for (const Chunk& c : chunks) decode(c, tensor.nbytes());
 }
 
 int64_t all_reduce_bytes_sent(int64_t group_size, const WireLayout& wire, int64_t numel) {

@@ -5,6 +5,9 @@
 // Only the hop between nodes carries FP8, each element quantized as often as
 // in the flat algorithm. Each chunk of the node's exact sum has one owner,
 // and the exact phases only copy, so every rank ends with the same bits.
+// all_reduce and all_gather run the phases inside a node beside the hop, on
+// the hop's chunks (ChunkHooks), so the node's links and the one between
+// nodes work at once; reduce_scatter's node phase runs before its hop.
 #include <algorithm>
 
 #include "algorithms.h"
@@ -58,21 +61,52 @@ void all_reduce_by_node(NodeTransports& g, const WireLayout& wire, Workspace& ws
     premultiply(source, red);
   }
   at::Tensor chunk = node_buffer(ws, Workspace::kNodeChunk, k, tensor);
-  at::Tensor scratch = node_buffer(
-      ws, Workspace::kNodeExchange,
-      std::max(g.intra.reduce_scatter_scratch_numel(k), g.intra.all_gather_scratch_numel(k)), tensor);
-  g.intra.reduce_scatter_sum(chunk, source, scratch, "intra-node reduce_scatter");
-  all_reduce(g.inter, wire, ws, chunk, among_nodes(red), error);
+  // The three phases overlap chunk by chunk, in the chunks of the hop's
+  // all_reduce: the node's sum of chunk i + 1 travels while chunk i is
+  // quantized for the hop, and chunk i's all_gather inside the node starts
+  // once the hop has decoded it.
+  const std::vector<ChunkRange> ranges = all_reduce_chunks(g.inter.size(), wire, k);
+  const int64_t gather_numel = g.intra.all_gather_scratch_numel(k);
+  const int64_t sum_numel = g.intra.reduce_scatter_scratch_numel(ranges.front().numel);
+  at::Tensor scratch = node_buffer(ws, Workspace::kNodeExchange, gather_numel + 2 * sum_numel, tensor);
+  auto gather_scratch = [&](const ChunkRange& c) {
+    return scratch.narrow(0, g.intra.all_gather_scratch_numel(c.begin), g.intra.all_gather_scratch_numel(c.numel));
+  };
+
+  std::vector<Transport::PendingSum> sums(ranges.size());
+  auto start_sum = [&](size_t i) {
+    const ChunkRange& c = ranges[i];
+    std::vector<at::Tensor> pieces;
+    for (int64_t l = 0; l < L; ++l) pieces.push_back(source.narrow(0, l * k + c.begin, c.numel));
+    // Two sums in flight at most, each in its half of the scratch's end.
+    sums[i] = g.intra.start_reduce_scatter_sum(chunk.narrow(0, c.begin, c.numel), pieces,
+                                               scratch.narrow(0, gather_numel + (i % 2) * sum_numel, sum_numel));
+  };
+  std::vector<Transport::Pending> gathers;
+  ChunkHooks hooks;
+  hooks.ready = [&](size_t i) {
+    if (i == 0) start_sum(0);
+    if (i + 1 < ranges.size()) start_sum(i + 1);
+    g.intra.finish_reduce_scatter_sum(sums[i], "intra-node reduce_scatter");
+  };
+  hooks.done = [&](size_t i) {
+    const ChunkRange& c = ranges[i];
+    gathers.push_back(g.intra.start_all_gather_exact(chunk.narrow(0, c.begin, c.numel), gather_scratch(c)));
+  };
+  all_reduce(g.inter, wire, ws, chunk, among_nodes(red), error, &hooks);
+  for (const Transport::Pending& work : gathers) g.intra.wait(work, "intra-node all_gather");
   // Each rank's chunk goes straight to its place in the tensor (the last
   // one less its padding), once all have arrived: a failed phase leaves the
   // tensor as it was.
-  g.intra.all_gather_exact(
-      [&](int64_t l, const at::Tensor& piece) {
-        const int64_t start = std::min(l * k, n);
-        const int64_t len = std::min(k, n - start);
-        if (len > 0) flat.narrow(0, start, len).copy_(piece.narrow(0, 0, len));
-      },
-      chunk, scratch, "intra-node all_gather");
+  for (const ChunkRange& c : ranges) {
+    g.intra.deliver_gathered(
+        [&](int64_t l, const at::Tensor& piece) {
+          const int64_t start = std::min(l * k + c.begin, n);
+          const int64_t len = std::min(c.numel, n - start);
+          if (len > 0) flat.narrow(0, start, len).copy_(piece.narrow(0, 0, len));
+        },
+        chunk.narrow(0, c.begin, c.numel), gather_scratch(c));
+  }
 }
 
 void reduce_scatter_by_node(NodeTransports& g, const WireLayout& wire, Workspace& ws, const at::Tensor& output,
@@ -97,15 +131,41 @@ void all_gather_by_node(NodeTransports& g, const WireLayout& wire, Workspace& ws
                         const std::vector<at::Tensor>& output_segments, const at::Tensor& input,
                         QuantizationError* error) {
   const int64_t N = g.inter.size(), k = input.numel();
-  at::Tensor chunk = node_buffer(ws, Workspace::kNodeChunk, N * k, input);
-  all_gather(g.inter, wire, ws, {chunk}, input, error);
+  // The hop's output, the inputs of the ranks with this local index, chunk
+  // by chunk: each chunk's N pieces together, in node order. Each chunk goes
+  // to the node's other ranks once the hop has decoded it, while the next
+  // travels between nodes.
+  const std::vector<ChunkRange> ranges = all_gather_chunks(N, wire, k);
+  at::Tensor chunks = node_buffer(ws, Workspace::kNodeChunk, N * k, input);
   at::Tensor scratch = node_buffer(ws, Workspace::kNodeExchange, g.intra.all_gather_scratch_numel(N * k), input);
-  // Local rank l's chunk holds the inputs of the ranks with local index l, in node order.
-  g.intra.all_gather_exact(
-      [&](int64_t l, const at::Tensor& piece) {
-        for (int64_t b = 0; b < N; ++b) segment(output_segments, g.rank_at(b, l), k).copy_(piece.narrow(0, b * k, k));
-      },
-      chunk, scratch, "intra-node all_gather");
+  auto pieces = [&](const ChunkRange& c) { return chunks.narrow(0, N * c.begin, N * c.numel); };
+  auto gather_scratch = [&](const ChunkRange& c) {
+    return scratch.narrow(0, g.intra.all_gather_scratch_numel(N * c.begin),
+                          g.intra.all_gather_scratch_numel(N * c.numel));
+  };
+  std::vector<Transport::Pending> gathers;
+  ChunkHooks hooks;
+  hooks.place = [&](size_t i, int64_t b) {
+    return pieces(ranges[i]).narrow(0, b * ranges[i].numel, ranges[i].numel);
+  };
+  hooks.done = [&](size_t i) {
+    gathers.push_back(g.intra.start_all_gather_exact(pieces(ranges[i]), gather_scratch(ranges[i])));
+  };
+  all_gather(g.inter, wire, ws, {chunks}, input, error, &hooks);
+  for (const Transport::Pending& work : gathers) g.intra.wait(work, "intra-node all_gather");
+  // Local rank l's pieces are the inputs of the ranks with local index l, in
+  // node order; each goes to its place once every chunk has arrived.
+  for (const ChunkRange& c : ranges) {
+    g.intra.deliver_gathered(
+        [&](int64_t l, const at::Tensor& piece) {
+          for (int64_t b = 0; b < N; ++b) {
+            segment(output_segments, g.rank_at(b, l), k)
+                .narrow(0, c.begin, c.numel)
+                .copy_(piece.narrow(0, b * c.numel, c.numel));
+          }
+        },
+        pieces(c), gather_scratch(c));
+  }
 }
 
 NodeBytes all_reduce_by_node_bytes_sent(int64_t nodes, int64_t local_size, const WireLayout& wire, int64_t numel,

@@ -11,6 +11,23 @@ namespace {
 // segments (start_exchange): the other ranks in order, this one left out.
 int64_t exchange_slot(int64_t r, int64_t rank) { return r < rank ? r : r - 1; }
 
+// pieces[first, first + count) (k elements each) as one flat tensor: a view
+// where each is contiguous and follows the one before in memory, else
+// copied into `staging`.
+at::Tensor together(const std::vector<at::Tensor>& pieces, int64_t first, int64_t count, int64_t k,
+                    const at::Tensor& staging) {
+  bool adjacent = true;
+  for (int64_t i = first; i < first + count && adjacent; ++i) {
+    adjacent = pieces[i].is_contiguous() &&
+               (i == first || static_cast<const char*>(pieces[i].data_ptr()) ==
+                                  static_cast<const char*>(pieces[i - 1].data_ptr()) + k * pieces[i].element_size());
+  }
+  if (adjacent) return pieces[first].as_strided({count * k}, {1});
+  at::Tensor flat = staging.narrow(0, 0, count * k);
+  for (int64_t i = 0; i < count; ++i) flat.narrow(0, i * k, k).view(pieces[first + i].sizes()).copy_(pieces[first + i]);
+  return flat;
+}
+
 }  // namespace
 
 Transport::Transport(c10::intrusive_ptr<c10d::Backend> inner, const TransportTraits& traits, int64_t rank,
@@ -72,7 +89,70 @@ Transport::Pending Transport::start_all_gather(at::Tensor& gathered, int64_t S, 
 }
 
 int64_t Transport::reduce_scatter_scratch_numel(int64_t k) const {
-  return traits_.exact_by_all_to_all && size_ > 1 ? size_ * k : 0;  // every rank's piece of this rank's segment
+  if (size_ == 1) return 0;
+  // NCCL: the P pieces together; gloo: the other ranks' pieces as they
+  // arrive and, where they do not lie together, as they are sent.
+  return traits_.exact_by_all_to_all ? 2 * (size_ - 1) * k : size_ * k;
+}
+
+Transport::PendingSum Transport::start_reduce_scatter_sum(const at::Tensor& output,
+                                                          const std::vector<at::Tensor>& pieces,
+                                                          const at::Tensor& scratch) {
+  TORCH_INTERNAL_ASSERT(static_cast<int64_t>(pieces.size()) == size_);
+  const int64_t k = output.numel();
+  PendingSum pending{{}, output, {}, pieces[rank_]};
+  if (size_ == 1) return pending;
+  if (!traits_.exact_by_all_to_all) {
+    at::Tensor input = together(pieces, 0, size_, k, scratch.narrow(0, 0, size_ * k));
+    c10d::ReduceScatterOptions opts;
+    opts.reduceOp = c10d::ReduceOp::SUM;
+    opts.timeout = timeout_;
+    opts.asyncOp = true;
+    at::Tensor out = output;
+    pending.work = inner_->_reduce_scatter_base(out, input, opts);
+    return pending;
+  }
+  // An exchange of the other ranks' pieces; this rank's own never travels.
+  pending.received = scratch.narrow(0, 0, (size_ - 1) * k);
+  at::Tensor staging = scratch.narrow(0, (size_ - 1) * k, (size_ - 1) * k);
+  at::Tensor send;
+  if (rank_ == 0 || rank_ == size_ - 1) {
+    send = together(pieces, rank_ == 0 ? 1 : 0, size_ - 1, k, staging);
+  } else {
+    for (int64_t r = 0; r < size_; ++r) {
+      if (r != rank_) staging.narrow(0, exchange_slot(r, rank_) * k, k).view(pieces[r].sizes()).copy_(pieces[r]);
+    }
+    send = staging;
+  }
+  pending.work = start_exchange(pending.received, send, k);
+  return pending;
+}
+
+void Transport::finish_reduce_scatter_sum(PendingSum& pending, const char* phase) {
+  at::Tensor& output = pending.output;
+  if (size_ == 1) {
+    output.view(pending.own.sizes()).copy_(pending.own);
+    return;
+  }
+  wait(pending.work, phase);
+  if (!traits_.exact_by_all_to_all) return;
+  // Added in rank order: one owner per segment, so the order only has to be
+  // fixed, and two pieces add as a+b.
+  const int64_t k = output.numel();
+  at::Tensor out = output.view(pending.own.sizes());
+  auto piece = [&](int64_t r) {
+    return r == rank_ ? pending.own : pending.received.narrow(0, exchange_slot(r, rank_) * k, k).view(out.sizes());
+  };
+  at::add_out(out, piece(0), piece(1));
+  for (int64_t r = 2; r < size_; ++r) out.add_(piece(r));
+}
+
+void Transport::reduce_scatter_sum(at::Tensor& output, at::Tensor& input, at::Tensor& scratch, const char* phase) {
+  const int64_t k = output.numel();
+  std::vector<at::Tensor> pieces;
+  for (int64_t r = 0; r < size_; ++r) pieces.push_back(input.narrow(0, r * k, k));
+  PendingSum pending = start_reduce_scatter_sum(output, pieces, scratch);
+  finish_reduce_scatter_sum(pending, phase);
 }
 
 int64_t Transport::all_gather_scratch_numel(int64_t k) const {
@@ -82,76 +162,36 @@ int64_t Transport::all_gather_scratch_numel(int64_t k) const {
   return (size_ > 2 ? 2 : 1) * (size_ - 1) * k;
 }
 
-Transport::Pending Transport::start_all_to_all(at::Tensor& recv, at::Tensor& send, int64_t k) {
-  std::vector<int64_t> recv_splits(size_, k), send_splits(size_, k);
-  c10d::AllToAllOptions opts;
-  opts.timeout = timeout_;
-  opts.asyncOp = true;
-  return inner_->alltoall_base(recv, send, recv_splits, send_splits, opts);
-}
-
-void Transport::reduce_scatter_sum(at::Tensor& output, at::Tensor& input, at::Tensor& scratch, const char* phase) {
-  if (size_ == 1) {
-    output.copy_(input);
-    return;
-  }
-  if (!traits_.exact_by_all_to_all) {
-    c10d::ReduceScatterOptions opts;
-    opts.reduceOp = c10d::ReduceOp::SUM;
-    opts.timeout = timeout_;
-    opts.asyncOp = true;
-    wait(inner_->_reduce_scatter_base(output, input, opts), phase);
-    return;
-  }
-  const int64_t k = output.numel();
-  // Every rank's piece of my segment. Where the pieces for the other ranks
-  // lie together (this rank first or last), an exchange sends only them and
-  // this rank's own piece is read where it is; else an all_to_all moves all.
-  std::vector<at::Tensor> piece(size_);
-  if (rank_ == 0 || rank_ == size_ - 1) {
-    at::Tensor received = scratch.narrow(0, 0, (size_ - 1) * k);
-    at::Tensor others = input.narrow(0, rank_ == 0 ? k : 0, (size_ - 1) * k);
-    wait(start_exchange(received, others, k), phase);
-    for (int64_t r = 0; r < size_; ++r) {
-      piece[r] = r == rank_ ? input.narrow(0, r * k, k) : received.narrow(0, exchange_slot(r, rank_) * k, k);
-    }
-  } else {
-    at::Tensor pieces = scratch.narrow(0, 0, size_ * k);
-    wait(start_all_to_all(pieces, input, k), phase);
-    for (int64_t r = 0; r < size_; ++r) piece[r] = pieces.narrow(0, r * k, k);
-  }
-  // Added in rank order: one owner per segment, so the order only has to be
-  // fixed, and two pieces add as a+b.
-  at::add_out(output, piece[0], piece[1]);
-  for (int64_t r = 2; r < size_; ++r) output.add_(piece[r]);
-}
-
-void Transport::all_gather_exact(const Deliver& deliver, at::Tensor& input, at::Tensor& scratch, const char* phase) {
-  if (size_ == 1) {
-    deliver(0, input);
-    return;
-  }
+Transport::Pending Transport::start_all_gather_exact(const at::Tensor& input, const at::Tensor& scratch) {
+  if (size_ == 1) return {};
   const int64_t k = input.numel();
+  at::Tensor in = input;
   if (!traits_.exact_by_all_to_all) {
     at::Tensor gathered = scratch.narrow(0, 0, size_ * k);
     c10d::AllgatherOptions opts;
     opts.timeout = timeout_;
     opts.asyncOp = true;
-    wait(inner_->_allgather_base(gathered, input, opts), phase);
-    for (int64_t r = 0; r < size_; ++r) deliver(r, gathered.narrow(0, r * k, k));
-    return;
+    return inner_->_allgather_base(gathered, in, opts);
   }
   // An exchange: this rank's input never travels to itself, and with one
   // peer it is sent as it is.
   at::Tensor received = scratch.narrow(0, 0, (size_ - 1) * k);
-  at::Tensor send = input;
+  at::Tensor send = in;
   if (size_ > 2) {
     send = scratch.narrow(0, (size_ - 1) * k, (size_ - 1) * k);
     for (int64_t i = 0; i < size_ - 1; ++i) send.narrow(0, i * k, k).copy_(input);
   }
-  wait(start_exchange(received, send, k), phase);
+  return start_exchange(received, send, k);
+}
+
+void Transport::deliver_gathered(const Deliver& deliver, const at::Tensor& input, const at::Tensor& scratch) const {
+  const int64_t k = input.numel();
   for (int64_t r = 0; r < size_; ++r) {
-    deliver(r, r == rank_ ? input : received.narrow(0, exchange_slot(r, rank_) * k, k));
+    if (r == rank_ && (size_ == 1 || traits_.exact_by_all_to_all)) {
+      deliver(r, input);
+    } else {
+      deliver(r, scratch.narrow(0, (traits_.exact_by_all_to_all ? exchange_slot(r, rank_) : r) * k, k));
+    }
   }
 }
 

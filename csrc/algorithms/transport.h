@@ -57,18 +57,33 @@ class Transport {
   Pending start_all_gather(at::Tensor& gathered, int64_t S, at::Tensor& scratch);
 
   // Exact collectives on flat tensors of any dtype (the inter_node scope's
-  // phases inside a node), waited for before they return. `scratch` holds
-  // the *_scratch_numel(k) elements of their dtype that each needs.
-  // reduce_scatter_sum: `output` (k elements) <- segment `rank` of the SUM of
-  // every rank's `input` (P * k), the pieces added in rank order.
+  // phases inside a node), started, then finished once their Work is
+  // waited for. `scratch` holds the *_scratch_numel(k) elements of their
+  // dtype that each needs, untouched by others until it is finished.
+  //
+  // reduce_scatter_sum: `output` (k elements) <- the SUM of every rank's
+  // pieces[rank], where pieces[r] (k elements, any strides) is this rank's
+  // addend of rank r's segment; added in rank order.
+  struct PendingSum {
+    Pending work;
+    at::Tensor output, received;  // received: the other ranks' pieces, in exchange order (gloo)
+    at::Tensor own;               // this rank's piece, read in place (gloo)
+  };
   int64_t reduce_scatter_scratch_numel(int64_t k) const;
+  PendingSum start_reduce_scatter_sum(const at::Tensor& output, const std::vector<at::Tensor>& pieces,
+                                      const at::Tensor& scratch);
+  void finish_reduce_scatter_sum(PendingSum& pending, const char* phase);
+  // Both at once: `input` holds the P pieces, one after another.
   void reduce_scatter_sum(at::Tensor& output, at::Tensor& input, at::Tensor& scratch, const char* phase);
-  // all_gather_exact: calls deliver(r, rank r's `input`) for every rank r
-  // once every rank's input (k elements each) is here, so the caller copies
-  // each straight to where it belongs and writes nothing if a phase fails.
+
+  // start_all_gather_exact: every rank's `input` (k elements each) into
+  // `scratch`; once its Work is waited for, deliver_gathered calls
+  // deliver(r, rank r's input) for every rank r, so the caller copies each
+  // straight to where it belongs and writes nothing if a phase fails.
   using Deliver = std::function<void(int64_t rank, const at::Tensor& input)>;
   int64_t all_gather_scratch_numel(int64_t k) const;
-  void all_gather_exact(const Deliver& deliver, at::Tensor& input, at::Tensor& scratch, const char* phase);
+  Pending start_all_gather_exact(const at::Tensor& input, const at::Tensor& scratch);
+  void deliver_gathered(const Deliver& deliver, const at::Tensor& input, const at::Tensor& scratch) const;
 
   // Orders what follows after `work` (CPU: blocks until it is done) and keeps
   // it for the call's Work (CUDA: where it may still fail). An error names
@@ -80,10 +95,6 @@ class Transport {
   void adopt_works(Transport& other);
 
  private:
-  // An all_to_all of k elements from every rank to every rank, this one
-  // included (the inner backend copies that segment locally).
-  Pending start_all_to_all(at::Tensor& recv, at::Tensor& send, int64_t k);
-
   c10::intrusive_ptr<c10d::Backend> inner_;
   const TransportTraits traits_;
   int64_t rank_, size_;

@@ -55,6 +55,20 @@ def test_all_reduce_is_the_node_sum_through_one_flat_all_reduce(pool, n, dtype):
     check_compressed(pool.run(ts.compressed_case, "all_reduce", n, dtype), "all_reduce")
 
 
+# Several of the hop's chunks (about 1M elements each) per rank, so the
+# node's phases overlap the hop chunk by chunk: with the tensor read in
+# place (n divisible by the node's ranks) and through a padded copy.
+@pytest.mark.parametrize("n", [4_500_000, 4_500_001])
+def test_all_reduce_over_several_chunks(pool, n):
+    check_compressed(pool.run(ts.compressed_case, "all_reduce", n, torch.float32), "all_reduce")
+
+
+# all_gather's hop runs about 1M / N elements of each input per chunk.
+@pytest.mark.parametrize("name", ["all_gather_tensor", "all_gather_list"])
+def test_all_gather_over_several_chunks(pool, name):
+    check_compressed(pool.run(ts.compressed_case, name, 1_100_003, torch.float32), name)
+
+
 @pytest.mark.parametrize("reduce_kind", ["avg", "premul_sum"])
 def test_all_reduce_avg_and_premul_sum(pool, reduce_kind):
     results = pool.run(ts.compressed_case, "all_reduce", 30_000, torch.float32, reduce_kind)

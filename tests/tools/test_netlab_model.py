@@ -81,23 +81,34 @@ def test_summarize_uses_the_node_phases_where_they_were_timed():
     netlab = load("fp8comm_bench_netlab", "bench/netlab.py")
 
     def comm(plain_s, fp8_s, phases=None):
-        row = {"op": "all_reduce", "dtype": "float32", "bytes": 1 << 26, "numel": 1 << 24, "sqnr_db": 30.0,
-               "plain": {"median_s": plain_s}, "fp8": {"median_s": fp8_s}, "bytes_sent": 75_000_000,
-               "bytes_sent_uncompressed": 100_000_000, "bytes_sent_inter_node": 8_650_000}
-        out = {"rows": [row]}
+        rows = [{"op": op, "dtype": "float32", "bytes": 1 << 26, "numel": 1 << 24, "sqnr_db": 30.0,
+                 "plain": {"median_s": plain_s}, "fp8": {"median_s": fp8_s}, "bytes_sent": 75_000_000,
+                 "bytes_sent_uncompressed": 100_000_000, "bytes_sent_inter_node": 8_650_000}
+                for op in ("all_reduce", "reduce_scatter")]
+        out = {"rows": rows}
         if phases is not None:
-            out["node_phases"] = [{"op": "all_reduce", "dtype": "float32", "bytes": 1 << 26, "median_s": phases}]
+            out["node_phases"] = [{"op": op, "dtype": "float32", "bytes": 1 << 26, "median_s": phases}
+                                  for op in ("all_reduce", "reduce_scatter")]
         return out
 
+    def at_1gbit(by_rate):
+        return {r["op"]: r for r in netlab.summarize(by_rate, world=4, ranks_per_node=2) if r["rate_gbit"] == "1"}
+
     by_rate = {"unshaped": [comm(0.18, 0.24, 0.10), comm(0.18, 0.24, 0.12)], "1": [comm(0.83, 0.35)]}
-    shaped = [r for r in netlab.summarize(by_rate, world=4, ranks_per_node=2) if r["rate_gbit"] == "1"][0]
-    assert shaped["node_phases_ms"] == pytest.approx(110.0)  # the median of the two runs
+    shaped = at_1gbit(by_rate)
     link_s = 8_650_000 * 2 * 8 / 1e9
-    assert shaped["modeled_fp8_ms"] == pytest.approx(
-        1e3 * (0.11 + model.pipelined_seconds(0.24 - 0.11, link_s, chunks=8)))  # the hop carries half the data
+    for op in shaped:
+        assert shaped[op]["node_phases_ms"] == pytest.approx(110.0)  # the median of the two runs
+    # all_reduce runs its node phases beside the hop: the whole unshaped
+    # time overlaps the link, which carries half the data in half the chunks.
+    assert shaped["all_reduce"]["modeled_fp8_ms"] == pytest.approx(
+        1e3 * model.pipelined_seconds(0.24, link_s, chunks=8))
+    # reduce_scatter runs them before the hop, in series.
+    assert shaped["reduce_scatter"]["modeled_fp8_ms"] == pytest.approx(
+        1e3 * (0.11 + model.pipelined_seconds(0.24 - 0.11, link_s, chunks=8)))
     for run_ in by_rate["unshaped"]:
         del run_["node_phases"]
-    flat = [r for r in netlab.summarize(by_rate, world=4, ranks_per_node=2) if r["rate_gbit"] == "1"][0]
+    flat = at_1gbit(by_rate)["all_reduce"]
     assert "node_phases_ms" not in flat
     assert flat["modeled_fp8_ms"] == pytest.approx(1e3 * model.shaped_link_seconds(0.24, 2 * 8_650_000, 1.0, 16))
 
