@@ -20,7 +20,9 @@ exact_by_all_to_all traits), with the same copies:
   after the hop, node all_gather (an all_to_all with no segment to itself:
   the chunk to every other rank, as it is to one peer, else from L - 1
   copies) and each rank's chunk copied into the tensor;
-- reduce_scatter: the staging copy and the node reduce_scatter;
+- reduce_scatter: the node reduce_scatter, each rank's own piece read in
+  place and the other ranks' pieces (strided in its input, one segment per
+  node) copied together to be sent;
 - all_gather: the node all_gather of the gathered chunk, each rank's
   copied out.
 
@@ -81,15 +83,15 @@ class NodePhases:
             return
         n = self.input.numel()
         source = self.input
-        if self.op == "reduce_scatter" or self.staging.numel() > n:  # reordered segments, or padding
+        if self.staging.numel() > n:  # all_reduce's padding
             self.staging.narrow(0, 0, n).copy_(self.input)
             self.staging.narrow(0, n, self.staging.numel() - n).zero_()
             source = self.staging
         L, k, me = self.L, self.k, dist.get_rank(self.group)
         # Only the other ranks' pieces travel: as they lie where they lie
-        # together (the first and the last rank), else copied together.
+        # together (all_reduce's first and last rank), else copied together.
         splits = [0 if r == me else k for r in range(L)]
-        if me in (0, L - 1):
+        if self.op == "all_reduce" and me in (0, L - 1):
             others = source[k:] if me == 0 else source[:(L - 1) * k]
         else:
             others = self.send

@@ -8,6 +8,8 @@
 // all_reduce and all_gather run the phases inside a node beside the hop, on
 // the hop's chunks (ChunkHooks), so the node's links and the one between
 // nodes work at once; reduce_scatter's node phase runs before its hop.
+#include <ATen/ScalarOps.h>
+
 #include <algorithm>
 
 #include "algorithms.h"
@@ -26,12 +28,13 @@ at::Tensor node_buffer(Workspace& ws, Workspace::Slot slot, int64_t numel, const
 
 // Multiplies `x` in place by the PREMUL_SUM factor (computed in FP32 and
 // rounded once to x's dtype, as the exact path emulates it); SUM and AVG
-// leave it.
+// leave it. The factor goes in as a wrapped number: mul_ with a plain
+// Scalar would round it to x's dtype first (BF16, FP16).
 void premultiply(const at::Tensor& x, const Reduction& red) {
   if (red.premul_tensor) {
     x.mul_(*red.premul_tensor);
   } else if (red.premul != 1.0f) {
-    x.mul_(static_cast<double>(red.premul));
+    x.mul_(at::native::wrapped_scalar_tensor(at::Scalar(static_cast<double>(red.premul))));
   }
 }
 
@@ -42,6 +45,22 @@ Reduction among_nodes(const Reduction& red) { return Reduction{1.0f, std::nullop
 // Segment r (k elements) of a flat tensor of P * k, or the r-th of P tensors.
 at::Tensor segment(const std::vector<at::Tensor>& segments, int64_t r, int64_t k) {
   return segments.size() == 1 ? segments[0].view({-1}).narrow(0, r * k, k) : segments[r].view({-1});
+}
+
+// The input segments of the ranks with local index l, one per node in node
+// order, as an [N, k] view of a flat input where those ranks are evenly
+// spaced in the group (contiguous nodes); undefined otherwise.
+at::Tensor local_index_view(const NodeTransports& g, const std::vector<at::Tensor>& input_segments, int64_t l,
+                            int64_t k) {
+  const int64_t N = g.inter.size();
+  if (input_segments.size() != 1 || N < 2) return {};
+  const int64_t first = g.rank_at(0, l), step = g.rank_at(1, l) - first;
+  if (step <= 0) return {};
+  for (int64_t b = 2; b < N; ++b) {
+    if (g.rank_at(b, l) != first + b * step) return {};
+  }
+  const at::Tensor flat = input_segments[0].view({-1});
+  return flat.as_strided({N, k}, {step * k, 1}, flat.storage_offset() + first * k);
 }
 
 }  // namespace
@@ -113,17 +132,24 @@ void reduce_scatter_by_node(NodeTransports& g, const WireLayout& wire, Workspace
                             const std::vector<at::Tensor>& input_segments, const Reduction& red,
                             QuantizationError* error) {
   const int64_t L = g.intra.size(), N = g.inter.size(), k = output.numel();
-  // Local rank l reduces the segments of the ranks with local index l, one per node in node order.
-  at::Tensor staging = node_buffer(ws, Workspace::kNodeStaging, L * N * k, output);
+  // Local rank l reduces the segments of the ranks with local index l, one
+  // per node in node order: read where they lie, else (a list input, ranks
+  // not evenly spaced, a PREMUL_SUM factor to apply) copied into staging.
+  const bool premul = red.premul_tensor || red.premul != 1.0f;
+  std::vector<at::Tensor> pieces(L);
+  at::Tensor staging;
   for (int64_t l = 0; l < L; ++l) {
-    for (int64_t b = 0; b < N; ++b) {
-      staging.narrow(0, (l * N + b) * k, k).copy_(segment(input_segments, g.rank_at(b, l), k));
-    }
+    if (!premul) pieces[l] = local_index_view(g, input_segments, l, k);
+    if (pieces[l].defined()) continue;
+    if (!staging.defined()) staging = node_buffer(ws, Workspace::kNodeStaging, L * N * k, output);
+    pieces[l] = staging.narrow(0, l * N * k, N * k).view({N, k});
+    for (int64_t b = 0; b < N; ++b) pieces[l][b].copy_(segment(input_segments, g.rank_at(b, l), k));
+    premultiply(pieces[l], red);
   }
-  premultiply(staging, red);
   at::Tensor chunk = node_buffer(ws, Workspace::kNodeChunk, N * k, output);
   at::Tensor scratch = node_buffer(ws, Workspace::kNodeExchange, g.intra.reduce_scatter_scratch_numel(N * k), output);
-  g.intra.reduce_scatter_sum(chunk, staging, scratch, "intra-node reduce_scatter");
+  Transport::PendingSum sum = g.intra.start_reduce_scatter_sum(chunk, pieces, scratch);
+  g.intra.finish_reduce_scatter_sum(sum, "intra-node reduce_scatter");
   reduce_scatter(g.inter, wire, ws, output, {chunk}, among_nodes(red), error);
 }
 

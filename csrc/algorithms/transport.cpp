@@ -147,14 +147,6 @@ void Transport::finish_reduce_scatter_sum(PendingSum& pending, const char* phase
   for (int64_t r = 2; r < size_; ++r) out.add_(piece(r));
 }
 
-void Transport::reduce_scatter_sum(at::Tensor& output, at::Tensor& input, at::Tensor& scratch, const char* phase) {
-  const int64_t k = output.numel();
-  std::vector<at::Tensor> pieces;
-  for (int64_t r = 0; r < size_; ++r) pieces.push_back(input.narrow(0, r * k, k));
-  PendingSum pending = start_reduce_scatter_sum(output, pieces, scratch);
-  finish_reduce_scatter_sum(pending, phase);
-}
-
 int64_t Transport::all_gather_scratch_numel(int64_t k) const {
   if (size_ == 1) return 0;
   if (!traits_.exact_by_all_to_all) return size_ * k;  // the gathered slots

@@ -73,8 +73,6 @@ class Transport {
   PendingSum start_reduce_scatter_sum(const at::Tensor& output, const std::vector<at::Tensor>& pieces,
                                       const at::Tensor& scratch);
   void finish_reduce_scatter_sum(PendingSum& pending, const char* phase);
-  // Both at once: `input` holds the P pieces, one after another.
-  void reduce_scatter_sum(at::Tensor& output, at::Tensor& input, at::Tensor& scratch, const char* phase);
 
   // start_all_gather_exact: every rank's `input` (k elements each) into
   // `scratch`; once its Work is waited for, deliver_gathered calls

@@ -69,9 +69,12 @@ def test_all_gather_over_several_chunks(pool, name):
     check_compressed(pool.run(ts.compressed_case, name, 1_100_003, torch.float32), name)
 
 
+# BF16 rounds the premultiplied inputs, so its bits show how the factor was
+# applied (in FP32, rounded once, as the model does).
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("reduce_kind", ["avg", "premul_sum"])
-def test_all_reduce_avg_and_premul_sum(pool, reduce_kind):
-    results = pool.run(ts.compressed_case, "all_reduce", 30_000, torch.float32, reduce_kind)
+def test_all_reduce_avg_and_premul_sum(pool, reduce_kind, dtype):
+    results = pool.run(ts.compressed_case, "all_reduce", 30_000, dtype, reduce_kind)
     check_compressed(results, "all_reduce", reduce_kind)
 
 
@@ -81,9 +84,12 @@ def test_every_form_matches_the_by_node_model(pool, name):
     check_compressed(pool.run(ts.compressed_case, name, 4096, torch.float32, tensors=tensors), name)
 
 
-def test_reduce_scatter_avg(pool):
-    results = pool.run(ts.compressed_case, "reduce_scatter_tensor", 4096, torch.bfloat16, "avg")
-    check_compressed(results, "reduce_scatter_tensor", "avg")
+# The node phase reads a flat input's segments where they lie, but a
+# PREMUL_SUM factor (like a list input, above) goes through a staging copy.
+@pytest.mark.parametrize("reduce_kind", ["avg", "premul_sum"])
+def test_reduce_scatter_avg_and_premul_sum(pool, reduce_kind):
+    results = pool.run(ts.compressed_case, "reduce_scatter_tensor", 4096, torch.bfloat16, reduce_kind)
+    check_compressed(results, "reduce_scatter_tensor", reduce_kind)
 
 
 @pytest.mark.parametrize("name", ["broadcast", "reduce", "all_to_all_single", "all_to_all"])
