@@ -31,7 +31,8 @@ namespace fp8comm {
 // may leave half written.
 struct ChunkHooks {
   std::function<void(size_t chunk)> ready, done;
-  // all_gather: where chunk i of rank r's input is decoded, in place of the output.
+  // all_gather (required there): where chunk i of rank r's input is
+  // decoded, in place of the output.
   std::function<at::Tensor(size_t chunk, int64_t rank)> place;
 };
 // [begin, begin + numel) of each chunk of all_reduce over `numel` elements.

@@ -56,40 +56,35 @@ void all_gather(Transport& t, const WireLayout& wire, Workspace& ws, const std::
     at::Tensor chunk_scratch = scratch.narrow(0, c.scratch_at, t.gather_scratch_bytes(c.S));
     gathers.push_back(t.start_all_gather(chunk_gathered, c.S, chunk_scratch));
   }
-  const bool flat = output_segments.size() == 1;  // one flat output of P * k elements, else P of k
-  auto decode = [&](const Chunk& c, int64_t whole_output_bytes) {
-    const at::Tensor chunk_gathered = gathered.narrow(0, c.gathered_at, P * c.S);
-    if (flat && c.n == k) {  // one chunk: runs of consecutive ranks are contiguous in the output
-      decode_gathered(t, wire, chunk_gathered, k, P, whole_output_bytes,
-                      [&](int64_t r, int64_t count) { return segments_of(output_segments[0], r, count, k); });
-    } else {
-      decode_gathered(t, wire, chunk_gathered, c.n, 1, whole_output_bytes, [&](int64_t r, int64_t) {
-        return flat ? output_segments[0].view({-1}).narrow(0, r * k + c.begin, c.n)
-                    : output_segments[r].view({-1}).narrow(0, c.begin, c.n);
-      });
-    }
-  };
   for (size_t i = 0; i < chunks.size(); ++i) {
     const Chunk& c = chunks[i];
     t.wait(gathers[i], "all_gather");
     wire.check_headers(gathered.narrow(0, c.gathered_at, P * c.S), t.gathered_from(), c.n, Phase::kAllGatherInputs,
                        k, t.op());
     if (hooks) {
-      // Decoded for the caller's next phase, which reads it at once: no
+      // Decoded where the caller's next phase reads it at once: no
       // streaming stores past the cache.
-      const int64_t chunk_bytes = P * c.n * input.element_size();
-      if (hooks->place) {
-        decode_gathered(t, wire, gathered.narrow(0, c.gathered_at, P * c.S), c.n, 1, chunk_bytes,
-                        [&](int64_t r, int64_t) { return hooks->place(i, r); });
-      } else {
-        decode(c, chunk_bytes);
-      }
+      decode_gathered(t, wire, gathered.narrow(0, c.gathered_at, P * c.S), c.n, 1, P * c.n * input.element_size(),
+                      [&](int64_t r, int64_t) { return hooks->place(i, r); });
       hooks->done(i);
     }
   }
   if (hooks) return;
   // Written only now: a call that failed in any phase has left the output as it was.
-  for (const Chunk& c : chunks) decode(c, P * input.nbytes());
+  const bool flat = output_segments.size() == 1;  // one flat output of P * k elements, else P of k
+  const int64_t output_bytes = P * input.nbytes();
+  for (const Chunk& c : chunks) {
+    const at::Tensor chunk_gathered = gathered.narrow(0, c.gathered_at, P * c.S);
+    if (flat && c.n == k) {  // one chunk: runs of consecutive ranks are contiguous in the output
+      decode_gathered(t, wire, chunk_gathered, k, P, output_bytes,
+                      [&](int64_t r, int64_t count) { return segments_of(output_segments[0], r, count, k); });
+    } else {
+      decode_gathered(t, wire, chunk_gathered, c.n, 1, output_bytes, [&](int64_t r, int64_t) {
+        return flat ? output_segments[0].view({-1}).narrow(0, r * k + c.begin, c.n)
+                    : output_segments[r].view({-1}).narrow(0, c.begin, c.n);
+      });
+    }
+  }
 }
 
 int64_t all_gather_bytes_sent(int64_t group_size, const WireLayout& wire, int64_t input_numel) {

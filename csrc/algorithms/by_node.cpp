@@ -104,7 +104,6 @@ void all_reduce_by_node(NodeTransports& g, const WireLayout& wire, Workspace& ws
   std::vector<Transport::Pending> gathers;
   ChunkHooks hooks;
   hooks.ready = [&](size_t i) {
-    if (i == 0) start_sum(0);
     if (i + 1 < ranges.size()) start_sum(i + 1);
     g.intra.finish_reduce_scatter_sum(sums[i], "intra-node reduce_scatter");
   };
@@ -112,6 +111,7 @@ void all_reduce_by_node(NodeTransports& g, const WireLayout& wire, Workspace& ws
     const ChunkRange& c = ranges[i];
     gathers.push_back(g.intra.start_all_gather_exact(chunk.narrow(0, c.begin, c.numel), gather_scratch(c)));
   };
+  start_sum(0);
   all_reduce(g.inter, wire, ws, chunk, among_nodes(red), error, &hooks);
   for (const Transport::Pending& work : gathers) g.intra.wait(work, "intra-node all_gather");
   // Each rank's chunk goes straight to its place in the tensor (the last

@@ -11,20 +11,20 @@ namespace {
 // segments (start_exchange): the other ranks in order, this one left out.
 int64_t exchange_slot(int64_t r, int64_t rank) { return r < rank ? r : r - 1; }
 
-// pieces[first, first + count) (k elements each) as one flat tensor: a view
-// where each is contiguous and follows the one before in memory, else
-// copied into `staging`.
-at::Tensor together(const std::vector<at::Tensor>& pieces, int64_t first, int64_t count, int64_t k,
-                    const at::Tensor& staging) {
+// The pieces (k elements each) as one flat tensor: a view where each is
+// contiguous and follows the one before in memory, else copied into
+// `staging`.
+at::Tensor together(const std::vector<at::Tensor>& pieces, int64_t k, const at::Tensor& staging) {
+  const int64_t count = static_cast<int64_t>(pieces.size());
   bool adjacent = true;
-  for (int64_t i = first; i < first + count && adjacent; ++i) {
+  for (int64_t i = 0; i < count && adjacent; ++i) {
     adjacent = pieces[i].is_contiguous() &&
-               (i == first || static_cast<const char*>(pieces[i].data_ptr()) ==
-                                  static_cast<const char*>(pieces[i - 1].data_ptr()) + k * pieces[i].element_size());
+               (i == 0 || static_cast<const char*>(pieces[i].data_ptr()) ==
+                              static_cast<const char*>(pieces[i - 1].data_ptr()) + k * pieces[i].element_size());
   }
-  if (adjacent) return pieces[first].as_strided({count * k}, {1});
+  if (adjacent) return pieces[0].as_strided({count * k}, {1});
   at::Tensor flat = staging.narrow(0, 0, count * k);
-  for (int64_t i = 0; i < count; ++i) flat.narrow(0, i * k, k).view(pieces[first + i].sizes()).copy_(pieces[first + i]);
+  for (int64_t i = 0; i < count; ++i) flat.narrow(0, i * k, k).view(pieces[i].sizes()).copy_(pieces[i]);
   return flat;
 }
 
@@ -103,7 +103,7 @@ Transport::PendingSum Transport::start_reduce_scatter_sum(const at::Tensor& outp
   PendingSum pending{{}, output, {}, pieces[rank_]};
   if (size_ == 1) return pending;
   if (!traits_.exact_by_all_to_all) {
-    at::Tensor input = together(pieces, 0, size_, k, scratch.narrow(0, 0, size_ * k));
+    at::Tensor input = together(pieces, k, scratch.narrow(0, 0, size_ * k));
     c10d::ReduceScatterOptions opts;
     opts.reduceOp = c10d::ReduceOp::SUM;
     opts.timeout = timeout_;
@@ -112,18 +112,14 @@ Transport::PendingSum Transport::start_reduce_scatter_sum(const at::Tensor& outp
     pending.work = inner_->_reduce_scatter_base(out, input, opts);
     return pending;
   }
-  // An exchange of the other ranks' pieces; this rank's own never travels.
-  pending.received = scratch.narrow(0, 0, (size_ - 1) * k);
-  at::Tensor staging = scratch.narrow(0, (size_ - 1) * k, (size_ - 1) * k);
-  at::Tensor send;
-  if (rank_ == 0 || rank_ == size_ - 1) {
-    send = together(pieces, rank_ == 0 ? 1 : 0, size_ - 1, k, staging);
-  } else {
-    for (int64_t r = 0; r < size_; ++r) {
-      if (r != rank_) staging.narrow(0, exchange_slot(r, rank_) * k, k).view(pieces[r].sizes()).copy_(pieces[r]);
-    }
-    send = staging;
+  // An exchange of the other ranks' pieces, in exchange order; this rank's
+  // own never travels.
+  std::vector<at::Tensor> others;
+  for (int64_t r = 0; r < size_; ++r) {
+    if (r != rank_) others.push_back(pieces[r]);
   }
+  pending.received = scratch.narrow(0, 0, (size_ - 1) * k);
+  at::Tensor send = together(others, k, scratch.narrow(0, (size_ - 1) * k, (size_ - 1) * k));
   pending.work = start_exchange(pending.received, send, k);
   return pending;
 }
