@@ -23,6 +23,34 @@ DEFAULT_ARCH_LIST = "9.0+PTX"
 WARNING_PREFIX = "fp8comm setup: WARNING:"
 
 _NVCC_RELEASE = re.compile(r"release (\d+)\.(\d+)")
+_NVCC_TOP = re.compile(r"^#\$ TOP=(.+)$", re.MULTILINE)
+
+
+# The oldest torch fp8comm builds against, and the releases CI builds and tests
+# (README, "Supported torch"): 2.13 (CPU build, the whole suite) and 2.11
+# (the CUDA build the lent GPU machines carry, .ci/cuda_torch_check).
+MIN_TORCH = (2, 11)
+TESTED_TORCH = ((2, 11), (2, 13))
+
+
+def torch_version_check(version: str) -> tuple[str | None, str | None]:
+    """(error, warning) for building against torch `version` ("2.11.0+cu130"):
+    an error below MIN_TORCH, a warning for a release CI does not test."""
+    m = re.match(r"(\d+)\.(\d+)", version or "")
+    if not m:
+        return None, f"{WARNING_PREFIX} cannot read torch's version {version!r}; fp8comm is tested on " + _tested()
+    release = (int(m.group(1)), int(m.group(2)))
+    if release < MIN_TORCH:
+        return (f"fp8comm needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]} (its c10d Backend API), found {version}: "
+                f"install a newer torch (CI tests {_tested()})"), None
+    if release not in TESTED_TORCH:
+        return None, (f"{WARNING_PREFIX} torch {version} is not a release CI tests ({_tested()}); "
+                      "the build may work, but nothing here has checked it")
+    return None, None
+
+
+def _tested() -> str:
+    return " and ".join(f"{a}.{b}" for a, b in TESTED_TORCH)
 
 
 class BuildPlan(NamedTuple):
@@ -53,6 +81,35 @@ def nvcc_version(cuda_home: str | None) -> tuple[int, int] | None:
     return None
 
 
+def toolkit_of_nvcc(nvcc: str | None) -> str | None:
+    """The CUDA toolkit folder that `nvcc` belongs to, or None.
+
+    Asked of nvcc itself (`--dryrun` prints `TOP=<toolkit>/bin/..`), because
+    the nvcc on PATH may be a wrapper script or a link in another folder
+    (/usr/local/bin/nvcc exec'ing /usr/local/cuda-13.0/bin/nvcc): torch derives
+    CUDA_HOME from the folder of the nvcc it finds, and there finds no CUDA
+    runtime to link against.
+    """
+    if not nvcc:
+        return None
+    try:
+        out = subprocess.run([nvcc, "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = _NVCC_TOP.search(out.stdout + out.stderr)
+    return os.path.realpath(m.group(1).strip()) if m else None
+
+
+def cuda_runtime_found(cuda_home: str) -> bool:
+    """Whether CUDA_HOME holds the CUDA runtime library the CUDA build links."""
+    for lib in ("lib64", "lib", os.path.join("targets", "x86_64-linux", "lib"), os.path.join("targets", "sbsa-linux", "lib")):
+        folder = os.path.join(cuda_home, lib)
+        if os.path.isdir(folder) and any(name.startswith("libcudart.so") for name in os.listdir(folder)):
+            return True
+    return False
+
+
 def _major(version: str) -> int | None:
     m = re.match(r"\s*(\d+)", version or "")
     return int(m.group(1)) if m else None
@@ -63,6 +120,8 @@ def decide(
     cuda_home: str | None,
     nvcc: tuple[int, int] | None,
     env: Mapping[str, str],
+    *,
+    cudart: bool,
 ) -> BuildPlan:
     """The build plan.
 
@@ -70,6 +129,7 @@ def decide(
     cuda_home: torch.utils.cpp_extension.CUDA_HOME (None when no toolkit was found).
     nvcc: nvcc_version(cuda_home).
     env: the environment (FP8COMM_FORCE_CPU, TORCH_CUDA_ARCH_LIST).
+    cudart: cuda_runtime_found(cuda_home).
     """
     if env.get("FP8COMM_FORCE_CPU", "0") == "1":
         return BuildPlan(False, None, "FP8COMM_FORCE_CPU=1: CPU-only build")
@@ -96,6 +156,13 @@ def decide(
             f"{torch_cuda} that torch was built with (major versions differ, which torch.utils.cpp_extension "
             f"refuses), so fp8comm is built WITHOUT its CUDA kernels (fp8comm._C.has_cuda is False). "
             f"To build them, {how}.",
+        ))
+    if not cudart:
+        return BuildPlan(False, None, "CUDA_HOME has no CUDA runtime library: CPU-only build", (
+            f"{WARNING_PREFIX} CUDA_HOME={cuda_home} holds nvcc {nvcc[0]}.{nvcc[1]} but no libcudart.so "
+            f"(lib64/, lib/ or targets/*/lib/), so fp8comm is built WITHOUT its CUDA kernels "
+            f"(fp8comm._C.has_cuda is False). Set CUDA_HOME to the toolkit's own folder (the one holding "
+            f"bin/nvcc and lib64/libcudart.so), or {how}.",
         ))
     user_arch = (env.get("TORCH_CUDA_ARCH_LIST") or "").strip()
     arch = user_arch or DEFAULT_ARCH_LIST

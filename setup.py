@@ -5,6 +5,8 @@ CPU-only build).
 
     pip install --no-build-isolation -e .
 
+The CUDA toolkit is CUDA_HOME, else the one the nvcc on PATH belongs to (asked
+of nvcc itself, so a wrapper script on PATH is no obstacle).
 FP8COMM_FORCE_CPU=1 builds the CPU-only extension on a CUDA machine.
 TORCH_CUDA_ARCH_LIST picks the GPU targets (default "9.0+PTX": Hopper code plus
 PTX that newer GPUs compile at load time).
@@ -12,11 +14,11 @@ PTX that newer GPUs compile at load time).
 import glob
 import importlib.util
 import os
+import shutil
 import sys
 
 import torch
 from setuptools import setup
-from torch.utils import cpp_extension
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
@@ -35,11 +37,27 @@ def sources(pattern):
 
 
 build_config = load_build_config()
+torch_error, torch_warning = build_config.torch_version_check(torch.__version__)
+if torch_error:
+    sys.exit(f"fp8comm setup: {torch_error}")
+if torch_warning:
+    print(torch_warning, file=sys.stderr)
+# torch.utils.cpp_extension fixes CUDA_HOME when it is imported, from the folder of the
+# nvcc on PATH; point it at the toolkit that nvcc really is (build_config.toolkit_of_nvcc).
+if torch.version.cuda and not (os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")):
+    toolkit = build_config.toolkit_of_nvcc(shutil.which("nvcc"))
+    if toolkit:
+        os.environ["CUDA_HOME"] = toolkit
+        print(f"fp8comm setup: CUDA_HOME={toolkit} (the toolkit of the nvcc on PATH)", file=sys.stderr)
+
+from torch.utils import cpp_extension  # noqa: E402 (after CUDA_HOME is settled)
+
 plan = build_config.decide(
     torch.version.cuda,
     cpp_extension.CUDA_HOME,
     build_config.nvcc_version(cpp_extension.CUDA_HOME),
     os.environ,
+    cudart=bool(cpp_extension.CUDA_HOME) and build_config.cuda_runtime_found(cpp_extension.CUDA_HOME),
 )
 print(f"fp8comm setup: {plan.reason}", file=sys.stderr)
 for message in plan.warnings:

@@ -9,7 +9,13 @@
 import torch
 import torch.distributed  # noqa: F401  (ProcessGroupFp8 derives from its Backend binding)
 
-from . import _C  # noqa: F401  (registers the torch.ops.fp8comm operators)
+try:
+    from . import _C  # noqa: F401  (registers the torch.ops.fp8comm operators)
+except ImportError as e:
+    raise ImportError(
+        f"fp8comm: its C++ extension fp8comm._C did not load ({e}). It must be built against the torch it runs "
+        f"with (torch {torch.__version__} here; fp8comm needs >= 2.11): rebuild it with "
+        "`pip install --no-build-isolation -e .` in this torch's environment.") from e
 from .backend import register as _register_backends
 from .codec import (  # noqa: F401
     dequant_sum,

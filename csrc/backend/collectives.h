@@ -8,6 +8,8 @@
 
 #include <stdint.h>
 
+#include "../common/torch_compat.h"
+
 namespace fp8comm {
 
 // The compressed algorithm a collective can take; each has an Options switch.
@@ -49,7 +51,7 @@ constexpr Collective kAllReduce{"all_reduce", OpType::ALLREDUCE, Algorithm::kAll
 constexpr Collective kAllReduceCoalesced{"all_reduce_coalesced", OpType::ALLREDUCE_COALESCED, Algorithm::kAllReduce, Volume::kAllReduce};
 constexpr Collective kReduceScatterTensor{"reduce_scatter_tensor", OpType::_REDUCE_SCATTER_BASE, Algorithm::kReduceScatter, Volume::kPerRank};
 constexpr Collective kReduceScatter{"reduce_scatter", OpType::REDUCE_SCATTER, Algorithm::kReduceScatter, Volume::kPerRank};
-constexpr Collective kReduceScatterTensorCoalesced{"reduce_scatter_tensor_coalesced", OpType::REDUCE_SCATTER_TENSOR_COALESCED, Algorithm::kReduceScatter, Volume::kPerRank};
+constexpr Collective kReduceScatterTensorCoalesced{"reduce_scatter_tensor_coalesced", compat::reduce_scatter_tensor_coalesced_op(), Algorithm::kReduceScatter, Volume::kPerRank};
 constexpr Collective kAllGatherIntoTensor{"all_gather_into_tensor", OpType::_ALLGATHER_BASE, Algorithm::kAllGather, Volume::kPerRank};
 constexpr Collective kAllGather{"all_gather", OpType::ALLGATHER, Algorithm::kAllGather, Volume::kPerRank};
 constexpr Collective kAllGatherIntoTensorCoalesced{"all_gather_into_tensor_coalesced", OpType::ALLGATHER_COALESCED, Algorithm::kAllGather, Volume::kPerRank};

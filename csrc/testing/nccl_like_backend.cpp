@@ -2,6 +2,7 @@
 
 #include "../backend/fp8_work.h"
 #include "../algorithms/premul.h"
+#include "../common/torch_compat.h"
 
 namespace fp8comm {
 namespace {
@@ -133,7 +134,7 @@ c10::intrusive_ptr<c10d::Work> NcclLikeBackend::reduce_scatter_tensor_coalesced(
   std::vector<at::Tensor> sums = empty_like_all(outputs);
   wait_for(gloo_->reduce_scatter_tensor_coalesced(sums, ins, as_sum(opts)));
   writeResults(outputs, sums, opts.reduceOp);
-  return done(opts.asyncOp, c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, outputs);
+  return done(opts.asyncOp, compat::reduce_scatter_tensor_coalesced_op(), outputs);
 }
 
 // ---------------------------------------------------------------- the rest: gloo's, NCCL's return contract

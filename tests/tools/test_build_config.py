@@ -35,27 +35,29 @@ def fake_cuda_home(tmp_path, release):
         echo "Cuda compilation tools, release {release}, V{release}.88"
         """))
     nvcc.chmod(0o755)
+    (home / "lib64").mkdir(exist_ok=True)
+    (home / "lib64" / "libcudart.so").write_text("")
     return str(home)
 
 
 def test_cpu_torch_builds_cpu_only():
-    plan = bc.decide(None, "/usr/local/cuda", (12, 4), {})
+    plan = bc.decide(None, "/usr/local/cuda", (12, 4), {}, cudart=True)
     assert not plan.cuda and plan.arch_list is None and plan.warnings == ()
 
 
 def test_matching_major_builds_cuda_with_ptx_by_default():
-    plan = bc.decide("12.8", "/usr/local/cuda", (12, 4), {})
+    plan = bc.decide("12.8", "/usr/local/cuda", (12, 4), {}, cudart=True)
     assert plan.cuda and plan.arch_list == "9.0+PTX" and plan.warnings == ()
 
 
 def test_users_arch_list_wins():
-    plan = bc.decide("12.8", "/usr/local/cuda", (12, 8), {"TORCH_CUDA_ARCH_LIST": "8.0;9.0a"})
+    plan = bc.decide("12.8", "/usr/local/cuda", (12, 8), {"TORCH_CUDA_ARCH_LIST": "8.0;9.0a"}, cudart=True)
     assert plan.cuda and plan.arch_list == "8.0;9.0a"
-    assert bc.decide("12.8", "/usr/local/cuda", (12, 8), {"TORCH_CUDA_ARCH_LIST": " "}).arch_list == "9.0+PTX"
+    assert bc.decide("12.8", "/usr/local/cuda", (12, 8), {"TORCH_CUDA_ARCH_LIST": " "}, cudart=True).arch_list == "9.0+PTX"
 
 
 def test_mismatched_major_builds_cpu_only_with_a_warning_that_says_how_to_fix_it():
-    plan = bc.decide("12.8", "/opt/cuda-13", (13, 0), {})
+    plan = bc.decide("12.8", "/opt/cuda-13", (13, 0), {}, cudart=True)
     assert not plan.cuda and plan.arch_list is None
     (msg,) = plan.warnings
     assert msg.startswith(bc.WARNING_PREFIX)
@@ -65,17 +67,76 @@ def test_mismatched_major_builds_cpu_only_with_a_warning_that_says_how_to_fix_it
 
 
 def test_force_cpu():
-    plan = bc.decide("12.8", "/usr/local/cuda", (12, 8), {"FP8COMM_FORCE_CPU": "1"})
+    plan = bc.decide("12.8", "/usr/local/cuda", (12, 8), {"FP8COMM_FORCE_CPU": "1"}, cudart=True)
     assert not plan.cuda and plan.warnings == ()
-    assert bc.decide("12.8", "/usr/local/cuda", (12, 8), {"FP8COMM_FORCE_CPU": "0"}).cuda
+    assert bc.decide("12.8", "/usr/local/cuda", (12, 8), {"FP8COMM_FORCE_CPU": "0"}, cudart=True).cuda
 
 
 @pytest.mark.parametrize("cuda_home,nvcc", [(None, None), ("/usr/local/cuda", None)])
 def test_cuda_torch_without_a_usable_nvcc_builds_cpu_only_with_a_warning(cuda_home, nvcc):
-    plan = bc.decide("12.8", cuda_home, nvcc, {})
+    plan = bc.decide("12.8", cuda_home, nvcc, {}, cudart=True)
     assert not plan.cuda
     (msg,) = plan.warnings
     assert msg.startswith(bc.WARNING_PREFIX) and "CUDA_HOME" in msg and "WITHOUT its CUDA kernels" in msg
+
+
+def test_a_toolkit_without_its_runtime_builds_cpu_only_with_a_warning_that_names_it():
+    plan = bc.decide("13.0", "/usr/local", (13, 0), {}, cudart=False)
+    assert not plan.cuda
+    (msg,) = plan.warnings
+    assert msg.startswith(bc.WARNING_PREFIX) and "CUDA_HOME=/usr/local" in msg and "libcudart" in msg
+
+
+def test_cuda_runtime_found(tmp_path):
+    assert bc.cuda_runtime_found(fake_cuda_home(tmp_path, "13.0"))
+    (tmp_path / "bare" / "bin").mkdir(parents=True)
+    assert not bc.cuda_runtime_found(str(tmp_path / "bare"))
+    targets = tmp_path / "split" / "targets" / "x86_64-linux" / "lib"
+    targets.mkdir(parents=True)
+    (targets / "libcudart.so.13").write_text("")
+    assert bc.cuda_runtime_found(str(tmp_path / "split"))
+
+
+def test_a_wrapper_nvcc_on_path_resolves_to_its_toolkit(tmp_path):
+    """The nvcc on PATH is a script in another folder that execs the real one:
+    the toolkit is where the real one lives, as its --dryrun reports."""
+    real = tmp_path / "cuda-13.0" / "bin"
+    real.mkdir(parents=True)
+    (real / "nvcc").write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        echo '#$ _HERE_={real}'
+        echo '#$ TOP={real}/..'
+        echo '#$ NVVMIR_LIBRARY_DIR={real}/../nvvm/libdevice'
+        """))
+    (real / "nvcc").chmod(0o755)
+    wrapper = tmp_path / "local" / "bin" / "nvcc"
+    wrapper.parent.mkdir(parents=True)
+    wrapper.write_text(f"#!/bin/sh\nexec {real}/nvcc \"$@\"\n")
+    wrapper.chmod(0o755)
+    assert bc.toolkit_of_nvcc(str(wrapper)) == str(tmp_path / "cuda-13.0")
+    assert bc.toolkit_of_nvcc(str(tmp_path / "missing")) is None
+    assert bc.toolkit_of_nvcc(None) is None
+
+
+@pytest.mark.parametrize("version,error,warning", [
+    ("2.13.0+cpu", False, False), ("2.11.0+cu130", False, False), ("2.12.1", False, True),
+    ("2.14.1", False, True), ("2.10.0", True, False), ("1.13.1", True, False), ("nightly", False, True)])
+def test_torch_version_check(version, error, warning):
+    err, warn = bc.torch_version_check(version)
+    assert (err is not None, warn is not None) == (error, warning)
+    if err:
+        assert "2.11" in err and version in err
+    if warn:
+        assert warn.startswith(bc.WARNING_PREFIX) and "2.11 and 2.13" in warn
+
+
+def test_the_tested_releases_are_the_ones_ci_installs():
+    with open(os.path.join(ROOT, ".ci", "run")) as f:
+        run = f.read()
+    with open(os.path.join(ROOT, ".ci", "cuda_torch_check")) as f:
+        cuda = f.read()
+    assert "torch==2.13.0" in run and "FP8COMM_CUDA_TORCH:-2.11.0" in cuda and "cuda_torch_check" in run
+    assert bc.TESTED_TORCH == ((2, 11), (2, 13))
 
 
 def test_parse_nvcc_version():
