@@ -14,7 +14,9 @@ algorithm and bus bandwidth (nccl-tests definitions), the bytes this rank sent
 (fp8comm.get_stats), the SQNR against an exact FP64 result (FP64 passes
 through the fp8 group uncompressed), and the fp8/plain time ratio (a row's
 "speedup" is its inverse). Sizes are of the full tensor: the all_reduce
-input, the reduce_scatter input, the all_gather output.
+input, the reduce_scatter input, the all_gather output. Inputs are drawn on
+the device. Rank 0 prints each row and rewrites --json as the row finishes
+("complete": false until the last), so a run cut short keeps what it measured.
 
 The plot has one panel per op family: the fp8 group's median time over the
 plain group's, per message size, against 1.0 (below it fp8 is faster); one
@@ -82,9 +84,10 @@ class Case:
     def __init__(self, op: str, numel: int, dtype, device, rank: int, world: int):
         self.op, self.numel, self.dtype, self.world = op, numel, dtype, world
         self.per_rank = numel // world
-        gen = torch.Generator().manual_seed(1234 + rank)
+        # Drawn on the device itself: a GPU run's large inputs cost no host time.
+        gen = torch.Generator(device=device).manual_seed(1234 + rank)
         in_numel = self.per_rank if op.startswith("all_gather") else numel
-        self.input = torch.randn(in_numel, generator=gen).to(dtype).to(device)
+        self.input = torch.randn(in_numel, generator=gen, device=device).to(dtype)
         out_numel = numel if op.startswith("all_gather") else (numel if op == "all_reduce" else self.per_rank)
         self.output = torch.empty(out_numel, dtype=dtype, device=device)
 
@@ -280,43 +283,60 @@ def main(argv=None, prog="-m fp8comm.bench.comm", command=None):
     while s <= hi:
         sizes.append(s)
         s *= 4
-    progress = Progress(len(ops) * len(dtypes) * len(sizes), enabled=rank == 0)
-    rows = []
+    # A bar where someone watches; a log gets the rows themselves.
+    progress = Progress(len(ops) * len(dtypes) * len(sizes), enabled=rank == 0 and sys.stderr.isatty())
+    result = {
+        "benchmark": "comm", "date": datetime.date.today().isoformat(),
+        "command": command or " ".join(["torchrun", f"--nproc_per_node={world}", prog] + sys.argv[1:]),
+        "launcher": "spawn" if command else "torchrun",
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "codec_threads": fp8comm._C.cpu_threads(),
+        "device": device_label(use_cuda),
+        "backend": fp8_backend, "baseline": "nccl" if use_cuda else "gloo", "world_size": world,
+        "torch": torch.__version__, "reps": reps, "complete": False, "rows": [],
+    }
+    if rank == 0:
+        print(f"{fp8_backend} vs {result['baseline']}, {world} ranks, {result['device']}; times are medians of {reps}")
+        print(f"{'op':20s} {'dtype':9s} {'size':>9s} {'plain ms':>9s} {'fp8 ms':>9s} {'fp8/plain':>9s} "
+              f"{'fp8 busbw':>10s} {'sent/uncomp':>11s} {'SQNR dB':>8s}", flush=True)
     for dtype in dtypes:
         es = torch.tensor([], dtype=dtype).element_size()
         for size in sizes:
             numel = max(world, size // es // world * world)
             for op in ops:
                 case = Case(op, numel, dtype, device, rank, world)
-                rows.append(measure(case, fp8_group, plain, reps, device))
+                row = measure(case, fp8_group, plain, reps, device)
+                del case
                 progress.step(f"{op} {str(dtype)[6:]} {human(size)}")
+                if rank == 0:
+                    # Each row as it finishes, on stdout and in the JSON, so a run cut
+                    # short (a timeout) still leaves every row it measured.
+                    result["rows"].append(row)
+                    print_row(row)
+                    write_json(result, args.json)
 
     if rank == 0:
-        print(f"\n{fp8_backend} vs {'nccl' if use_cuda else 'gloo'}, {world} ranks, "
-              f"{device_label(use_cuda)}; times are medians of {reps}")
-        print(f"{'op':20s} {'dtype':9s} {'size':>9s} {'plain ms':>9s} {'fp8 ms':>9s} {'fp8/plain':>9s} "
-              f"{'fp8 busbw':>10s} {'sent/uncomp':>11s} {'SQNR dB':>8s}")
-        for r in rows:
-            print(f"{r['op']:20s} {r['dtype']:9s} {human(r['bytes']):>9s} {r['plain']['median_s'] * 1e3:9.3f} "
-                  f"{r['fp8']['median_s'] * 1e3:9.3f} {1 / r['speedup']:9.2f} {r['fp8']['busbw_gbps']:10.2f} "
-                  f"{r['bytes_sent'] / max(1, r['bytes_sent_uncompressed']):11.3f} {r['sqnr_db']:8.1f}")
-        result = {
-            "benchmark": "comm", "date": datetime.date.today().isoformat(),
-            "command": command or " ".join(["torchrun", f"--nproc_per_node={world}", prog] + sys.argv[1:]),
-            "launcher": "spawn" if command else "torchrun",
-            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "codec_threads": fp8comm._C.cpu_threads(),
-            "device": device_label(use_cuda),
-            "backend": fp8_backend, "baseline": "nccl" if use_cuda else "gloo", "world_size": world,
-            "torch": torch.__version__, "reps": reps,
-            "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None, "rows": rows,
-        }
-        if args.json:
-            os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-            with open(args.json, "w") as f:
-                json.dump(result, f, indent=1)
+        result["complete"] = True
+        result["load_average"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+        write_json(result, args.json)
         if args.plot:
             plot(result, args.plot)
     dist.destroy_process_group()
+
+
+def print_row(r: dict) -> None:
+    print(f"{r['op']:20s} {r['dtype']:9s} {human(r['bytes']):>9s} {r['plain']['median_s'] * 1e3:9.3f} "
+          f"{r['fp8']['median_s'] * 1e3:9.3f} {1 / r['speedup']:9.2f} {r['fp8']['busbw_gbps']:10.2f} "
+          f"{r['bytes_sent'] / max(1, r['bytes_sent_uncompressed']):11.3f} {r['sqnr_db']:8.1f}", flush=True)
+
+
+def write_json(result: dict, path: str | None) -> None:
+    """Writes `result` whole, through a temporary file, so the file is never half written."""
+    if not path:
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(result, f, indent=1)
+    os.replace(path + ".tmp", path)
 
 
 if __name__ == "__main__":

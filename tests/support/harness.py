@@ -5,7 +5,8 @@ pool is kept for many tests; a pool that hangs or dies is killed, not reused.
 
 In a scenario, ``ctx()`` gives the rank's Context: ``group`` (the backend under
 test, the default group), ``gloo`` (a plain gloo group over the same ranks, the
-reference), ``rank``, ``world``.
+reference), ``rank``, ``world``. A scenario that fails kills the pool's ranks;
+the pool's next scenario starts fresh ones.
 """
 from __future__ import annotations
 
@@ -84,18 +85,24 @@ class DistPool:
                  timeout_s: float = 300.0):
         """timeout_s: the process groups' timeout (how long a collective may wait for peers)."""
         self.world = world
+        self._config = (backend, pg_options, env or {}, timeout_s)
+        self._start()
+
+    def _start(self) -> None:
+        """Spawns the ranks and waits until each has its process groups."""
+        backend, pg_options, env, timeout_s = self._config
         self._dir = tempfile.TemporaryDirectory()
         spawn = mp.get_context("spawn")
         self._outbox = spawn.Queue()
-        self._inboxes = [spawn.Queue() for _ in range(world)]
+        self._inboxes = [spawn.Queue() for _ in range(self.world)]
         init_file = os.path.join(self._dir.name, "init")
         self._procs = [
             spawn.Process(
                 target=_worker,
-                args=(r, world, init_file, backend, pg_options, env or {}, timeout_s, self._inboxes[r], self._outbox),
+                args=(r, self.world, init_file, backend, pg_options, env, timeout_s, self._inboxes[r], self._outbox),
                 daemon=True,
             )
-            for r in range(world)
+            for r in range(self.world)
         ]
         for p in self._procs:
             p.start()
@@ -106,7 +113,9 @@ class DistPool:
         """Runs fn(*args, **kwargs) on every rank; returns the results by rank.
         Raises ScenarioError with every failing rank's traceback."""
         if self.broken:
-            raise ScenarioError("this pool broke in an earlier scenario")
+            # A failed scenario killed the ranks (their groups' state is unknown):
+            # start fresh ones, so that one failure fails one test, not every later one.
+            self._start()
         for inbox in self._inboxes:
             inbox.put((fn.__module__, fn.__name__, args, kwargs))
         return self._collect("ok", timeout)

@@ -38,8 +38,8 @@ def test_comm_bench_quick(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "pkg")}
     path = tmp_path / "comm.json"
     png = tmp_path / "comm.png"
-    run_script("-m", "fp8comm.bench", "comm", "--nproc", "2", "--quick", "--json", str(path), "--plot", str(png),
-               cwd=tmp_path, env=env)
+    out = run_script("-m", "fp8comm.bench", "comm", "--nproc", "2", "--quick", "--json", str(path), "--plot", str(png),
+                     cwd=tmp_path, env=env)
     result = json.loads(path.read_text())
     assert result["benchmark"] == "comm" and result["world_size"] == 2 and result["baseline"] == "gloo"
     assert png.stat().st_size > 10_000
@@ -57,6 +57,23 @@ def test_comm_bench_quick(tmp_path):
         for side in ("fp8", "plain"):
             assert r[side]["p10_s"] <= r[side]["median_s"] <= r[side]["p90_s"]
             assert r[side]["busbw_gbps"] > 0
+    assert result["complete"] is True
+    # every row was printed as it finished
+    table = [ln for ln in out.stdout.splitlines() if ln.split()[:1] and ln.split()[0] in {o for o, _ in ops}]
+    assert len(table) == len(result["rows"])
+
+
+def test_linear_bench_quick_times_every_variant_interleaved(tmp_path):
+    path = tmp_path / "linear.json"
+    out = run_script("bench/linear.py", "--quick", "--json", str(path))
+    result = json.loads(path.read_text())
+    assert result["benchmark"] == "linear" and result["baseline"] == "nn.Linear float32"
+    assert {r["recipe"] for r in result["rows"]} == {"tensorwise", "rowwise"}
+    for r in result["rows"]:
+        # on the CPU the casts always take the fused twin: one FP8 variant per recipe
+        assert set(r["fp8comm_s"]) == {"fused"} and r["baseline_s"] > 0 and r["fp8comm_s"]["fused"] > 0
+        assert r["speedup_vs_baseline"]["fused"] == r["baseline_s"] / r["fp8comm_s"]["fused"]
+    assert len([ln for ln in out.stdout.splitlines() if ln[:1].isdigit() and " -> " in ln]) == len(result["rows"])
 
 
 def test_model_labels_everything_modeled(tmp_path):

@@ -1,12 +1,15 @@
 """bench/gpu_session.sh, the one command of a GPU session, without a GPU: it
-parses, shellcheck (where installed) finds nothing, and its `selftest` stages
+parses, shellcheck (where installed) finds nothing, and its `selftest` modes
 push deliberately failing and passing steps through the same step runner as the
-GPU stages. A failing pytest run, a run in which every test skipped, a timeout,
-a failing background step and a compute-sanitizer error must each fail the
+session. A failing pytest run, a run in which every test skipped, a timeout,
+a failing background lane and a compute-sanitizer error must each fail the
 command (nonzero exit, FAIL in the summary) while the later steps still run; an
-all-passing run must exit 0. The `tests` and `bench` stages are dry-run
-(FP8COMM_GPU_SESSION_DRYRUN=1) to check the steps they would run."""
+all-passing run must exit 0. The session itself is dry-run
+(FP8COMM_GPU_SESSION_DRYRUN=1): its steps and their order, every CUDA test file
+run once, the caps within the budget of one device call, and results that the
+device tool can bring back (flat in $OUT, at most 8 files)."""
 import os
+import re
 import shutil
 import subprocess
 import tarfile
@@ -52,7 +55,7 @@ FAKE_SANITIZER = textwrap.dedent("""\
 def run_script(tmp_path, stage, sanitizer=None, **env):
     out = tmp_path / "out"
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("FP8COMM_GPU_SESSION")}
-    full_env.update(OUT=str(out), FP8COMM_GPU_SESSION_BUDGET_S="300", **env)
+    full_env.update(OUT=str(out), **env)
     if sanitizer is not None:
         bin_dir = tmp_path / "bin"
         bin_dir.mkdir()
@@ -61,7 +64,8 @@ def run_script(tmp_path, stage, sanitizer=None, **env):
         fake.chmod(0o755)
         full_env["PATH"] = f"{bin_dir}{os.pathsep}{full_env['PATH']}"
         full_env["FAKE_SANITIZER"] = sanitizer
-    p = subprocess.run(["bash", SCRIPT, stage], capture_output=True, text=True, env=full_env, timeout=600)
+    p = subprocess.run(["bash", SCRIPT] + ([stage] if stage else []), capture_output=True, text=True, env=full_env,
+                       timeout=600)
     return p, out
 
 
@@ -153,40 +157,96 @@ def test_compute_sanitizer_outcomes(tmp_path, mode, status, exit_zero):
         assert junit_failures(files["memcheck.xml"]) == 0
 
 
-def test_unknown_stage_is_refused(tmp_path):
-    p, _ = run_script(tmp_path, "no-such-stage")
+def test_unknown_mode_is_refused(tmp_path):
+    p, _ = run_script(tmp_path, "no-such-mode")
     assert p.returncode == 2 and "usage" in p.stderr
 
 
-def test_tests_stage_runs_every_gpu_check(tmp_path):
-    p, out = run_script(tmp_path, "tests", sanitizer="ok", FP8COMM_GPU_SESSION_DRYRUN="1")
+def dry_session(tmp_path, **env):
+    """The whole session, dry-run: each step's command is printed, nothing runs."""
+    p, out = run_script(tmp_path, None, sanitizer="ok", FP8COMM_GPU_SESSION_DRYRUN="1", **env)
+    commands = {line.split(" (limit")[0].split()[-1]: line for line in p.stdout.splitlines() if " (limit " in line}
+    return p, out, commands
+
+
+SERIAL = ["env", "build", "has-cuda", "codec-cast-tests", "codec-bench", "linear-bench", "comm-bench", "model"]
+TESTS_LANE = ["cuda-streams", "cuda-backend", "cuda-eager-init", "cuda-multirank"]
+SANITIZER_LANE = ["memcheck", "racecheck"]
+
+
+def test_one_call_runs_every_step_in_order_of_evidence_per_second(tmp_path):
+    p, out, commands = dry_session(tmp_path)
     assert p.returncode == 0, p.stdout + p.stderr
     rows, text = summary_of(out)
-    assert list(rows) == ["env", "build", "has-cuda", "memcheck", "racecheck", "cuda-tests", "cuda-streams",
-                          "cuda-multirank", "cuda-eager-init"], text
-    commands = {line.split(" (limit")[0].split()[-1]: line for line in p.stdout.splitlines() if " (limit " in line}
-    assert "--no-build-isolation" in commands["build"]
+    assert list(rows) == SERIAL + TESTS_LANE + SANITIZER_LANE, text
+    assert all(status == "DRY" for status, _ in rows.values()), text
+    build = commands["build"]
+    assert "--no-build-isolation" in build and "TORCH_CUDA_ARCH_LIST=9.0 " in build and "MAX_JOBS=" in build
     assert "has_cuda.py" in commands["has-cuda"]
     with open(SCRIPT) as f:
         assert "assert fp8comm._C.has_cuda" in f.read()  # what has_cuda.py checks
-    assert "-m cuda tests " in commands["cuda-tests"] and "--junitxml=" in commands["cuda-tests"]
-    assert "tests/backend/test_cuda_streams.py" in commands["cuda-streams"]
-    assert "tests/backend/test_cuda_multirank.py" in commands["cuda-multirank"]
-    eager = "tests/backend/test_eager_init_cuda.py"
-    assert eager in commands["cuda-eager-init"] and "-m cuda" in commands["cuda-eager-init"]
-    assert f"--ignore={eager}" in commands["cuda-tests"]  # run once, in its own process
-    for tool in ("memcheck", "racecheck"):
+    for name in SERIAL[3:] + TESTS_LANE + SANITIZER_LANE:
+        assert " -m cuda " not in commands[name], name  # named files: one import error cannot hide the rest
+    assert "comm.py" not in commands["comm-bench"] and "--max-bytes 256M" in commands["comm-bench"]
+    assert "--codec-json" in commands["model"] and "codec.json" in commands["model"]
+
+
+def test_every_cuda_test_file_is_run_by_exactly_one_test_step(tmp_path):
+    _, _, commands = dry_session(tmp_path)
+    cuda_files = sorted(str(f.relative_to(REPO_ROOT)) for f in (REPO_ROOT / "tests").rglob("test_*.py")
+                        if re.search(r"^pytestmark = pytest\.mark\.cuda$", f.read_text(), re.M))
+    assert cuda_files  # the marker this test looks for is still the one the CUDA tests use
+    test_steps = ["codec-cast-tests"] + TESTS_LANE
+    for f in cuda_files:
+        runs = [name for name in test_steps if f" {f}" in commands[name]]
+        assert len(runs) == 1, (f, runs)
+
+
+def test_sanitizers_cover_the_codec_and_cast_kernels_and_racecheck_only_shared_memory(tmp_path):
+    _, _, commands = dry_session(tmp_path)
+    for tool in SANITIZER_LANE:
         assert f"--tool {tool}" in commands[tool] and "--junitxml=" in commands[tool]
-        assert "tests/codec/test_codec_cuda.py tests/nn/test_fused_cast_cuda.py" in commands[tool]
+        assert "--kernel-name kns=fp8comm" in commands[tool]
+    assert "tests/codec/test_codec_cuda.py tests/nn/test_fused_cast_cuda.py" in commands["memcheck"]
+    assert "tests/nn/test_fused_cast_cuda.py" in commands["racecheck"]
+    assert "test_codec_cuda.py" not in commands["racecheck"]
+    # racecheck checks shared memory only: the codec kernels must have none for that to cover them
+    with_shared = sorted(str(f.relative_to(REPO_ROOT)) for f in (REPO_ROOT / "csrc").rglob("*.cu*")
+                         if "__shared__" in f.read_text())
+    assert with_shared == ["csrc/linear/cast_cuda.cu"], with_shared
 
 
-def test_bench_stage_writes_device_named_results(tmp_path):
-    p, out = run_script(tmp_path, "bench", FP8COMM_GPU_SESSION_DRYRUN="1")
-    assert p.returncode == 0, p.stdout + p.stderr
-    rows, text = summary_of(out)
-    assert list(rows) == ["env", "build", "has-cuda", "codec-bench", "comm-bench-ws1", "linear-bench",
-                          "linear-fused-cast-bench", "model"], text
-    # bench/results/<machine>/<bench>.json; no nvidia-smi here: the machine is named gpu-unknown
-    for name in ("codec", "comm-1rank", "linear", "linear-fused-cast"):
-        assert f"--json bench/results/gpu-unknown/{name}.json" in p.stdout, name
-    assert "--json bench/results/modeled/model-gpu-unknown.json" in p.stdout
+def test_the_caps_fit_the_budget_and_one_call(tmp_path):
+    p, _, _ = dry_session(tmp_path)
+    (line,) = [ln for ln in p.stdout.splitlines() if " plan: " in ln]
+    m = re.search(r"= (\d+) s of a (\d+) s budget", line)
+    total, budget = int(m.group(1)), int(m.group(2))
+    assert total <= budget == 560, line
+    assert budget <= 600 - 30  # the device call's 600 s, less the start of the command and the transfers
+    for name, cap in re.findall(r"== \S+ (\S+) \(limit (\d+) s\)", p.stdout):
+        assert int(cap) > 0, name
+
+
+def test_a_plan_longer_than_the_budget_is_refused_before_anything_runs(tmp_path):
+    p, out, commands = dry_session(tmp_path, FP8COMM_GPU_SESSION_BUDGET_S="300")
+    assert p.returncode == 2 and "more than the 300 s budget" in p.stderr
+    assert commands == {}
+
+
+def test_results_come_back_flat_and_within_the_return_limits(tmp_path):
+    p, out, commands = dry_session(tmp_path)
+    (line,) = [ln for ln in p.stdout.splitlines() if " results: " in ln]
+    results = line.split(" results: ")[1].split(" (+")[0].split()
+    assert len(results) + 2 <= 8  # + the summary and the logs tarball
+    for name in results:
+        assert re.fullmatch(r"[A-Za-z0-9._-]+", name), name
+        assert any(f"--json {out}/{name}" in c for c in commands.values()), name
+    assert sorted(f.name for f in out.iterdir()) == sorted(
+        [f.name for f in out.glob("*-gpu-session-*.txt")] + [f.name for f in out.glob("*-gpu-session-*-logs.tar.gz")])
+    names = {f.name for f in out.iterdir()}
+    assert len(names) == 2 and all(re.fullmatch(r"[A-Za-z0-9._-]+", n) for n in names), names
+
+
+def test_selftest_results_are_flat(tmp_path):
+    _, out = run_script(tmp_path, "selftest")
+    assert all(f.is_file() for f in out.iterdir()) and len(list(out.iterdir())) <= 8
