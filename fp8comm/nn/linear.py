@@ -112,7 +112,22 @@ def _torch_emulates_scaled_mm_on_cpu() -> bool:
     return probe is not None and not probe()
 
 
+def _torch_scaled_mm_cpu_takes_rowwise() -> bool:
+    """Whether torch's CPU _scaled_mm takes rowwise scales ([M, 1] and [1, N]).
+    The emulated kernel of some releases (torch 2.11's) asserts one scale
+    per tensor."""
+    a = torch.zeros(16, 16, dtype=torch.float8_e4m3fn, device="cpu")
+    scale_a, scale_b = torch.ones(16, 1, device="cpu"), torch.ones(1, 16, device="cpu")
+    try:
+        torch._scaled_mm(a, a.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16)
+    except (RuntimeError, ValueError):
+        return False
+    return True
+
+
 _CPU_SCALED_MM_IS_EMULATED = _torch_emulates_scaled_mm_on_cpu()
+# Probed only where torch's kernel would be used: an AMX CPU runs the steps here.
+_CPU_SCALED_MM_TAKES_ROWWISE = _CPU_SCALED_MM_IS_EMULATED and _torch_scaled_mm_cpu_takes_rowwise()
 
 
 def scaled_mm_cpu(a, b, scale_a, scale_b, out_dtype):
@@ -123,12 +138,16 @@ def scaled_mm_cpu(a, b, scale_a, scale_b, out_dtype):
     Where torch takes that kernel itself, this is torch._scaled_mm. On CPUs
     with AMX torch's _scaled_mm goes to oneDNN's reference FP8 loop instead,
     orders of magnitude slower for the same result (docs/fp8_linear.md, "Intel
-    CPUs with AMX"). There, and under torch.compile, the emulated kernel's
-    steps run here (no global switch, nothing for other threads to see);
-    tests/nn/test_linear.py checks them against torch._scaled_mm bit for bit.
+    CPUs with AMX"). There, under torch.compile, and for rowwise scales where
+    torch's CPU kernel has none (_torch_scaled_mm_cpu_takes_rowwise), the
+    emulated kernel's steps run here (no global switch, nothing for other
+    threads to see); tests/nn/test_linear.py checks them against
+    torch._scaled_mm bit for bit.
     """
-    if _CPU_SCALED_MM_IS_EMULATED and not torch.compiler.is_compiling():
-        return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
+    if not torch.compiler.is_compiling():
+        rowwise = scale_a.numel() != 1 or scale_b.numel() != 1
+        if _CPU_SCALED_MM_TAKES_ROWWISE if rowwise else _CPU_SCALED_MM_IS_EMULATED:
+            return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
     return emulated_scaled_mm(a, b, scale_a, scale_b, out_dtype)
 
 

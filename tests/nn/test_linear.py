@@ -223,24 +223,52 @@ def test_cpu_gemms_never_reach_onednn(recipe, capfd):
 
 
 # (operand B's format, rowwise): tensorwise's forward, its E5M2 gradient GEMMs, rowwise
-@pytest.mark.parametrize("b_dtype,rowwise", [(torch.float8_e4m3fn, False), (torch.float8_e5m2, False),
-                                             (torch.float8_e4m3fn, True)])
-@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
-def test_emulated_steps_are_torch_scaled_mm_bit_for_bit(b_dtype, rowwise, out_dtype):
-    """The steps scaled_mm_cpu runs on AMX CPUs and under torch.compile equal
-    torch._scaled_mm's emulated kernel (oneDNN off for the reference, in this
-    single-threaded test only), eagerly and traced."""
-    from fp8comm.nn.linear import emulated_scaled_mm, scaled_mm_cpu
+SCALED_MM_CASES = pytest.mark.parametrize("b_dtype,rowwise", [(torch.float8_e4m3fn, False),
+                                                              (torch.float8_e5m2, False),
+                                                              (torch.float8_e4m3fn, True)])
 
+
+def scaled_mm_operands(b_dtype, rowwise):
     torch.manual_seed(0)
     a = (3 * torch.randn(48, 96)).to(torch.float8_e4m3fn)
     b = (3 * torch.randn(160, 96)).to(b_dtype).t()
     sa, sb = (torch.rand(48, 1) + 0.5, torch.rand(1, 160) + 0.5) if rowwise else (torch.tensor(0.37), torch.tensor(1.7))
+    return a, b, sa, sb
+
+
+@SCALED_MM_CASES
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_emulated_steps_are_torch_scaled_mm_bit_for_bit(b_dtype, rowwise, out_dtype):
+    """The steps scaled_mm_cpu runs on AMX CPUs, under torch.compile and for
+    rowwise scales where torch's CPU kernel has none equal torch._scaled_mm's
+    emulated kernel (oneDNN off for the reference, in this single-threaded
+    test only), eagerly and traced."""
+    from fp8comm.nn.linear import _torch_scaled_mm_cpu_takes_rowwise, emulated_scaled_mm, scaled_mm_cpu
+
+    a, b, sa, sb = scaled_mm_operands(b_dtype, rowwise)
     with torch.backends.mkldnn.flags(enabled=False):
+        if rowwise and not _torch_scaled_mm_cpu_takes_rowwise():
+            pytest.skip(f"torch {torch.__version__}'s CPU _scaled_mm has no rowwise scaling, so no reference "
+                        "here; test_scaled_mm_cpu_is_the_emulated_steps still runs")
         reference = torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=out_dtype)
     steps = emulated_scaled_mm(a, b, sa, sb, out_dtype)
     traced = torch.compile(scaled_mm_cpu, backend="eager", fullgraph=True)(a, b, sa, sb, out_dtype)
     assert reference.dtype == out_dtype and torch.equal(steps, reference) and torch.equal(traced, reference)
+
+
+@SCALED_MM_CASES
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_scaled_mm_cpu_is_the_emulated_steps(b_dtype, rowwise, out_dtype):
+    """Whichever path scaled_mm_cpu takes here (torch._scaled_mm, or the steps
+    where torch's CPU kernel lacks rowwise scaling or is oneDNN's), eager or
+    traced, its result is the emulated steps' bit for bit."""
+    from fp8comm.nn.linear import emulated_scaled_mm, scaled_mm_cpu
+
+    a, b, sa, sb = scaled_mm_operands(b_dtype, rowwise)
+    steps = emulated_scaled_mm(a, b, sa, sb, out_dtype)
+    eager = scaled_mm_cpu(a, b, sa, sb, out_dtype)
+    traced = torch.compile(scaled_mm_cpu, backend="eager", fullgraph=True)(a, b, sa, sb, out_dtype)
+    assert steps.dtype == out_dtype and torch.equal(eager, steps) and torch.equal(traced, steps)
 
 
 # ---------------------------------------------------------------- fast accumulation
@@ -279,7 +307,8 @@ def test_cuda_gemm_passes_each_gemms_fast_accum(recipe, flags, monkeypatch):
     """The CUDA GEMM (scaled_mm_cuda) hands torch._scaled_mm the flag of each
     GEMM. Without a GPU: CPU tensors take the CUDA call, and torch._scaled_mm
     records its arguments before running torch's own CPU kernel (which accepts
-    use_fast_accum and ignores it)."""
+    use_fast_accum and ignores it), or the emulated steps for rowwise scales
+    where that kernel has none."""
     from fp8comm.nn import linear as linear_mod
 
     real_scaled_mm = torch._scaled_mm
@@ -287,6 +316,8 @@ def test_cuda_gemm_passes_each_gemms_fast_accum(recipe, flags, monkeypatch):
 
     def recording_scaled_mm(a, b, **kwargs):
         calls[GEMM_BY_OUTPUT_SHAPE[(a.shape[0], b.shape[1])]] = (kwargs["use_fast_accum"], kwargs["out_dtype"])
+        if kwargs["scale_a"].numel() != 1 and not linear_mod._CPU_SCALED_MM_TAKES_ROWWISE:
+            return linear_mod.emulated_scaled_mm(a, b, kwargs["scale_a"], kwargs["scale_b"], kwargs["out_dtype"])
         return real_scaled_mm(a, b, **kwargs)
 
     monkeypatch.setitem(linear_mod._GEMMS, "cpu", linear_mod.scaled_mm_cuda)
