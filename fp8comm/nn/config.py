@@ -21,6 +21,12 @@ class Recipe:
     input_dtype / weight_dtype / grad_output_dtype: the FP8 formats.
     rowwise: one scale per row of each operand along the contracted dim
         (else one scale per tensor).
+    fast_accum_output / fast_accum_grad_input / fast_accum_grad_weight:
+        torch._scaled_mm's ``use_fast_accum`` for the GEMM of y, dx and dW on
+        CUDA (faster, less precise accumulation). torchao's float8 defaults:
+        on for the output GEMM, off for the two gradient GEMMs. The CPU GEMM
+        has one accumulation and ignores them. Change them with
+        ``dataclasses.replace(RECIPES["rowwise"], fast_accum_output=False)``.
     """
 
     name: str
@@ -28,6 +34,9 @@ class Recipe:
     weight_dtype: torch.dtype
     grad_output_dtype: torch.dtype
     rowwise: bool
+    fast_accum_output: bool = True
+    fast_accum_grad_input: bool = False
+    fast_accum_grad_weight: bool = False
 
 
 RECIPES = {

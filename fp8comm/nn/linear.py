@@ -3,10 +3,11 @@
 forward      y  = x  @ W^T     (E4M3 x E4M3)
 grad_input   dx = dy @ W       (E5M2 x E4M3 tensorwise, E4M3 x E4M3 rowwise)
 grad_weight  dW = dy^T @ x
-all through torch._scaled_mm with current scaling (config.py; on the CPU, as
-its emulated kernel computes it: scaled_mm_cpu); outputs in the input's dtype,
-weight gradients in the weight's dtype. The bias is added in high precision,
-so its gradient is exactly nn.Linear's.
+all through torch._scaled_mm with current scaling (config.py; on CUDA with the
+recipe's use_fast_accum per GEMM; on the CPU, as its emulated kernel computes
+it: scaled_mm_cpu); outputs in the input's dtype, weight gradients in the
+weight's dtype. The bias is added in high precision, so its gradient is
+exactly nn.Linear's.
 
 Casts run in the fused operator of scaling.py (amax, scale, cast and the
 transpose a backward GEMM needs, in one pass). What backward keeps, all FP8
@@ -80,13 +81,26 @@ def _count_fallback(reason: str) -> None:
         )
 
 
-def _mm(a, b, scale_a, scale_b, out_dtype, rowwise: bool):
-    """a @ b with FP8 operands; rowwise GEMMs on CUDA produce bf16 only."""
-    if a.device.type == "cpu":
-        return scaled_mm_cpu(a, b, scale_a, scale_b, out_dtype)
+def _mm(a, b, scale_a, scale_b, out_dtype, rowwise: bool, fast_accum: bool):
+    """a @ b with FP8 operands, by the GEMM of a's device (_GEMMS)."""
+    return _GEMMS[a.device.type](a, b, scale_a, scale_b, out_dtype, rowwise, fast_accum)
+
+
+def scaled_mm_cuda(a, b, scale_a, scale_b, out_dtype, rowwise: bool, fast_accum: bool):
+    """torch._scaled_mm with use_fast_accum; its rowwise GEMMs produce bf16 only."""
     if rowwise and out_dtype != torch.bfloat16:
-        return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16).to(out_dtype)
-    return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
+        return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16,
+                                use_fast_accum=fast_accum).to(out_dtype)
+    return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype, use_fast_accum=fast_accum)
+
+
+def _cpu_gemm(a, b, scale_a, scale_b, out_dtype, rowwise: bool, fast_accum: bool):
+    # The CPU GEMM has one accumulation: fast_accum does not apply.
+    return scaled_mm_cpu(a, b, scale_a, scale_b, out_dtype)
+
+
+# The GEMM of each device _fallback_reason lets through.
+_GEMMS = {"cpu": _cpu_gemm, "cuda": scaled_mm_cuda}
 
 
 def _torch_emulates_scaled_mm_on_cpu() -> bool:
@@ -98,7 +112,22 @@ def _torch_emulates_scaled_mm_on_cpu() -> bool:
     return probe is not None and not probe()
 
 
+def _torch_scaled_mm_cpu_takes_rowwise() -> bool:
+    """Whether torch's CPU _scaled_mm takes rowwise scales ([M, 1] and [1, N]).
+    The emulated kernel of some releases (torch 2.11's) asserts one scale
+    per tensor."""
+    a = torch.zeros(16, 16, dtype=torch.float8_e4m3fn, device="cpu")
+    scale_a, scale_b = torch.ones(16, 1, device="cpu"), torch.ones(1, 16, device="cpu")
+    try:
+        torch._scaled_mm(a, a.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16)
+    except (RuntimeError, ValueError):
+        return False
+    return True
+
+
 _CPU_SCALED_MM_IS_EMULATED = _torch_emulates_scaled_mm_on_cpu()
+# Probed only where torch's kernel would be used: an AMX CPU runs the steps here.
+_CPU_SCALED_MM_TAKES_ROWWISE = _CPU_SCALED_MM_IS_EMULATED and _torch_scaled_mm_cpu_takes_rowwise()
 
 
 def scaled_mm_cpu(a, b, scale_a, scale_b, out_dtype):
@@ -109,12 +138,16 @@ def scaled_mm_cpu(a, b, scale_a, scale_b, out_dtype):
     Where torch takes that kernel itself, this is torch._scaled_mm. On CPUs
     with AMX torch's _scaled_mm goes to oneDNN's reference FP8 loop instead,
     orders of magnitude slower for the same result (docs/fp8_linear.md, "Intel
-    CPUs with AMX"). There, and under torch.compile, the emulated kernel's
-    steps run here (no global switch, nothing for other threads to see);
-    tests/nn/test_linear.py checks them against torch._scaled_mm bit for bit.
+    CPUs with AMX"). There, under torch.compile, and for rowwise scales where
+    torch's CPU kernel has none (_torch_scaled_mm_cpu_takes_rowwise), the
+    emulated kernel's steps run here (no global switch, nothing for other
+    threads to see); tests/nn/test_linear.py checks them against
+    torch._scaled_mm bit for bit.
     """
-    if _CPU_SCALED_MM_IS_EMULATED and not torch.compiler.is_compiling():
-        return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
+    if not torch.compiler.is_compiling():
+        rowwise = scale_a.numel() != 1 or scale_b.numel() != 1
+        if _CPU_SCALED_MM_TAKES_ROWWISE if rowwise else _CPU_SCALED_MM_IS_EMULATED:
+            return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
     return emulated_scaled_mm(a, b, scale_a, scale_b, out_dtype)
 
 
@@ -154,7 +187,7 @@ class _Fp8Matmul(torch.autograd.Function):
         if recipe.rowwise:
             xq, xs, xtq, xts = cast_fp8(x2d, recipe.input_dtype, True, with_transpose=need_dw)
             wq, ws, _, _ = cast_fp8(weight, recipe.weight_dtype, True)
-            out = _mm(xq, wq.t(), xs, ws.t(), x2d.dtype, True)
+            out = _mm(xq, wq.t(), xs, ws.t(), x2d.dtype, True, recipe.fast_accum_output)
             ctx.save_for_backward(xtq, xts, weight if need_dx else None)
             return out
         xq, xs, xqt, _ = cast_fp8(x2d, recipe.input_dtype, False, with_transpose=need_dw)
@@ -164,7 +197,7 @@ class _Fp8Matmul(torch.autograd.Function):
         else:
             wq, ws, wqt, _ = cast_fp8(weight, recipe.weight_dtype, False, with_transpose=need_dx)
         # wq.t() is [K, N] column-major, as _scaled_mm wants its second operand.
-        out = _mm(xq, wq.t(), xs, ws, x2d.dtype, False)
+        out = _mm(xq, wq.t(), xs, ws, x2d.dtype, False, recipe.fast_accum_output)
         ctx.save_for_backward(xqt if need_dw else None, xs, wqt if need_dx else None, ws)
         return out
 
@@ -184,19 +217,21 @@ class _Fp8Matmul(torch.autograd.Function):
                 if not ctx.w_is_transposed:  # the gathered FP8 weight: its transpose, made here
                     wqt = wqt.t().contiguous()
                 # dx [M, K] = dy [M, N] @ W [N, K]   (W column-major: W^T row-major, transposed)
-                grad_x = _mm(gq, wqt.t(), gs, ws, x_dtype, False)
+                grad_x = _mm(gq, wqt.t(), gs, ws, x_dtype, False, recipe.fast_accum_grad_input)
             if need_dw:
                 # dW [N, K] = dy^T [N, M] @ x [M, K]
-                grad_w = _mm(gqt, xqt.t(), gs, xs, w_dtype, False)
+                grad_w = _mm(gqt, xqt.t(), gs, xs, w_dtype, False, recipe.fast_accum_grad_weight)
         else:
             xtq, xts, weight = ctx.saved_tensors
             # Scales along each GEMM's contracted dim: N for dx, M for dW.
             if need_dx:
                 _, _, wtq, wts = cast_fp8(weight, recipe.weight_dtype, True, with_data=False,
                                           with_transpose=True)  # W^T [K, N], per row over N
-                grad_x = _mm(gq, wtq.t(), gs, wts.t(), x_dtype, True)  # gq [M, N], per row over N
+                grad_x = _mm(gq, wtq.t(), gs, wts.t(), x_dtype, True,
+                             recipe.fast_accum_grad_input)  # gq [M, N], per row over N
             if need_dw:
-                grad_w = _mm(gqt, xtq.t(), gst, xts.t(), w_dtype, True)  # dy^T, x^T [., M], over M
+                grad_w = _mm(gqt, xtq.t(), gst, xts.t(), w_dtype, True,
+                             recipe.fast_accum_grad_weight)  # dy^T, x^T [., M], over M
         return grad_x, grad_w, None, None
 
 

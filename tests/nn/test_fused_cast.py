@@ -322,7 +322,8 @@ class OldFp8Matmul(torch.autograd.Function):
         ctx.cast = cast
         xq, xs = cast(x2d, recipe.input_dtype, recipe.rowwise)
         wq, ws = cast(weight, recipe.weight_dtype, recipe.rowwise)
-        out = linear_mod._mm(xq, wq.t(), xs, ws.t() if recipe.rowwise else ws, x2d.dtype, recipe.rowwise)
+        out = linear_mod._mm(xq, wq.t(), xs, ws.t() if recipe.rowwise else ws, x2d.dtype, recipe.rowwise,
+                             recipe.fast_accum_output)
         if recipe.rowwise:
             ctx.save_for_backward(x2d, weight)
         else:
@@ -339,16 +340,17 @@ class OldFp8Matmul(torch.autograd.Function):
         if not recipe.rowwise:
             xq, xs, wq, ws = ctx.saved_tensors
             gq, gs = cast(go, recipe.grad_output_dtype, False)
-            grad_x = _mm(gq, wq.t().contiguous().t(), gs, ws, x_dtype, False)
-            grad_w = _mm(gq.t().contiguous(), xq.t().contiguous().t(), gs, xs, w_dtype, False)
+            grad_x = _mm(gq, wq.t().contiguous().t(), gs, ws, x_dtype, False, recipe.fast_accum_grad_input)
+            grad_w = _mm(gq.t().contiguous(), xq.t().contiguous().t(), gs, xs, w_dtype, False,
+                         recipe.fast_accum_grad_weight)
         else:
             x2d, weight = ctx.saved_tensors
             gq, gs = cast(go, recipe.grad_output_dtype, True)
             wtq, wts = cast(weight.t(), recipe.weight_dtype, True)
-            grad_x = _mm(gq, wtq.t(), gs, wts.t(), x_dtype, True)
+            grad_x = _mm(gq, wtq.t(), gs, wts.t(), x_dtype, True, recipe.fast_accum_grad_input)
             gtq, gts = cast(go.t(), recipe.grad_output_dtype, True)
             xtq, xts = cast(x2d.t(), recipe.input_dtype, True)
-            grad_w = _mm(gtq, xtq.t(), gts, xts.t(), w_dtype, True)
+            grad_w = _mm(gtq, xtq.t(), gts, xts.t(), w_dtype, True, recipe.fast_accum_grad_weight)
         return grad_x, grad_w, None, None
 
 

@@ -1,4 +1,5 @@
 """Fp8Linear and convert_to_fp8 on the CPU (torch._scaled_mm's CPU path)."""
+import dataclasses
 import warnings
 
 import pytest
@@ -7,6 +8,7 @@ import torch.nn as nn
 
 import fp8comm
 from tests.support.reference import sqnr_db
+from fp8comm.nn import RECIPES as RECIPE_TABLE
 from fp8comm.nn import Fp8Linear, convert_to_fp8
 
 RECIPES = ["tensorwise", "rowwise"]
@@ -221,21 +223,124 @@ def test_cpu_gemms_never_reach_onednn(recipe, capfd):
 
 
 # (operand B's format, rowwise): tensorwise's forward, its E5M2 gradient GEMMs, rowwise
-@pytest.mark.parametrize("b_dtype,rowwise", [(torch.float8_e4m3fn, False), (torch.float8_e5m2, False),
-                                             (torch.float8_e4m3fn, True)])
-@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
-def test_emulated_steps_are_torch_scaled_mm_bit_for_bit(b_dtype, rowwise, out_dtype):
-    """The steps scaled_mm_cpu runs on AMX CPUs and under torch.compile equal
-    torch._scaled_mm's emulated kernel (oneDNN off for the reference, in this
-    single-threaded test only), eagerly and traced."""
-    from fp8comm.nn.linear import emulated_scaled_mm, scaled_mm_cpu
+SCALED_MM_CASES = pytest.mark.parametrize("b_dtype,rowwise", [(torch.float8_e4m3fn, False),
+                                                              (torch.float8_e5m2, False),
+                                                              (torch.float8_e4m3fn, True)])
 
+
+def scaled_mm_operands(b_dtype, rowwise):
     torch.manual_seed(0)
     a = (3 * torch.randn(48, 96)).to(torch.float8_e4m3fn)
     b = (3 * torch.randn(160, 96)).to(b_dtype).t()
     sa, sb = (torch.rand(48, 1) + 0.5, torch.rand(1, 160) + 0.5) if rowwise else (torch.tensor(0.37), torch.tensor(1.7))
+    return a, b, sa, sb
+
+
+@SCALED_MM_CASES
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_emulated_steps_are_torch_scaled_mm_bit_for_bit(b_dtype, rowwise, out_dtype):
+    """The steps scaled_mm_cpu runs on AMX CPUs, under torch.compile and for
+    rowwise scales where torch's CPU kernel has none equal torch._scaled_mm's
+    emulated kernel (oneDNN off for the reference, in this single-threaded
+    test only), eagerly and traced."""
+    from fp8comm.nn.linear import _torch_scaled_mm_cpu_takes_rowwise, emulated_scaled_mm, scaled_mm_cpu
+
+    a, b, sa, sb = scaled_mm_operands(b_dtype, rowwise)
     with torch.backends.mkldnn.flags(enabled=False):
+        if rowwise and not _torch_scaled_mm_cpu_takes_rowwise():
+            pytest.skip(f"torch {torch.__version__}'s CPU _scaled_mm has no rowwise scaling, so no reference "
+                        "here; test_scaled_mm_cpu_is_the_emulated_steps still runs")
         reference = torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=out_dtype)
     steps = emulated_scaled_mm(a, b, sa, sb, out_dtype)
     traced = torch.compile(scaled_mm_cpu, backend="eager", fullgraph=True)(a, b, sa, sb, out_dtype)
     assert reference.dtype == out_dtype and torch.equal(steps, reference) and torch.equal(traced, reference)
+
+
+@SCALED_MM_CASES
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_scaled_mm_cpu_is_the_emulated_steps(b_dtype, rowwise, out_dtype):
+    """Whichever path scaled_mm_cpu takes here (torch._scaled_mm, or the steps
+    where torch's CPU kernel lacks rowwise scaling or is oneDNN's), eager or
+    traced, its result is the emulated steps' bit for bit."""
+    from fp8comm.nn.linear import emulated_scaled_mm, scaled_mm_cpu
+
+    a, b, sa, sb = scaled_mm_operands(b_dtype, rowwise)
+    steps = emulated_scaled_mm(a, b, sa, sb, out_dtype)
+    eager = scaled_mm_cpu(a, b, sa, sb, out_dtype)
+    traced = torch.compile(scaled_mm_cpu, backend="eager", fullgraph=True)(a, b, sa, sb, out_dtype)
+    assert steps.dtype == out_dtype and torch.equal(eager, steps) and torch.equal(traced, steps)
+
+
+# ---------------------------------------------------------------- fast accumulation
+def with_fast_accum(recipe, output, grad_input, grad_weight):
+    return dataclasses.replace(RECIPE_TABLE[recipe], fast_accum_output=output, fast_accum_grad_input=grad_input,
+                               fast_accum_grad_weight=grad_weight)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_fast_accum_defaults_are_torchaos(recipe):
+    """torchao's Float8LinearConfig: gemm_config_output fast, the gradient GEMMs not."""
+    r = RECIPE_TABLE[recipe]
+    assert (r.fast_accum_output, r.fast_accum_grad_input, r.fast_accum_grad_weight) == (True, False, False)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_other_fast_accum_is_accepted_and_leaves_cpu_results_unchanged(recipe):
+    custom = with_fast_accum(recipe, False, True, True)
+    model = convert_to_fp8(nn.Sequential(nn.Linear(64, 48)), recipe=custom, module_filter_fn=lambda m, f: True)
+    assert type(model[0]) is Fp8Linear and model[0].recipe is custom
+    layer, x, y, _ = run_fp8(custom, torch.float32)
+    layer_ref, x_ref, y_ref, _ = run_fp8(recipe, torch.float32)
+    assert layer.recipe is custom
+    assert torch.equal(y, y_ref) and torch.equal(x.grad, x_ref.grad)
+    assert torch.equal(layer.weight.grad, layer_ref.weight.grad)
+
+
+# The three GEMMs of run_fp8(shape=(32, 64), out_features=48), told apart by
+# their output shape: y [M, N], dx [M, K], dW [N, K].
+GEMM_BY_OUTPUT_SHAPE = {(32, 48): "output", (32, 64): "grad_input", (48, 64): "grad_weight"}
+
+
+@pytest.mark.parametrize("flags", [(True, False, False), (False, True, True), (False, False, True)])
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_cuda_gemm_passes_each_gemms_fast_accum(recipe, flags, monkeypatch):
+    """The CUDA GEMM (scaled_mm_cuda) hands torch._scaled_mm the flag of each
+    GEMM. Without a GPU: CPU tensors take the CUDA call, and torch._scaled_mm
+    records its arguments before running torch's own CPU kernel (which accepts
+    use_fast_accum and ignores it), or the emulated steps for rowwise scales
+    where that kernel has none."""
+    from fp8comm.nn import linear as linear_mod
+
+    real_scaled_mm = torch._scaled_mm
+    calls = {}
+
+    def recording_scaled_mm(a, b, **kwargs):
+        calls[GEMM_BY_OUTPUT_SHAPE[(a.shape[0], b.shape[1])]] = (kwargs["use_fast_accum"], kwargs["out_dtype"])
+        if kwargs["scale_a"].numel() != 1 and not linear_mod._CPU_SCALED_MM_TAKES_ROWWISE:
+            return linear_mod.emulated_scaled_mm(a, b, kwargs["scale_a"], kwargs["scale_b"], kwargs["out_dtype"])
+        return real_scaled_mm(a, b, **kwargs)
+
+    monkeypatch.setitem(linear_mod._GEMMS, "cpu", linear_mod.scaled_mm_cuda)
+    monkeypatch.setattr(torch, "_scaled_mm", recording_scaled_mm)
+    run_fp8(with_fast_accum(recipe, *flags), torch.float32, shape=(32, 64), out_features=48)
+    gemm_dtype = torch.bfloat16 if recipe == "rowwise" else torch.float32  # CUDA's rowwise GEMMs: bf16 only
+    assert calls == {name: (flag, gemm_dtype) for name, flag in zip(("output", "grad_input", "grad_weight"), flags)}
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
+                    reason="needs a GPU with FP8 tensor cores (compute capability 8.9 or later)")
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_fast_accum_output_is_close_to_full_accumulation_on_a_gpu(recipe):
+    """Fast accumulation changes the output by far less than FP8 rounding does."""
+    torch.manual_seed(0)
+    layer = Fp8Linear(2048, 1024, bias=False, recipe=with_fast_accum(recipe, True, False, False), device="cuda",
+                      dtype=torch.bfloat16)
+    x = torch.randn(256, 2048, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        fast = layer(x)
+        layer.recipe = with_fast_accum(recipe, False, False, False)
+        full = layer(x)
+    ref = x.double() @ layer.weight.double().t()
+    assert sqnr_db(full, fast) >= 30.0
+    assert sqnr_db(ref, fast) >= 18.0 and sqnr_db(ref, full) >= 18.0
