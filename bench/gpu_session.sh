@@ -8,7 +8,7 @@
 #   build          the CUDA extension for sm_90 only, MAX_JOBS = cores; on failure the first
 #                  compiler errors are printed, not pip's tail
 #   has-cuda       fp8comm._C.has_cuda and a GPU torch can see
-#   codec-cast-tests  the bit-for-bit CUDA codec and cast tests (named files)
+#   codec-cast-tests  the bit-for-bit CUDA codec and cast tests, and Fp8Linear's GEMMs (named files)
 #   codec-bench    quantize / dequantize GB/s against a device-to-device copy of the same bytes
 #   linear-bench   Llama-8B shapes: BF16, FP8 with eager casts, FP8 with the fused casts
 #   comm-bench     fp8nccl against nccl at world size 1, up to 256 MiB, rows written as they finish
@@ -73,8 +73,9 @@ TESTS_LANE=(cuda-streams cuda-backend cuda-eager-init cuda-multirank)
 SANITIZER_LANE=(memcheck racecheck)
 # What comes back in $OUT besides the summary and the logs tarball.
 RESULTS=(codec.json linear.json comm-1rank.json model.json)
-# The CUDA test files; each is run by exactly one step above.
+# The CUDA test files; each is run by exactly one test step above.
 CODEC_CAST_TESTS=(tests/codec/test_codec_cuda.py tests/nn/test_fused_cast_cuda.py)
+GEMM_TESTS=(tests/nn/test_linear_cuda.py)
 SHARED_MEMORY_TESTS=(tests/nn/test_fused_cast_cuda.py)
 
 sum_caps() {
@@ -456,7 +457,7 @@ session() {
       "${SERIAL[@]:3}" "${TESTS_LANE[@]}" "${SANITIZER_LANE[@]}"
     return 0
   fi
-  pytest_step codec-cast-tests "${CODEC_CAST_TESTS[@]}"
+  pytest_step codec-cast-tests "${CODEC_CAST_TESTS[@]}" "${GEMM_TESTS[@]}"
   bench_step codec-bench 24 python3 bench/codec.py --device cuda --sizes 1M,16M,64M,256M --json "$OUT/codec.json"
   bench_step linear-bench 30 python3 bench/linear.py --reps 10 --casts --json "$OUT/linear.json"
   bench_step comm-bench 50 torchrun --nproc_per_node=1 -m fp8comm.bench.comm --max-bytes 256M --reps 10 \

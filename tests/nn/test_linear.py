@@ -325,22 +325,3 @@ def test_cuda_gemm_passes_each_gemms_fast_accum(recipe, flags, monkeypatch):
     run_fp8(with_fast_accum(recipe, *flags), torch.float32, shape=(32, 64), out_features=48)
     gemm_dtype = torch.bfloat16 if recipe == "rowwise" else torch.float32  # CUDA's rowwise GEMMs: bf16 only
     assert calls == {name: (flag, gemm_dtype) for name, flag in zip(("output", "grad_input", "grad_weight"), flags)}
-
-
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
-                    reason="needs a GPU with FP8 tensor cores (compute capability 8.9 or later)")
-@pytest.mark.parametrize("recipe", RECIPES)
-def test_fast_accum_output_is_close_to_full_accumulation_on_a_gpu(recipe):
-    """Fast accumulation changes the output by far less than FP8 rounding does."""
-    torch.manual_seed(0)
-    layer = Fp8Linear(2048, 1024, bias=False, recipe=with_fast_accum(recipe, True, False, False), device="cuda",
-                      dtype=torch.bfloat16)
-    x = torch.randn(256, 2048, device="cuda", dtype=torch.bfloat16)
-    with torch.no_grad():
-        fast = layer(x)
-        layer.recipe = with_fast_accum(recipe, False, False, False)
-        full = layer(x)
-    ref = x.double() @ layer.weight.double().t()
-    assert sqnr_db(full, fast) >= 30.0
-    assert sqnr_db(ref, fast) >= 18.0 and sqnr_db(ref, full) >= 18.0
