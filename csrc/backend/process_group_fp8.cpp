@@ -59,6 +59,15 @@ void ProcessGroupFp8::add_node_transports(c10::DeviceType device_type, c10::intr
                   intra->getSize() * inter->getSize() == static_cast<int64_t>(node_group_ranks_.size()),
               "fp8comm: node transports of ", intra ? intra->getSize() : 0, " x ", inter ? inter->getSize() : 0,
               " ranks do not match the group's topology (set_topology first)");
+  // A call runs its node phases with the group transport's traits, chunk
+  // plan included (run_compressed.h): they must be of its kind.
+  auto flat = inner_.find(device_type);
+  TORCH_CHECK(flat != inner_.end(), "fp8comm: node transports for ", device_type,
+              " before the group's own transport for it (add_transport first)");
+  const std::string kind = flat->second->getBackendName();
+  TORCH_CHECK(intra->getBackendName() == kind && inter->getBackendName() == kind, "fp8comm: node transports \"",
+              intra->getBackendName(), "\" and \"", inter->getBackendName(), "\" for ", device_type,
+              " differ from the group's own \"", kind, "\"; create them with the group transport's factory");
   node_inner_[device_type] = NodeInner{std::move(intra), std::move(inter)};
 }
 

@@ -5,8 +5,8 @@
 // registers it as the "fp8ncclsim" backend).
 //
 // - It is named "nccl", so ProcessGroupFp8 gives it NCCL's traits
-//   (transport_traits.h): no segment headers, in-place _allgather_base, one
-//   all_reduce chunk, AVG and PREMUL_SUM reduced by the transport.
+//   (transport_traits.h): no segment headers, in-place _allgather_base,
+//   NCCL's chunk size, AVG and PREMUL_SUM reduced by the transport.
 // - A synchronous call (asyncOp false) returns no Work, as
 //   ProcessGroupNCCL does: its op is done (or has raised) when it returns.
 // - An asynchronous call returns gloo's Work: wait(), exception(),
