@@ -316,7 +316,9 @@ track_error: True measures the quantization error of every compressed call on th
            }),
            py::arg("gloo"))
       .def("barrier_device_ids", &fp8comm::NcclLikeBackend::barrier_device_ids,
-           "The device_ids of the last barrier this transport was given.");
+           "The device_ids of the last barrier this transport was given.")
+      .def("aborts", &fp8comm::NcclLikeBackend::aborts, "How often abort() was called on this transport.")
+      .def("shutdowns", &fp8comm::NcclLikeBackend::shutdowns, "How often shutdown() was called on this transport.");
   m.def(
       "_work_over",
       [](const std::string& op, const std::vector<c10::intrusive_ptr<c10d::Work>>& inner) {

@@ -4,6 +4,8 @@
 
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include <algorithm>
+
 #include "../codec/codec_tensor.h"
 #include "fp8_work.h"
 
@@ -231,22 +233,34 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::endCoalescing() {
   return last;
 }
 
-void ProcessGroupFp8::setTimeout(std::chrono::milliseconds timeout) {
-  for (auto device : {c10::DeviceType::CPU, c10::DeviceType::CUDA}) {
-    if (auto inner = transport(device)) inner->setTimeout(timeout);
+std::vector<c10::intrusive_ptr<c10d::Backend>> ProcessGroupFp8::all_transports() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<c10::intrusive_ptr<c10d::Backend>> all;
+  auto add = [&](const c10::intrusive_ptr<c10d::Backend>& backend) {
+    const bool seen = std::any_of(all.begin(), all.end(), [&](const auto& b) { return b.get() == backend.get(); });
+    if (backend && !seen) all.push_back(backend);
+  };
+  for (const auto& [device, inner] : inner_) add(inner);
+  for (const auto& [device, nodes] : node_inner_) {
+    add(nodes.intra);
+    add(nodes.inter);
   }
+  return all;
+}
+
+// These reach every transport the group holds, the inter_node scope's
+// included: a hang there must be abortable, and destroy_process_group
+// (which shuts the group down) must leave no NCCL communicator behind.
+void ProcessGroupFp8::setTimeout(std::chrono::milliseconds timeout) {
+  for (auto& inner : all_transports()) inner->setTimeout(timeout);
 }
 
 void ProcessGroupFp8::abort() {
-  for (auto device : {c10::DeviceType::CPU, c10::DeviceType::CUDA}) {
-    if (auto inner = transport(device)) inner->abort();
-  }
+  for (auto& inner : all_transports()) inner->abort();
 }
 
 void ProcessGroupFp8::shutdown() {
-  for (auto device : {c10::DeviceType::CPU, c10::DeviceType::CUDA}) {
-    if (auto inner = transport(device)) inner->shutdown();
-  }
+  for (auto& inner : all_transports()) inner->shutdown();
 }
 
 void ProcessGroupFp8::setGroupUid(const std::string& pg_uid) {

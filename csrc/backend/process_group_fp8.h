@@ -142,6 +142,9 @@ class ProcessGroupFp8 : public c10d::Backend {
   // `op` names the call in the error when there is none.
   c10::intrusive_ptr<c10d::Backend> inner_for(const at::Device& device, const char* op);
   c10::intrusive_ptr<c10d::Backend> default_inner(const char* op);
+  // Every inner backend the group holds, each once: each device type's
+  // transport and, in the inter_node scope, its node transports.
+  std::vector<c10::intrusive_ptr<c10d::Backend>> all_transports() const;
   // Whether `c` on tensors like `t`, `per_rank_numel` elements per rank, is compressed.
   bool compresses(const Collective& c, const at::Tensor& t, int64_t per_rank_numel) const;
 
