@@ -266,6 +266,16 @@ track_error: True measures the quantization error of every compressed call on th
           [](ProcessGroupFp8& pg, const std::string& device) { return pg.transport(device_type_of(device)); },
           py::arg("device"), "The inner backend for tensors on `device` (None if there is none).")
       .def(
+          "node_transports",
+          [](ProcessGroupFp8& pg, const std::string& device) -> py::object {
+            auto nodes = pg.node_inner(device_type_of(device));
+            if (!nodes) return py::none();
+            return py::make_tuple(nodes->intra, nodes->inter);
+          },
+          py::arg("device"),
+          "The inter_node scope's inner backends for tensors on `device`: (among this node's ranks, among the "
+          "ranks with this rank's local index), or None where the group has none.")
+      .def(
           "transport_identity",
           [](ProcessGroupFp8& pg, const std::string& device) {
             auto inner = pg.transport(device_type_of(device));
@@ -286,7 +296,8 @@ track_error: True measures the quantization error of every compressed call on th
             const fp8comm::TransportTraits t = pg.traits_for(device_type_of(device));
             return py::dict(py::arg("segment_headers") = t.segment_headers,
                             py::arg("gather_by_all_to_all") = t.gather_by_all_to_all,
-                            py::arg("reduces_avg_and_premul") = t.reduces_avg_and_premul);
+                            py::arg("reduces_avg_and_premul") = t.reduces_avg_and_premul,
+                            py::arg("chunk_numel") = t.chunk_numel);
           },
           py::arg("device"), "What the algorithms know of the transport for `device` (transport_traits.h).")
       .def_property_readonly("options", [](ProcessGroupFp8& pg) { return pg.getBackendOptions(); },
@@ -305,7 +316,9 @@ track_error: True measures the quantization error of every compressed call on th
            }),
            py::arg("gloo"))
       .def("barrier_device_ids", &fp8comm::NcclLikeBackend::barrier_device_ids,
-           "The device_ids of the last barrier this transport was given.");
+           "The device_ids of the last barrier this transport was given.")
+      .def("aborts", &fp8comm::NcclLikeBackend::aborts, "How often abort() was called on this transport.")
+      .def("shutdowns", &fp8comm::NcclLikeBackend::shutdowns, "How often shutdown() was called on this transport.");
   m.def(
       "_work_over",
       [](const std::string& op, const std::vector<c10::intrusive_ptr<c10d::Work>>& inner) {

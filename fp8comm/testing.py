@@ -4,7 +4,7 @@
 - ``fp8ncclsim``: CPU tensors over torch's gloo wrapped to behave as
   ProcessGroupNCCL does (csrc/testing/nccl_like_backend.h): fp8comm gives it
   NCCL's traits, so the compressed algorithms take fp8nccl's exact path
-  (no segment headers, in-place all_gather, one all_reduce chunk, AVG and
+  (no segment headers, in-place all_gather, NCCL's chunk size, AVG and
   PREMUL_SUM passed to the transport), and synchronous calls return no Work.
 - ``fp8gloocuda``: CUDA tensors over torch's gloo, for several ranks sharing
   one GPU, where NCCL refuses two ranks on one device.

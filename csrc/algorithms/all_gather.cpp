@@ -19,7 +19,7 @@ struct Chunk {
 };
 
 std::vector<Chunk> chunks_of(int64_t P, const WireLayout& wire, int64_t k, const Transport* t = nullptr) {
-  const int64_t step = per_rank_chunk(P, wire.block_size());
+  const int64_t step = per_rank_chunk(P, wire);
   std::vector<Chunk> chunks;
   int64_t gathered_at = 0, scratch_at = 0;
   for (int64_t begin = 0; begin < k || chunks.empty(); begin += step) {
@@ -88,7 +88,7 @@ void all_gather(Transport& t, const WireLayout& wire, Workspace& ws, const std::
 }
 
 int64_t all_gather_bytes_sent(int64_t group_size, const WireLayout& wire, int64_t input_numel) {
-  const int64_t step = per_rank_chunk(group_size, wire.block_size());
+  const int64_t step = per_rank_chunk(group_size, wire);
   int64_t bytes = 0;
   for (int64_t begin = 0; begin < input_numel; begin += step) {
     bytes += (group_size - 1) * wire.segment_bytes(std::min(step, input_numel - begin));

@@ -19,7 +19,7 @@ namespace fp8comm {
 namespace {
 
 // Elements per chunk: P segments of whole blocks.
-int64_t chunk_step(int64_t P, const WireLayout& wire) { return P * per_rank_chunk(P, wire.block_size()); }
+int64_t chunk_step(int64_t P, const WireLayout& wire) { return P * per_rank_chunk(P, wire); }
 
 // One chunk's elements [begin, begin + n) of the flat tensor, cut into P
 // segments of m elements, S bytes each on the wire; where its bytes sit in

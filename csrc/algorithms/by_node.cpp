@@ -83,7 +83,9 @@ void all_reduce_by_node(NodeTransports& g, const WireLayout& wire, Workspace& ws
   // The three phases overlap chunk by chunk, in the chunks of the hop's
   // all_reduce: the node's sum of chunk i + 1 travels while chunk i is
   // quantized for the hop, and chunk i's all_gather inside the node starts
-  // once the hop has decoded it.
+  // once the hop has decoded it. One chunk plan for both transports: `wire`
+  // (the group transport's traits, which the node transports share:
+  // run_compressed.h) cuts the hop, and the node's phases take its chunks.
   const std::vector<ChunkRange> ranges = all_reduce_chunks(g.inter.size(), wire, k);
   const int64_t gather_numel = g.intra.all_gather_scratch_numel(k);
   const int64_t sum_numel = g.intra.reduce_scatter_scratch_numel(ranges.front().numel);
@@ -160,7 +162,8 @@ void all_gather_by_node(NodeTransports& g, const WireLayout& wire, Workspace& ws
   // The hop's output, the inputs of the ranks with this local index, chunk
   // by chunk: each chunk's N pieces together, in node order. Each chunk goes
   // to the node's other ranks once the hop has decoded it, while the next
-  // travels between nodes.
+  // travels between nodes: the node's phases take the hop's chunks, as in
+  // all_reduce_by_node.
   const std::vector<ChunkRange> ranges = all_gather_chunks(N, wire, k);
   at::Tensor chunks = node_buffer(ws, Workspace::kNodeChunk, N * k, input);
   at::Tensor scratch = node_buffer(ws, Workspace::kNodeExchange, g.intra.all_gather_scratch_numel(N * k), input);

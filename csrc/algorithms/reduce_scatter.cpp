@@ -19,7 +19,7 @@ struct Chunk {
 };
 
 std::vector<Chunk> chunks_of(int64_t P, const WireLayout& wire, int64_t k) {
-  const int64_t step = per_rank_chunk(P, wire.block_size());
+  const int64_t step = per_rank_chunk(P, wire);
   std::vector<Chunk> chunks;
   int64_t send_at = 0;
   for (int64_t begin = 0; begin < k || chunks.empty(); begin += step) {

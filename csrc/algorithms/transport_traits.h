@@ -6,6 +6,7 @@
 // "nccl" over gloo, fp8comm.testing).
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
+#include <cstdint>
 #include <string>
 
 
@@ -29,6 +30,16 @@ struct TransportTraits {
   // (docs/performance.md, "Shaped links"); else the transport's own
   // reduce_scatter and all_gather (NCCL).
   bool exact_by_all_to_all = false;
+  // Elements of one chunk of a compressed collective, all ranks' segments
+  // together (segments.h). Every rank of a group has the same transport, so
+  // all cut a call into the same chunks and issue the same phases. gloo: 1M,
+  // sized for the CPU codec's caches and to keep several gloo messages in
+  // flight on a link (docs/performance.md). NCCL: 16M (64 MiB of FP32):
+  // every chunk costs the host kernel launches and NCCL calls, and 1M would
+  // make a 1 GiB FP32 all_reduce 256 chunks (about 512 of each), bound by the
+  // host; 16M still gives a large call several chunks, so the codec still
+  // works beside the wire.
+  int64_t chunk_numel = int64_t{1} << 20;
 
   // The traits of torch's gloo on the CPU or on CUDA, and of NCCL (or a
   // transport that behaves as NCCL does). Any other transport: an error.
@@ -43,6 +54,7 @@ struct TransportTraits {
       t.exact_by_all_to_all = true;
     } else if (name == "nccl") {
       t.reduces_avg_and_premul = true;
+      t.chunk_numel = int64_t{1} << 24;
     } else {
       TORCH_CHECK(false, "fp8comm: the inner transport must be torch's gloo or nccl backend, got \"", name, "\"");
     }

@@ -4,6 +4,8 @@
 // transport's traits want one (segment_header.h), then the codec's block
 // layout (codec.h). Every part is a multiple of 16 bytes, so the codes of
 // every segment in a buffer of back-to-back segments stay 16-byte aligned.
+// A collective runs in chunks of the traits' chunk_numel elements
+// (segments.h): the one layout of a call gives every chunk plan it makes.
 #include <ATen/ATen.h>
 
 #include <vector>
@@ -17,9 +19,14 @@ namespace fp8comm {
 class WireLayout {
  public:
   WireLayout(const TransportTraits& traits, int block_size, Fp8Dtype fp8_dtype)
-      : headers_(traits.segment_headers), block_size_(block_size), fp8_dtype_(fp8_dtype) {}
+      : headers_(traits.segment_headers),
+        chunk_numel_(traits.chunk_numel),
+        block_size_(block_size),
+        fp8_dtype_(fp8_dtype) {}
 
   int block_size() const { return block_size_; }
+  // Elements of one chunk of a collective, all ranks' segments together.
+  int64_t chunk_numel() const { return chunk_numel_; }
   Fp8Dtype fp8_dtype() const { return fp8_dtype_; }
   int64_t header_bytes() const { return headers_ ? int64_t{sizeof(SegmentHeader)} : 0; }
   // S: the bytes of one wire segment of m elements.
@@ -42,6 +49,7 @@ class WireLayout {
 
  private:
   bool headers_;
+  int64_t chunk_numel_;
   int block_size_;
   Fp8Dtype fp8_dtype_;
 };

@@ -4,6 +4,8 @@
 
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include <algorithm>
+
 #include "../codec/codec_tensor.h"
 #include "fp8_work.h"
 
@@ -59,6 +61,15 @@ void ProcessGroupFp8::add_node_transports(c10::DeviceType device_type, c10::intr
                   intra->getSize() * inter->getSize() == static_cast<int64_t>(node_group_ranks_.size()),
               "fp8comm: node transports of ", intra ? intra->getSize() : 0, " x ", inter ? inter->getSize() : 0,
               " ranks do not match the group's topology (set_topology first)");
+  // A call runs its node phases with the group transport's traits, chunk
+  // plan included (run_compressed.h): they must be of its kind.
+  auto flat = inner_.find(device_type);
+  TORCH_CHECK(flat != inner_.end(), "fp8comm: node transports for ", device_type,
+              " before the group's own transport for it (add_transport first)");
+  const std::string kind = flat->second->getBackendName();
+  TORCH_CHECK(intra->getBackendName() == kind && inter->getBackendName() == kind, "fp8comm: node transports \"",
+              intra->getBackendName(), "\" and \"", inter->getBackendName(), "\" for ", device_type,
+              " differ from the group's own \"", kind, "\"; create them with the group transport's factory");
   node_inner_[device_type] = NodeInner{std::move(intra), std::move(inter)};
 }
 
@@ -222,22 +233,34 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::endCoalescing() {
   return last;
 }
 
-void ProcessGroupFp8::setTimeout(std::chrono::milliseconds timeout) {
-  for (auto device : {c10::DeviceType::CPU, c10::DeviceType::CUDA}) {
-    if (auto inner = transport(device)) inner->setTimeout(timeout);
+std::vector<c10::intrusive_ptr<c10d::Backend>> ProcessGroupFp8::all_transports() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<c10::intrusive_ptr<c10d::Backend>> all;
+  auto add = [&](const c10::intrusive_ptr<c10d::Backend>& backend) {
+    const bool seen = std::any_of(all.begin(), all.end(), [&](const auto& b) { return b.get() == backend.get(); });
+    if (backend && !seen) all.push_back(backend);
+  };
+  for (const auto& [device, inner] : inner_) add(inner);
+  for (const auto& [device, nodes] : node_inner_) {
+    add(nodes.intra);
+    add(nodes.inter);
   }
+  return all;
+}
+
+// These reach every transport the group holds, the inter_node scope's
+// included: a hang there must be abortable, and destroy_process_group
+// (which shuts the group down) must leave no NCCL communicator behind.
+void ProcessGroupFp8::setTimeout(std::chrono::milliseconds timeout) {
+  for (auto& inner : all_transports()) inner->setTimeout(timeout);
 }
 
 void ProcessGroupFp8::abort() {
-  for (auto device : {c10::DeviceType::CPU, c10::DeviceType::CUDA}) {
-    if (auto inner = transport(device)) inner->abort();
-  }
+  for (auto& inner : all_transports()) inner->abort();
 }
 
 void ProcessGroupFp8::shutdown() {
-  for (auto device : {c10::DeviceType::CPU, c10::DeviceType::CUDA}) {
-    if (auto inner = transport(device)) inner->shutdown();
-  }
+  for (auto& inner : all_transports()) inner->shutdown();
 }
 
 void ProcessGroupFp8::setGroupUid(const std::string& pg_uid) {

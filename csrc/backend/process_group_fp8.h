@@ -51,6 +51,12 @@ class ProcessGroupFp8 : public c10d::Backend {
   // this node's ranks, and among the ranks of every node with this local index.
   void add_node_transports(c10::DeviceType device_type, c10::intrusive_ptr<c10d::Backend> intra,
                            c10::intrusive_ptr<c10d::Backend> inter);
+  // Those backends, if the group has them for `device_type`: a compressed
+  // call then takes the by-node route.
+  struct NodeInner {
+    c10::intrusive_ptr<c10d::Backend> intra, inter;
+  };
+  std::optional<NodeInner> node_inner(c10::DeviceType device_type) const;
 
   const fp8comm::Options& options() const { return *options_; }
   c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override { return options_; }
@@ -136,14 +142,11 @@ class ProcessGroupFp8 : public c10d::Backend {
   // `op` names the call in the error when there is none.
   c10::intrusive_ptr<c10d::Backend> inner_for(const at::Device& device, const char* op);
   c10::intrusive_ptr<c10d::Backend> default_inner(const char* op);
+  // Every inner backend the group holds, each once: each device type's
+  // transport and, in the inter_node scope, its node transports.
+  std::vector<c10::intrusive_ptr<c10d::Backend>> all_transports() const;
   // Whether `c` on tensors like `t`, `per_rank_numel` elements per rank, is compressed.
   bool compresses(const Collective& c, const at::Tensor& t, int64_t per_rank_numel) const;
-
-  // The route of a compressed call on `device` (by node where node transports exist).
-  struct NodeInner {
-    c10::intrusive_ptr<c10d::Backend> intra, inter;
-  };
-  std::optional<NodeInner> node_inner(c10::DeviceType device_type) const;
 
   // Runs `body(Route&)` (a compressed algorithm) inline on the CPU or on
   // the side stream of a CUDA device, one call at a time, and returns its

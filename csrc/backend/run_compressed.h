@@ -28,6 +28,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::run(const Collective& c, const a
   const TransportTraits traits = traits_for(device.type());
   Transport transport(inner_for(device, c.name), traits, rank_, size_, timeout, c.name);
   std::optional<NodeTransports> nodes;
+  // The node transports are of the group transport's kind (add_node_transports)
+  // and run with its traits: the call's one WireLayout, and so one chunk
+  // plan, holds on all three.
   if (auto inner = node_inner(device.type())) {
     const int64_t L = static_cast<int64_t>(node_group_ranks_.size()) / nodes_;
     const auto at = std::find(node_group_ranks_.begin(), node_group_ranks_.end(), int64_t{rank_});

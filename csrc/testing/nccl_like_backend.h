@@ -5,8 +5,8 @@
 // registers it as the "fp8ncclsim" backend).
 //
 // - It is named "nccl", so ProcessGroupFp8 gives it NCCL's traits
-//   (transport_traits.h): no segment headers, in-place _allgather_base, one
-//   all_reduce chunk, AVG and PREMUL_SUM reduced by the transport.
+//   (transport_traits.h): no segment headers, in-place _allgather_base,
+//   NCCL's chunk size, AVG and PREMUL_SUM reduced by the transport.
 // - A synchronous call (asyncOp false) returns no Work, as
 //   ProcessGroupNCCL does: its op is done (or has raised) when it returns.
 // - An asynchronous call returns gloo's Work: wait(), exception(),
@@ -17,9 +17,12 @@
 // - split() splits gloo and wraps the result, as ProcessGroupNCCL::split
 //   returns a ProcessGroupNCCL (its options are gloo's).
 // - barrier() keeps the device_ids it was given (barrier_device_ids()), so
-//   tests can see what fp8nccl passes to NCCL.
+//   tests can see what fp8nccl passes to NCCL; abort() and shutdown() count
+//   their calls (aborts(), shutdowns()), so tests can see which transports
+//   fp8nccl reaches (gloo's own do nothing).
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
+#include <atomic>
 #include <mutex>
 
 namespace fp8comm {
@@ -83,8 +86,17 @@ class NcclLikeBackend : public c10d::Backend {
   std::vector<int64_t> barrier_device_ids() const;
 
   void setTimeout(std::chrono::milliseconds timeout) override { gloo_->setTimeout(timeout); }
-  void abort() override { gloo_->abort(); }
-  void shutdown() override { gloo_->shutdown(); }
+  void abort() override {
+    ++aborts_;
+    gloo_->abort();
+  }
+  void shutdown() override {
+    ++shutdowns_;
+    gloo_->shutdown();
+  }
+  // How often abort() and shutdown() were called.
+  int64_t aborts() const { return aborts_; }
+  int64_t shutdowns() const { return shutdowns_; }
   void setGroupUid(const std::string& pg_uid) override;
   void setSequenceNumberForGroup() override { gloo_->setSequenceNumberForGroup(); }
   uint64_t getSequenceNumberForGroup() override { return gloo_->getSequenceNumberForGroup(); }
@@ -109,6 +121,7 @@ class NcclLikeBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> gloo_;
   mutable std::mutex barrier_mutex_;
   std::vector<int64_t> barrier_device_ids_;
+  std::atomic<int64_t> aborts_{0}, shutdowns_{0};
 };
 
 }  // namespace fp8comm

@@ -40,7 +40,8 @@ def assert_compressed(results, op, calls=1):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-# 2_500_003: three chunks (csrc/algorithms/all_reduce.cpp), the last one ragged.
+# 2_500_003: three chunks over gloo (csrc/algorithms/all_reduce.cpp), the last
+# one ragged; one over NCCL (test_chunk_plan.py runs several).
 @pytest.mark.parametrize("n", [4096, 100_003, 1 << 20, 2_500_003])
 def test_all_reduce_sum(pool, n, dtype):
     results = pool.run(collectives.all_reduce, n, dtype)
@@ -87,7 +88,8 @@ def test_reduce_scatter(pool, form, dtype):
     assert min(r.sqnr_db for r in results) >= 30.0
 
 
-# 700_001 per rank: two to four chunks of each segment (segments.h), the last ragged.
+# 700_001 per rank: two to four chunks of each segment over gloo (segments.h),
+# the last ragged; one over NCCL (test_chunk_plan.py runs several).
 @pytest.mark.parametrize("form", ["tensor", "list"])
 @pytest.mark.parametrize("op", ["sum", "avg"])
 def test_reduce_scatter_in_chunks(pool, form, op):
@@ -123,9 +125,10 @@ def test_all_gather_compressed(pool, form, dtype):
 
 @pytest.mark.parametrize("form", ["tensor", "list"])
 def test_all_gather_in_chunks_decodes_what_the_codec_encodes(pool, form):
-    """700_001 elements per rank: two to four chunks, the last ragged. A chunk
-    boundary is a block boundary, so every rank's slice of the output is
-    bitwise the codec's round trip of that rank's input."""
+    """700_001 elements per rank: two to four chunks, the last ragged (the
+    group is an fp8gloo one: fp8_group). A chunk boundary is a block
+    boundary, so every rank's slice of the output is bitwise the codec's
+    round trip of that rank's input."""
     results = pool.run(collectives.all_gather, 700_001, torch.float32, form, "compress=all;min_numel=1024",
                        round_trip=True)
     assert_compressed(results, AG_NAMES[form])

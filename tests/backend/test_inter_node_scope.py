@@ -12,6 +12,7 @@ import torch
 
 from tests.support.harness import DistPool
 from tests.support.inputs import same_bits
+from tests.support.scenarios import chunk_plan
 from tests.support.scenarios import topology as ts
 
 # E4M3 with 32-element blocks over 2-3 nodes: one quantization on the way
@@ -29,7 +30,7 @@ def pool(request):
     backend, nodes, local = request.param
     p = DistPool(nodes * local, backend=backend, pg_options={"min_numel": 1024, "compress": "all"},
                  env={"FP8COMM_SCOPE": "inter_node", "FP8COMM_LOCAL_SIZE": str(local)})
-    p.nodes, p.local = nodes, local
+    p.backend, p.nodes, p.local = backend, nodes, local
     yield p
     p.close()
 
@@ -55,18 +56,51 @@ def test_all_reduce_is_the_node_sum_through_one_flat_all_reduce(pool, n, dtype):
     check_compressed(pool.run(ts.compressed_case, "all_reduce", n, dtype), "all_reduce")
 
 
-# Several of the hop's chunks (about 1M elements each) per rank, so the
-# node's phases overlap the hop chunk by chunk: with the tensor read in
-# place (n divisible by the node's ranks) and through a padded copy.
+# Several of the hop's chunks (about 1M elements each over gloo; one 16M
+# chunk over NCCL) per rank, so the node's phases overlap the hop chunk by
+# chunk: with the tensor read in place (n divisible by the node's ranks) and
+# through a padded copy.
 @pytest.mark.parametrize("n", [4_500_000, 4_500_001])
 def test_all_reduce_over_several_chunks(pool, n):
     check_compressed(pool.run(ts.compressed_case, "all_reduce", n, torch.float32), "all_reduce")
 
 
-# all_gather's hop runs about 1M / N elements of each input per chunk.
+# all_gather's hop runs about 1M / N elements of each input per chunk (gloo).
 @pytest.mark.parametrize("name", ["all_gather_tensor", "all_gather_list"])
 def test_all_gather_over_several_chunks(pool, name):
     check_compressed(pool.run(ts.compressed_case, name, 1_100_003, torch.float32), name)
+
+
+def ceil_div(a, b):
+    return -(-a // b)
+
+
+def hop_chunks(pool, chunk_numel, segment_numel):
+    """Chunks of the hop's collective among the N nodes over segments of
+    `segment_numel` elements per rank (segments.h: whole 32-element blocks)."""
+    per_rank = ceil_div(ceil_div(chunk_numel, pool.nodes), 32) * 32
+    return ceil_div(segment_numel, per_rank)
+
+
+@pytest.mark.parametrize("op,numel", [("all_reduce", 2_200_001), ("reduce_scatter", 600_001),
+                                      ("all_gather", 600_001)])
+def test_node_phases_take_the_hops_chunk_plan(pool, op, numel):
+    """One chunk plan for both node transports, from the group transport's
+    traits (1M elements over gloo, 16M over NCCL): all_reduce's node
+    reduce_scatter and all_gather, and all_gather's node all_gather, run
+    once per chunk of the hop; reduce_scatter's node phase runs once, before
+    it. The group's own transport is not used."""
+    results = pool.run(chunk_plan.counted, op, numel, torch.float32)
+    for r in results:
+        assert r.chunk_numel == {"fp8gloo": 1 << 20, "fp8ncclsim": 1 << 24}[pool.backend]
+        if op == "all_reduce":
+            hop = hop_chunks(pool, r.chunk_numel, ceil_div(ceil_div(numel, pool.local), pool.nodes))
+            expected = {"group": 0, "inter": 2 * hop, "intra": 2 * hop}
+        else:
+            hop = hop_chunks(pool, r.chunk_numel, numel)
+            expected = {"group": 0, "inter": hop, "intra": hop if op == "all_gather" else 1}
+        assert r.calls == expected, (op, r.calls)
+        assert r.outcome.sqnr_db >= MIN_SQNR_DB[op]
 
 
 # BF16 rounds the premultiplied inputs, so its bits show how the factor was

@@ -16,8 +16,10 @@ from tests.support.inputs import same_bits
 from tests.support.scenarios import nccl as ns
 
 BACKENDS = ["fp8gloo", "fp8ncclsim"]
-NCCL_TRAITS = {"segment_headers": False, "gather_by_all_to_all": False, "reduces_avg_and_premul": True}
-GLOO_TRAITS = {"segment_headers": True, "gather_by_all_to_all": True, "reduces_avg_and_premul": False}
+NCCL_TRAITS = {"segment_headers": False, "gather_by_all_to_all": False, "reduces_avg_and_premul": True,
+               "chunk_numel": 1 << 24}
+GLOO_TRAITS = {"segment_headers": True, "gather_by_all_to_all": True, "reduces_avg_and_premul": False,
+               "chunk_numel": 1 << 20}
 
 
 @pytest.fixture(scope="module", params=[(b, w) for b in BACKENDS for w in (2, 3)], ids=lambda p: f"{p[0]}-{p[1]}")

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from tests.support.harness import DistPool
 from tests.support.inputs import PATTERNS
 from tests.support.reference import sqnr_db
-from tests.support.scenarios import faults, fuzz, load
+from tests.support.scenarios import faults, fuzz, load, topology
 
 GROUP_TIMEOUT_S = 10.0
 SLACK_S = 15.0  # process scheduling on a loaded 2-core CI machine
@@ -90,6 +90,45 @@ def test_stuck_peer_times_out_on_every_rank(kind, backend):
             assert r.raised_in == "wait"
         assert "Timed out" in error or "timed out" in error, error
     assert answers[1].error is not None  # the late caller fails too, instead of hanging
+
+
+@pytest.mark.parametrize("backend", ["fp8gloo", "fp8ncclsim"])
+def test_set_timeout_reaches_a_stuck_inter_node_collective(backend):
+    """2 nodes x 2 ranks in the inter_node scope, created with a 60 s
+    timeout, set to 5 s on every rank (ProcessGroup.set_timeout); rank 1 is
+    stuck. The compressed all_reduce's phases run on the node transports
+    only, so the others time out after the new timeout, not the old one."""
+    pool = DistPool(4, backend=backend, timeout_s=60.0,
+                    env={"FP8COMM_SCOPE": "inter_node", "FP8COMM_LOCAL_SIZE": "2"})
+    answers = pool.run_with_deaths(faults.peer_stuck_after_set_timeout, STUCK_TIMEOUT_S, timeout=60)
+    assert set(answers) == {0, 1, 2, 3}, answers
+    for rank in (0, 2, 3):
+        r = answers[rank]
+        assert r.error is not None, f"rank {rank} did not notice the stuck peer"
+        assert "fp8comm all_reduce" in r.error and ("Timed out" in r.error or "timed out" in r.error), r.error
+        assert STUCK_TIMEOUT_S - 0.5 <= r.seconds <= STUCK_TIMEOUT_S + SLACK_S, r.seconds
+    assert answers[1].error is not None  # the late caller fails too, instead of hanging
+
+
+@pytest.mark.parametrize("backend", ["fp8gloo", "fp8ncclsim"])
+@pytest.mark.parametrize("how", ["abort", "destroy"])
+def test_inter_node_transports_are_reached_and_released(backend, how):
+    """set_timeout, abort and shutdown (which destroy_process_group calls)
+    reach every transport of an inter_node group, its own and its node
+    transports, each once; once it is gone no transport's threads or
+    sockets are left. gloo's abort and shutdown do nothing, so only the
+    NCCL-like transport (fp8ncclsim) counts them."""
+    pool = DistPool(4, backend=backend, env={"FP8COMM_SCOPE": "inter_node", "FP8COMM_LOCAL_SIZE": "2"})
+    try:
+        results = pool.run(topology.transports_reached, how, 42.0)
+    finally:
+        pool.close()
+    for r in results:
+        assert r.timeouts_s == {"group": 42.0, "intra": 42.0, "inter": 42.0}, r.timeouts_s
+        if backend == "fp8ncclsim":
+            once = (1, 0) if how == "abort" else (0, 1)
+            assert r.calls == {"group": once, "intra": once, "inter": once}, r.calls
+        assert r.leaked["threads"] <= 0 and r.leaked["fds"] <= 0, r.leaked
 
 
 def test_mismatched_sizes_across_ranks_end_instead_of_hanging():

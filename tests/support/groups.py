@@ -73,3 +73,15 @@ def cpu_as_accelerator():
             yield
     finally:
         world.bound_device_id = unbound
+
+
+def inner_transports(group) -> dict:
+    """The inner backends of `group`'s fp8 backend for CPU tensors, by role:
+    "group" (its own transport) and, in the inter_node scope, "intra" (among
+    this node's ranks) and "inter" (among the ranks with this local index)."""
+    backend = group._get_backend(torch.device("cpu"))
+    found = {"group": backend.transport("cpu")}
+    nodes = backend.node_transports("cpu")
+    if nodes is not None:
+        found["intra"], found["inter"] = nodes
+    return found

@@ -3,6 +3,7 @@ stuck, ranks that call with different sizes or dtypes. They return what each
 rank saw, errors as text, for the test to judge."""
 from __future__ import annotations
 
+import datetime
 import os
 import threading
 import time
@@ -84,6 +85,13 @@ def peer_stuck(kind: str, stuck: int = 1, sleep_s: float = 7.0):
         return StuckPeer(None, where, time.monotonic() - t0)
     except RuntimeError as e:
         return StuckPeer(str(e), where, time.monotonic() - t0)
+
+
+def peer_stuck_after_set_timeout(timeout_s: float, stuck: int = 1, sleep_s: float = 7.0):
+    """peer_stuck("compressed") after every rank has set the group's
+    timeout to `timeout_s` (ProcessGroup.set_timeout, after creation)."""
+    ctx().group.set_timeout(datetime.timedelta(seconds=timeout_s))
+    return peer_stuck("compressed", stuck, sleep_s)
 
 
 def mismatched_numel(which: str = "fp8", op: str = "all_reduce"):

@@ -9,16 +9,21 @@ share a local index, then an exact gather inside the node. The design
 promises bitwise equality with it."""
 from __future__ import annotations
 
+import datetime
+import gc
 import os
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 
 import fp8comm
 from tests.support import ops
+from tests.support.groups import inner_transports
 from tests.support.harness import ctx
 from tests.support.inputs import rank_input
 from tests.support.reference import sqnr_db
+from tests.support.scenarios import load
 
 _GROUPS: dict = {}
 FAMILIES = {
@@ -182,3 +187,36 @@ def flat_scope_split(n: int):
     fp8comm.reset_stats(group)
     dist.all_reduce(rank_input(c.rank, n, torch.float32), group=group)
     return fp8comm.get_stats(group)
+
+
+class Reached(NamedTuple):
+    timeouts_s: dict  # each transport's own timeout after set_timeout, by role (groups.inner_transports)
+    calls: dict  # (aborts, shutdowns) of each NCCL-like transport by role, after `how`; empty on fp8gloo
+    leaked: dict  # threads and file descriptors the group left behind once gone (<= 0: none)
+
+
+def transports_reached(how: str, timeout_s: float = 42.0):
+    """An inter_node group over the pool's ranks runs a compressed
+    all_reduce, is given a timeout of `timeout_s`, then is aborted
+    (`how` "abort") or destroyed ("destroy"). What reached each of its
+    transports, and what the second of two such groups left alive (the
+    first warms up what any group leaves)."""
+    c = ctx()
+    backend = dist.get_backend(c.group)
+    for _ in range(2):
+        before = load.resources()
+        group = dist.new_group(backend=backend, pg_options=fp8comm.Options(scope="inter_node", min_numel=1024))
+        dist.all_reduce(rank_input(c.rank, 50_000, torch.float32), group=group)
+        transports = inner_transports(group)
+        group.set_timeout(datetime.timedelta(seconds=timeout_s))
+        timeouts = {role: fp8comm._C.transport_options(t)._timeout.total_seconds() for role, t in transports.items()}
+        if how == "abort":
+            dist.distributed_c10d._abort_process_group(group)
+        else:
+            dist.destroy_process_group(group)
+        calls = {role: (t.aborts(), t.shutdowns()) for role, t in transports.items() if hasattr(t, "aborts")}
+        del group, transports
+        gc.collect()
+        after = load.resources()
+    leaked = {key: after[key] - before[key] for key in ("threads", "fds")}
+    return Reached(timeouts, calls, leaked)
