@@ -18,6 +18,13 @@
 
 namespace {
 
+const fp8comm::EnvVar& env_var(const std::string& name) {
+  for (const auto* v : fp8comm::env::kAll) {
+    if (name == v->name) return *v;
+  }
+  throw std::invalid_argument("fp8comm: " + name + " is not an FP8COMM_* variable fp8comm declares (csrc/common/env.h)");
+}
+
 c10::DeviceType device_type_of(const std::string& device) {
   if (device == "cpu") return c10::DeviceType::CPU;
   if (device == "cuda") return c10::DeviceType::CUDA;
@@ -132,6 +139,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         return vars;
       },
       "(name, value when unset, what it sets) of every FP8COMM_* variable fp8comm reads (csrc/common/env.h).");
+  m.def(
+      "env_flag", [](const std::string& name) { return env_var(name).as_flag(); }, py::arg("name"),
+      "An FP8COMM_* switch as csrc/common/env.h reads it: its value, else its default, 0 or 1 "
+      "(ValueError otherwise).");
+  m.def(
+      "env_positive_int", [](const std::string& name) { return env_var(name).as_positive_int(); }, py::arg("name"),
+      "An FP8COMM_* count as csrc/common/env.h reads it: None when unset, else an integer >= 1 "
+      "(ValueError otherwise).");
 
   py::class_<Options, c10d::Backend::Options, c10::intrusive_ptr<Options>>(m, "Options", R"(
 Options of one fp8nccl / fp8gloo process group; pass as ``pg_options`` to

@@ -17,20 +17,25 @@ import dataclasses
 import os
 import socket
 
+from . import _C
 
-def node_name(global_rank: int, environ=os.environ) -> str:
+
+def node_name(global_rank: int) -> str:
     """This process's node, as every rank of its groups names it."""
-    for variable in ("FP8COMM_LOCAL_SIZE", "LOCAL_WORLD_SIZE"):
-        value = environ.get(variable, "")
-        if value:
-            try:
-                size = int(value)
-            except ValueError:
-                size = 0
-            if size < 1:
-                raise ValueError(f"fp8comm: {variable}={value!r} must be a positive integer (ranks per node)")
-            return f"ranks {global_rank // size * size}-{global_rank // size * size + size - 1}"
+    size = _C.env_positive_int("FP8COMM_LOCAL_SIZE") or _local_world_size()
+    if size:
+        return f"ranks {global_rank // size * size}-{global_rank // size * size + size - 1}"
     return f"host {socket.gethostname()}"
+
+
+def _local_world_size() -> int | None:
+    """torchrun's LOCAL_WORLD_SIZE (ranks per node), or None when unset."""
+    value = os.environ.get("LOCAL_WORLD_SIZE", "")
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"fp8comm: LOCAL_WORLD_SIZE={value!r} must be a positive integer (ranks per node)")
+    return int(value)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,24 +15,6 @@ std::string strip(const std::string& s) {
   return s.substr(b, s.find_last_not_of(" \t") - b + 1);
 }
 
-int64_t env_int(const EnvVar& var) {
-  const std::string raw = var.value_or_fallback();
-  try {
-    size_t used = 0;
-    const int64_t v = std::stoll(raw, &used);
-    if (used == raw.size()) return v;
-  } catch (const std::exception&) {
-  }
-  TORCH_CHECK_VALUE(false, "fp8comm: environment variable ", var.name, " must be an integer, got '", raw, "'");
-}
-
-bool env_bool(const EnvVar& var) {
-  const std::string raw = var.value_or_fallback();
-  TORCH_CHECK_VALUE(raw == "0" || raw == "1", "fp8comm: environment variable ", var.name, " must be 0 (off) or 1 (on), got '",
-                    raw, "'");
-  return raw == "1";
-}
-
 std::string join(const std::vector<std::string>& items) {
   std::string out;
   for (const auto& s : items) out += (out.empty() ? "" : ",") + s;
@@ -95,7 +77,7 @@ std::vector<std::string> parse_compress(const std::vector<std::string>& raw, con
 
 c10::intrusive_ptr<Options> Options::resolved() const {
   auto r = c10::make_intrusive<Options>(*this);
-  r->block_size = block_size ? *block_size : env_int(env::kBlockSize);
+  r->block_size = block_size ? *block_size : env::kBlockSize.as_int();
   check_block_size(*r->block_size, block_size ? "fp8comm.Options" : "fp8comm.Options (FP8COMM_BLOCK_SIZE)");
   if (!fp8_dtype) {
     const std::string name = env::kFp8Dtype.value_or_fallback();
@@ -104,13 +86,13 @@ c10::intrusive_ptr<Options> Options::resolved() const {
                       "' (from FP8COMM_FP8_DTYPE)");
     r->fp8_dtype = *found;
   }
-  r->min_numel = min_numel ? *min_numel : env_int(env::kMinNumel);
+  r->min_numel = min_numel ? *min_numel : env::kMinNumel.as_int();
   TORCH_CHECK_VALUE(*r->min_numel >= 0, "fp8comm.Options: min_numel must be an int >= 0, got ", *r->min_numel,
                     min_numel ? "" : " (from FP8COMM_MIN_NUMEL)");
-  if (!cpu_threads && env::kCpuThreads.read()) r->cpu_threads = env_int(env::kCpuThreads);
+  if (!cpu_threads && env::kCpuThreads.read()) r->cpu_threads = env::kCpuThreads.as_int();
   TORCH_CHECK_VALUE(!r->cpu_threads || *r->cpu_threads >= 1, "fp8comm.Options: cpu_threads must be an int >= 1, got ",
                     r->cpu_threads.value_or(0), cpu_threads ? "" : " (from FP8COMM_CPU_THREADS)");
-  r->track_error = track_error ? *track_error : env_bool(env::kTrackError);
+  r->track_error = track_error ? *track_error : env::kTrackError.as_flag();
   r->compress = compress ? parse_compress(*compress, "fp8comm.Options.compress")
                          : parse_compress(split_commas(env::kCompress.value_or_fallback()), env::kCompress.name);
   if (!scope) {

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "../common/env.h"
 #include "codec.h"
 #include "codec_tensor.h"
 #include "codec_cpu_avx2.h"
@@ -32,13 +33,13 @@ namespace {
 // the AVX-512 ones, =1 (or unset) every kernel the CPU runs (the tests
 // compare every path). Any other value is an error, not a silent default.
 bool simd_env_is(const char* value) {
-  const char* env = std::getenv("FP8COMM_CPU_SIMD");
-  if (env != nullptr) {
-    const bool known = std::strcmp(env, "0") == 0 || std::strcmp(env, "1") == 0 || std::strcmp(env, "avx2") == 0;
-    TORCH_CHECK(known, "fp8comm codec: FP8COMM_CPU_SIMD must be 0 (scalar loops), avx2 (no AVX-512 kernels) or 1 "
-                       "(all kernels the CPU runs), got '", env, "'");
+  const auto env = env::kCpuSimd.read();
+  if (env) {
+    const bool known = *env == "0" || *env == "1" || *env == "avx2";
+    TORCH_CHECK(known, "fp8comm codec: ", env::kCpuSimd.name, " must be 0 (scalar loops), avx2 (no AVX-512 kernels) "
+                "or 1 (all kernels the CPU runs), got '", *env, "'");
   }
-  return env != nullptr && std::strcmp(env, value) == 0;
+  return env && *env == value;
 }
 
 std::atomic<bool>& simd_flag() {

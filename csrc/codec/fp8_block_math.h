@@ -15,6 +15,8 @@
 #include <string>
 #include <type_traits>
 
+#include "../common/block_size.h"
+
 #if defined(__CUDACC__)
 #define FP8C_HD __host__ __device__ __forceinline__
 #else
@@ -30,13 +32,6 @@ enum class Fp8Dtype : int { E4M3 = 0, E5M2 = 1 };
 
 // Element types the codec reads and writes.
 enum class ElemType : int { F32 = 0, BF16 = 1, F16 = 2 };
-
-// Elements per block: a multiple of 16 (vector width, 16-byte aligned codes)
-// in [16, 4096] (the CPU loops keep one block of float sums on the stack).
-constexpr int kMinBlockSize = 16;
-constexpr int kMaxBlockSize = 4096;
-#define FP8C_BLOCK_SIZE_RULE "a multiple of 16 in [16, 4096]"
-inline bool is_valid_block_size(int64_t b) { return b >= kMinBlockSize && b <= kMaxBlockSize && b % 16 == 0; }
 
 // The E8M0 byte of a scale 2^e is e + 127. Scales are kept in [2^-126, 2^127]
 // so that they and their inverses are normal floats.

@@ -1,14 +1,18 @@
 #pragma once
 // Every FP8COMM_* environment variable fp8comm reads at run time, declared
 // once (as NCCL's NCCL_PARAM): its name, the value an unset variable stands
-// for, and what it sets. README.md's "Environment variables" table lists each
-// (tests/backend/test_options.py holds the two in step). Plain
-// C++: the codec reads it too.
+// for, what it sets, and a typed reader that checks the value. README.md's
+// "Environment variables" table lists each (tests/backend/test_options.py
+// holds the two in step); Python reads them through the same readers
+// (fp8comm._C.env_flag / env_positive_int). Plain C++ (no torch): the codec
+// reads them too. A bad value raises std::invalid_argument (ValueError in
+// Python) naming the variable and what it takes.
 #include <cstdlib>
 #include <optional>
+#include <stdexcept>
 #include <string>
 
-#include "../codec/fp8_block_math.h"
+#include "block_size.h"
 
 namespace fp8comm {
 
@@ -24,6 +28,39 @@ struct EnvVar {
     return std::string(v);
   }
   std::string value_or_fallback() const { return read().value_or(fallback); }
+
+  // The value (else the fallback) as an integer.
+  int64_t as_int() const { return parse_int(value_or_fallback(), "an integer"); }
+  // The value (else the fallback) as a switch: 0 off, 1 on.
+  bool as_flag() const {
+    const std::string raw = value_or_fallback();
+    if (raw != "0" && raw != "1") fail(raw, "0 (off) or 1 (on)");
+    return raw == "1";
+  }
+  // The value as an integer >= 1; unset: nullopt (for variables whose
+  // fallback is a rule, not a value).
+  std::optional<int64_t> as_positive_int() const {
+    const auto raw = read();
+    if (!raw) return std::nullopt;
+    const int64_t v = parse_int(*raw, "a positive integer");
+    if (v < 1) fail(*raw, "a positive integer");
+    return v;
+  }
+
+ private:
+  int64_t parse_int(const std::string& raw, const char* what) const {
+    try {
+      size_t used = 0;
+      const int64_t v = std::stoll(raw, &used);
+      if (used == raw.size()) return v;
+    } catch (const std::exception&) {
+    }
+    fail(raw, what);
+  }
+  [[noreturn]] void fail(const std::string& raw, const char* what) const {
+    throw std::invalid_argument(std::string("fp8comm: environment variable ") + name + " must be " + what +
+                                ", got '" + raw + "'");
+  }
 };
 
 namespace env {

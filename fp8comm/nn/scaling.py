@@ -20,15 +20,15 @@ has passed on a GPU (docs/fp8_linear.md, "Fused casts").
 """
 from __future__ import annotations
 
-import os
 from typing import NamedTuple, Optional
 
 import torch
 
+from .. import _C
 from ..codec import CODEC_DTYPES, FP8_DTYPES, fp8_dtype_choices, fp8_max
 
 EPS = 1e-12
-FUSED_CAST_ENV = "FP8COMM_FUSED_CAST"
+FUSED_CAST_ENV = "FP8COMM_FUSED_CAST"  # declared, with its default, in csrc/common/env.h
 
 
 class Fp8Cast(NamedTuple):
@@ -47,7 +47,7 @@ def fused_cast_enabled(device: torch.device) -> bool:
     if device.type == "cpu":
         return True
     if device.type == "cuda":
-        return os.environ.get(FUSED_CAST_ENV, "0") == "1"
+        return _C.env_flag(FUSED_CAST_ENV)
     return False
 
 

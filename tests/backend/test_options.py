@@ -98,3 +98,49 @@ def test_the_product_reads_no_undeclared_environment_variable():
     unknown = {n: str(p) for n, p in found.items() if n not in declared | build_time}
     assert not unknown, f"undeclared FP8COMM_* variables (declare them in csrc/common/env.h): {unknown}"
     assert declared <= set(found), declared - set(found)
+
+
+def test_each_variable_is_read_through_its_declaration_only():
+    """The readers in csrc/common/env.h are the only place a variable's value
+    and default are interpreted: no source reads an FP8COMM_* variable itself."""
+    sources = [p for d in ("csrc", "fp8comm") for p in (ROOT / d).rglob("*")
+               if p.suffix in {".py", ".h", ".cpp", ".cu", ".cuh"} and p.name != "env.h"]
+    # a literal name, or a constant holding one (FUSED_CAST_ENV)
+    direct = re.compile(r"""(getenv|environ\.get|environ\[)\(?\s*(["']FP8COMM_|[A-Z_]+_ENV\b)""")
+    readers = {str(p.relative_to(ROOT)) for p in sources if direct.search(p.read_text())}
+    assert not readers, f"read FP8COMM_* variables through csrc/common/env.h's readers instead: {readers}"
+
+
+def test_typed_readers(monkeypatch):
+    monkeypatch.delenv("FP8COMM_FUSED_CAST", raising=False)
+    assert fp8comm._C.env_flag("FP8COMM_FUSED_CAST") is False  # its declared default
+    monkeypatch.setenv("FP8COMM_FUSED_CAST", "1")
+    assert fp8comm._C.env_flag("FP8COMM_FUSED_CAST") is True
+    monkeypatch.setenv("FP8COMM_FUSED_CAST", "yes")
+    with pytest.raises(ValueError, match="FP8COMM_FUSED_CAST must be 0 \\(off\\) or 1 \\(on\\), got 'yes'"):
+        fp8comm._C.env_flag("FP8COMM_FUSED_CAST")
+    monkeypatch.delenv("FP8COMM_LOCAL_SIZE", raising=False)
+    assert fp8comm._C.env_positive_int("FP8COMM_LOCAL_SIZE") is None
+    monkeypatch.setenv("FP8COMM_LOCAL_SIZE", "4")
+    assert fp8comm._C.env_positive_int("FP8COMM_LOCAL_SIZE") == 4
+    for bad in ("0", "-2", "two", "2.5"):
+        monkeypatch.setenv("FP8COMM_LOCAL_SIZE", bad)
+        with pytest.raises(ValueError, match=f"FP8COMM_LOCAL_SIZE must be a positive integer, got '{re.escape(bad)}'"):
+            fp8comm._C.env_positive_int("FP8COMM_LOCAL_SIZE")
+    with pytest.raises(ValueError, match="FP8COMM_NOPE is not an FP8COMM_\\* variable"):
+        fp8comm._C.env_flag("FP8COMM_NOPE")
+
+
+def test_node_name_from_local_size_then_torchrun_then_host(monkeypatch):
+    from fp8comm.topology import node_name
+
+    monkeypatch.setenv("FP8COMM_LOCAL_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert node_name(5) == "ranks 4-5"
+    monkeypatch.delenv("FP8COMM_LOCAL_SIZE")
+    assert node_name(5) == "ranks 4-7"
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "x")
+    with pytest.raises(ValueError, match="LOCAL_WORLD_SIZE='x' must be a positive integer"):
+        node_name(5)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert node_name(5).startswith("host ")
