@@ -52,7 +52,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 from model import by_node_seconds, shaped_link_seconds  # noqa: E402
 
-CHUNK_NUMEL = 1 << 20  # csrc/algorithms/segments.h kChunkNumel
+CHUNK_NUMEL = 1 << 20  # gloo's TransportTraits::chunk_numel (csrc/algorithms/transport_traits.h)
 ELEMENT_SIZE = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 MODELED_COLUMNS = ("modeled_*: bench/model.py shaped_link_seconds, max(time at the unshaped link, link bytes / rate) "
                    "+ one chunk's fill for fp8comm; in inter_node scope, for reduce_scatter, whose node phases "
