@@ -14,6 +14,7 @@ import fp8comm
 from tests.support.harness import DistPool
 from tests.support.inputs import same_bits
 from tests.support.scenarios import nccl as ns
+from tests.support.torch_features import work_exception_converts
 
 BACKENDS = ["fp8gloo", "fp8ncclsim"]
 NCCL_TRAITS = {"segment_headers": False, "gather_by_all_to_all": False, "reduces_avg_and_premul": True,
@@ -93,7 +94,8 @@ def test_work_reports_an_inner_error_to_wait_success_exception_and_future():
     trigger.set_result(None)
     assert work.is_completed()
     assert not work.is_success()
-    assert "peer died" in str(work.exception())
+    if work_exception_converts():  # else this torch's binding cannot return it, for any Work
+        assert "peer died" in str(work.exception())
     with pytest.raises(dist.DistBackendError, match="fp8comm all_reduce: an inner collective failed.*peer died"):
         work.wait()
     with pytest.raises(dist.DistBackendError, match="peer died"):
@@ -129,5 +131,7 @@ def test_work_of_done_inner_works_is_done():
     done = torch.futures.Future()
     done.set_result([torch.ones(2)])
     work = fp8comm._C._work_over("all_gather", [_create_work_from_future(done)])
-    assert work.is_completed() and work.is_success() and work.exception() is None
+    assert work.is_completed() and work.is_success()
+    if work_exception_converts():  # else this torch's binding cannot return it, for any Work
+        assert work.exception() is None
     assert work.wait()

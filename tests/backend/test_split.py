@@ -18,6 +18,7 @@ import torch
 from tests.support.harness import DistPool
 from tests.support.reference import sqnr_db
 from tests.support.scenarios import subgroups as S
+from tests.support.torch_features import SPLIT_NEEDS_CUDA, split_group_takes_the_bound_device
 
 OPTIONS = {"block_size": 64, "fp8_dtype": "e5m2", "min_numel": 1024, "compress": "all"}
 OPS = ("all_reduce", "reduce_scatter", "all_gather")
@@ -56,6 +57,8 @@ def test_split_through_the_backend_api(pool):
 
 
 def test_torch_split_group(pool):
+    if not split_group_takes_the_bound_device():
+        pytest.skip(SPLIT_NEEDS_CUDA)
     results = pool.run(S.split_through_torch_split_group, pool.backend, seed=2)
     check_split_group(results, pool.backend)
     for rank, r in enumerate(results):

@@ -20,6 +20,7 @@ import torch
 from tests.support.harness import DistPool
 from tests.support.reference import sqnr_db
 from tests.support.scenarios import device_mesh as M
+from tests.support.torch_features import SPLIT_NEEDS_CUDA, split_group_takes_the_bound_device
 
 MIN_SQNR_DB = 25.0  # E4M3 through two quantizations: ~27-31 dB on randn
 
@@ -55,6 +56,8 @@ def test_1d_mesh_is_the_world(pool):
 
 @pytest.mark.parametrize("eager", [False, True], ids=["lazy-new-group", "eager-split"])
 def test_2d_mesh_groups_are_fp8_groups(pool, eager):
+    if eager and not split_group_takes_the_bound_device():
+        pytest.skip(SPLIT_NEEDS_CUDA)
     results = pool.run(M.mesh_all_reduces, [2, 2], ["dp", "tp"], eager=eager, seed=2)
     for rank, r in enumerate(results):
         check_dimension(rank, "dp", r["dp"], [rank % 2, rank % 2 + 2])
