@@ -87,13 +87,4 @@ void all_gather(Transport& t, const WireLayout& wire, Workspace& ws, const std::
   }
 }
 
-int64_t all_gather_bytes_sent(int64_t group_size, const WireLayout& wire, int64_t input_numel) {
-  const int64_t step = per_rank_chunk(group_size, wire);
-  int64_t bytes = 0;
-  for (int64_t begin = 0; begin < input_numel; begin += step) {
-    bytes += (group_size - 1) * wire.segment_bytes(std::min(step, input_numel - begin));
-  }
-  return bytes;
-}
-
 }  // namespace fp8comm

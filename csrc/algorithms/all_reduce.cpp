@@ -113,13 +113,4 @@ void all_reduce(Transport& t, const WireLayout& wire, Workspace& ws, const at::T
   for (const Chunk& c : chunks) decode(c, tensor.nbytes());
 }
 
-int64_t all_reduce_bytes_sent(int64_t group_size, const WireLayout& wire, int64_t numel) {
-  const int64_t P = group_size, step = chunk_step(P, wire);
-  int64_t bytes = 0;
-  for (int64_t begin = 0; begin < numel; begin += step) {
-    bytes += 2 * (P - 1) * wire.segment_bytes(wire.segment_numel(std::min(step, numel - begin), P));
-  }
-  return bytes;
-}
-
 }  // namespace fp8comm

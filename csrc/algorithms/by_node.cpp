@@ -197,20 +197,4 @@ void all_gather_by_node(NodeTransports& g, const WireLayout& wire, Workspace& ws
   }
 }
 
-NodeBytes all_reduce_by_node_bytes_sent(int64_t nodes, int64_t local_size, const WireLayout& wire, int64_t numel,
-                                        int64_t element_size) {
-  const int64_t L = local_size, k = (numel + L - 1) / L;
-  return {2 * (L - 1) * k * element_size, all_reduce_bytes_sent(nodes, wire, k)};
-}
-
-NodeBytes reduce_scatter_by_node_bytes_sent(int64_t nodes, int64_t local_size, const WireLayout& wire,
-                                            int64_t output_numel, int64_t element_size) {
-  return {(local_size - 1) * nodes * output_numel * element_size, reduce_scatter_bytes_sent(nodes, wire, output_numel)};
-}
-
-NodeBytes all_gather_by_node_bytes_sent(int64_t nodes, int64_t local_size, const WireLayout& wire,
-                                        int64_t input_numel, int64_t element_size) {
-  return {(local_size - 1) * nodes * input_numel * element_size, all_gather_bytes_sent(nodes, wire, input_numel)};
-}
-
 }  // namespace fp8comm

@@ -73,10 +73,4 @@ void reduce_scatter(Transport& t, const WireLayout& wire, Workspace& ws, const a
   }
 }
 
-int64_t reduce_scatter_bytes_sent(int64_t group_size, const WireLayout& wire, int64_t output_numel) {
-  int64_t bytes = 0;
-  for (const Chunk& c : chunks_of(group_size, wire, output_numel)) bytes += (group_size - 1) * c.S;
-  return bytes;
-}
-
 }  // namespace fp8comm
