@@ -35,11 +35,6 @@ struct ChunkHooks {
   // decoded, in place of the output.
   std::function<at::Tensor(size_t chunk, int64_t rank)> place;
 };
-// [begin, begin + numel) of each chunk of all_reduce over `numel` elements.
-struct ChunkRange {
-  int64_t begin, numel;
-};
-std::vector<ChunkRange> all_reduce_chunks(int64_t group_size, const WireLayout& wire, int64_t numel);
 
 // `tensor` <- the reduction of every rank's `tensor`, bitwise the same on every rank.
 void all_reduce(Transport& t, const WireLayout& wire, Workspace& ws, const at::Tensor& tensor, const Reduction& red,
@@ -55,9 +50,6 @@ void reduce_scatter(Transport& t, const WireLayout& wire, Workspace& ws, const a
 // its own included), given as one flat tensor of P * k elements or as P of k.
 void all_gather(Transport& t, const WireLayout& wire, Workspace& ws, const std::vector<at::Tensor>& output_segments,
                 const at::Tensor& input, QuantizationError* error = nullptr, const ChunkHooks* hooks = nullptr);
-// [begin, begin + numel) of every rank's input, for each chunk of all_gather
-// over inputs of `input_numel` elements.
-std::vector<ChunkRange> all_gather_chunks(int64_t group_size, const WireLayout& wire, int64_t input_numel);
 
 // ---- the inter_node scope (by_node.cpp): exact inside each node, compressed between nodes.
 // A group of N nodes x L ranks, as one call sees it: the transport among
