@@ -6,7 +6,8 @@
 // (docs/reliability.md). CUDA buffers are allocated inside the algorithm, on
 // the stream it runs on; CPU ones come from the Workspace.
 //
-// Each comes with the bytes this rank sends for it (stats). With `error`
+// The bytes each sends are counted where they are sent, by its transports
+// (Transport::bytes_sent; stats: route.h). With `error`
 // (Options.track_error) each adds the quantization error of every value this
 // rank quantizes (quantization_error.h); null: nothing is measured.
 #include <ATen/ATen.h>
@@ -14,7 +15,6 @@
 #include <functional>
 #include <vector>
 
-#include "../common/node_bytes.h"
 #include "quantization_error.h"
 #include "reduction.h"
 #include "transport.h"
@@ -35,32 +35,21 @@ struct ChunkHooks {
   // decoded, in place of the output.
   std::function<at::Tensor(size_t chunk, int64_t rank)> place;
 };
-// [begin, begin + numel) of each chunk of all_reduce over `numel` elements.
-struct ChunkRange {
-  int64_t begin, numel;
-};
-std::vector<ChunkRange> all_reduce_chunks(int64_t group_size, const WireLayout& wire, int64_t numel);
 
 // `tensor` <- the reduction of every rank's `tensor`, bitwise the same on every rank.
 void all_reduce(Transport& t, const WireLayout& wire, Workspace& ws, const at::Tensor& tensor, const Reduction& red,
                 QuantizationError* error = nullptr, const ChunkHooks* hooks = nullptr);
-int64_t all_reduce_bytes_sent(int64_t group_size, const WireLayout& wire, int64_t numel);
 
 // `output` <- the reduction of segment `rank` of every rank's input, given as
 // one flat tensor of P * k elements or as P tensors of k.
 void reduce_scatter(Transport& t, const WireLayout& wire, Workspace& ws, const at::Tensor& output,
                     const std::vector<at::Tensor>& input_segments, const Reduction& red,
                     QuantizationError* error = nullptr);
-int64_t reduce_scatter_bytes_sent(int64_t group_size, const WireLayout& wire, int64_t output_numel);
 
 // Segment r of the output <- rank r's input (decoded from FP8 on every rank,
 // its own included), given as one flat tensor of P * k elements or as P of k.
 void all_gather(Transport& t, const WireLayout& wire, Workspace& ws, const std::vector<at::Tensor>& output_segments,
                 const at::Tensor& input, QuantizationError* error = nullptr, const ChunkHooks* hooks = nullptr);
-// [begin, begin + numel) of every rank's input, for each chunk of all_gather
-// over inputs of `input_numel` elements.
-std::vector<ChunkRange> all_gather_chunks(int64_t group_size, const WireLayout& wire, int64_t input_numel);
-int64_t all_gather_bytes_sent(int64_t group_size, const WireLayout& wire, int64_t input_numel);
 
 // ---- the inter_node scope (by_node.cpp): exact inside each node, compressed between nodes.
 // A group of N nodes x L ranks, as one call sees it: the transport among
@@ -85,11 +74,5 @@ void reduce_scatter_by_node(NodeTransports& g, const WireLayout& wire, Workspace
 void all_gather_by_node(NodeTransports& g, const WireLayout& wire, Workspace& ws,
                         const std::vector<at::Tensor>& output_segments, const at::Tensor& input,
                         QuantizationError* error = nullptr);
-NodeBytes all_reduce_by_node_bytes_sent(int64_t nodes, int64_t local_size, const WireLayout& wire, int64_t numel,
-                                        int64_t element_size);
-NodeBytes reduce_scatter_by_node_bytes_sent(int64_t nodes, int64_t local_size, const WireLayout& wire,
-                                            int64_t output_numel, int64_t element_size);
-NodeBytes all_gather_by_node_bytes_sent(int64_t nodes, int64_t local_size, const WireLayout& wire,
-                                        int64_t input_numel, int64_t element_size);
 
 }  // namespace fp8comm

@@ -6,79 +6,43 @@
 // every rank decodes the same bytes, so every rank ends with bitwise the same
 // result, and each element is quantized twice on its way.
 //
-// A large tensor runs as consecutive chunks (segments.h), each that
+// A large tensor runs as consecutive chunks (chunk_plan.h), each that
 // algorithm on its own elements, in three sweeps: every chunk's pieces are
 // quantized and sent (the codec works on chunk c + 1 while chunk c travels),
 // then every chunk's sums are made and gathered, then, once every phase is
 // through, every chunk is decoded into the tensor.
 #include "algorithms.h"
+#include "chunk_plan.h"
 #include "segments.h"
 
 namespace fp8comm {
-
-namespace {
-
-// Elements per chunk: P segments of whole blocks.
-int64_t chunk_step(int64_t P, const WireLayout& wire) { return P * per_rank_chunk(P, wire); }
-
-// One chunk's elements [begin, begin + n) of the flat tensor, cut into P
-// segments of m elements, S bytes each on the wire; where its bytes sit in
-// the call's buffers.
-struct Chunk {
-  int64_t begin, n, m, S;
-  int64_t send_at, gathered_at, scratch_at;
-};
-
-std::vector<Chunk> chunks_of(int64_t P, const WireLayout& wire, int64_t n, const Transport* t = nullptr) {
-  const int64_t step = chunk_step(P, wire);
-  std::vector<Chunk> chunks;
-  int64_t send_at = 0, gathered_at = 0, scratch_at = 0;
-  for (int64_t begin = 0; begin < n || chunks.empty(); begin += step) {
-    Chunk c{begin, std::min(step, n - begin), 0, 0, send_at, gathered_at, scratch_at};
-    c.m = wire.segment_numel(c.n, P);
-    c.S = wire.segment_bytes(c.m);
-    send_at += (P - 1) * c.S;
-    gathered_at += P * c.S;
-    if (t) scratch_at += t->gather_scratch_bytes(c.S);
-    chunks.push_back(c);
-  }
-  return chunks;
-}
-
-}  // namespace
-
-std::vector<ChunkRange> all_reduce_chunks(int64_t group_size, const WireLayout& wire, int64_t numel) {
-  std::vector<ChunkRange> ranges;
-  for (const Chunk& c : chunks_of(group_size, wire, numel)) ranges.push_back({c.begin, c.n});
-  return ranges;
-}
 
 void all_reduce(Transport& t, const WireLayout& wire, Workspace& ws, const at::Tensor& tensor, const Reduction& red,
                 QuantizationError* error, const ChunkHooks* hooks) {
   const int64_t P = t.size(), rank = t.rank(), n = tensor.numel();
   const at::Tensor flat = tensor.view({-1});  // contiguous, any shape (complex64 arrives as [n, 2] floats)
-  const std::vector<Chunk> chunks = chunks_of(P, wire, n, &t);
-  const Chunk& last = chunks.back();
-  at::Tensor send = ws.bytes(Workspace::kSend, last.send_at + (P - 1) * last.S, tensor);
-  at::Tensor recv = ws.bytes(Workspace::kRecv, last.send_at + (P - 1) * last.S, tensor);
-  at::Tensor gathered = ws.bytes(Workspace::kGathered, last.gathered_at + P * last.S, tensor);
-  at::Tensor scratch = ws.bytes(Workspace::kGatherScratch, last.scratch_at + t.gather_scratch_bytes(last.S), tensor);
+  const ChunkPlan plan = chunk_plan(t, wire, ChunkOf::kTensor, n);
+  const std::vector<Chunk>& chunks = plan.chunks;
+  at::Tensor send = ws.bytes(Workspace::kSend, plan.exchanged_bytes, tensor);
+  at::Tensor recv = ws.bytes(Workspace::kRecv, plan.exchanged_bytes, tensor);
+  at::Tensor gathered = ws.bytes(Workspace::kGathered, plan.gathered_bytes, tensor);
+  at::Tensor scratch = ws.bytes(Workspace::kGatherScratch, plan.scratch_bytes, tensor);
   auto part = [](const at::Tensor& buffer, int64_t at, int64_t bytes) { return buffer.narrow(0, at, bytes); };
-  auto elements = [&](const Chunk& c) { return flat.narrow(0, c.begin, c.n); };
+  auto elements = [&](const Chunk& c) { return flat.narrow(0, c.begin, c.numel); };
 
   std::vector<Transport::Pending> exchanges, gathers;
   for (size_t i = 0; i < chunks.size(); ++i) {
     const Chunk& c = chunks[i];
     if (hooks) hooks->ready(i);
-    at::Tensor chunk_send = part(send, c.send_at, (P - 1) * c.S);
-    at::Tensor chunk_recv = part(recv, c.send_at, (P - 1) * c.S);
+    at::Tensor chunk_send = part(send, c.exchanged_at, (P - 1) * c.S);
+    at::Tensor chunk_recv = part(recv, c.exchanged_at, (P - 1) * c.S);
     quantize_for_peers(t, wire, elements(c), c.m, red, chunk_send, error);
     wire.write_headers(chunk_send, P - 1, c.m, Phase::kAllReducePieces, n);
     exchanges.push_back(t.start_exchange(chunk_recv, chunk_send, c.S));
   }
   for (size_t i = 0; i < chunks.size(); ++i) {
     const Chunk& c = chunks[i];
-    at::Tensor chunk_recv = part(recv, c.send_at, (P - 1) * c.S);
+    at::Tensor chunk_recv = part(recv, c.exchanged_at, (P - 1) * c.S);
     at::Tensor chunk_gathered = part(gathered, c.gathered_at, P * c.S);
     at::Tensor chunk_scratch = part(scratch, c.scratch_at, t.gather_scratch_bytes(c.S));
     t.wait(exchanges[i], "all_to_all");
@@ -104,22 +68,13 @@ void all_reduce(Transport& t, const WireLayout& wire, Workspace& ws, const at::T
     if (hooks) {
       // Decoded for the caller's next phase, which reads it at once: no
       // streaming stores past the cache.
-      decode(c, c.n * tensor.element_size());
+      decode(c, c.numel * tensor.element_size());
       hooks->done(i);
     }
   }
   if (hooks) return;
   // Written only now: a call that failed in any phase has left the tensor as it was.
   for (const Chunk& c : chunks) decode(c, tensor.nbytes());
-}
-
-int64_t all_reduce_bytes_sent(int64_t group_size, const WireLayout& wire, int64_t numel) {
-  const int64_t P = group_size, step = chunk_step(P, wire);
-  int64_t bytes = 0;
-  for (int64_t begin = 0; begin < numel; begin += step) {
-    bytes += 2 * (P - 1) * wire.segment_bytes(wire.segment_numel(std::min(step, numel - begin), P));
-  }
-  return bytes;
 }
 
 }  // namespace fp8comm

@@ -13,6 +13,7 @@
 #include <algorithm>
 
 #include "algorithms.h"
+#include "chunk_plan.h"
 #include "segments.h"
 
 namespace fp8comm {
@@ -86,17 +87,17 @@ void all_reduce_by_node(NodeTransports& g, const WireLayout& wire, Workspace& ws
   // once the hop has decoded it. One chunk plan for both transports: `wire`
   // (the group transport's traits, which the node transports share:
   // run_compressed.h) cuts the hop, and the node's phases take its chunks.
-  const std::vector<ChunkRange> ranges = all_reduce_chunks(g.inter.size(), wire, k);
+  const std::vector<Chunk> hop_chunks = chunk_plan(g.inter, wire, ChunkOf::kTensor, k).chunks;
   const int64_t gather_numel = g.intra.all_gather_scratch_numel(k);
-  const int64_t sum_numel = g.intra.reduce_scatter_scratch_numel(ranges.front().numel);
+  const int64_t sum_numel = g.intra.reduce_scatter_scratch_numel(hop_chunks.front().numel);
   at::Tensor scratch = node_buffer(ws, Workspace::kNodeExchange, gather_numel + 2 * sum_numel, tensor);
-  auto gather_scratch = [&](const ChunkRange& c) {
+  auto gather_scratch = [&](const Chunk& c) {
     return scratch.narrow(0, g.intra.all_gather_scratch_numel(c.begin), g.intra.all_gather_scratch_numel(c.numel));
   };
 
-  std::vector<Transport::PendingSum> sums(ranges.size());
+  std::vector<Transport::PendingSum> sums(hop_chunks.size());
   auto start_sum = [&](size_t i) {
-    const ChunkRange& c = ranges[i];
+    const Chunk& c = hop_chunks[i];
     std::vector<at::Tensor> pieces;
     for (int64_t l = 0; l < L; ++l) pieces.push_back(source.narrow(0, l * k + c.begin, c.numel));
     // Two sums in flight at most, each in its half of the scratch's end.
@@ -106,11 +107,11 @@ void all_reduce_by_node(NodeTransports& g, const WireLayout& wire, Workspace& ws
   std::vector<Transport::Pending> gathers;
   ChunkHooks hooks;
   hooks.ready = [&](size_t i) {
-    if (i + 1 < ranges.size()) start_sum(i + 1);
+    if (i + 1 < hop_chunks.size()) start_sum(i + 1);
     g.intra.finish_reduce_scatter_sum(sums[i], "intra-node reduce_scatter");
   };
   hooks.done = [&](size_t i) {
-    const ChunkRange& c = ranges[i];
+    const Chunk& c = hop_chunks[i];
     gathers.push_back(g.intra.start_all_gather_exact(chunk.narrow(0, c.begin, c.numel), gather_scratch(c)));
   };
   start_sum(0);
@@ -119,7 +120,7 @@ void all_reduce_by_node(NodeTransports& g, const WireLayout& wire, Workspace& ws
   // Each rank's chunk goes straight to its place in the tensor (the last
   // one less its padding), once all have arrived: a failed phase leaves the
   // tensor as it was.
-  for (const ChunkRange& c : ranges) {
+  for (const Chunk& c : hop_chunks) {
     g.intra.deliver_gathered(
         [&](int64_t l, const at::Tensor& piece) {
           const int64_t start = std::min(l * k + c.begin, n);
@@ -164,27 +165,27 @@ void all_gather_by_node(NodeTransports& g, const WireLayout& wire, Workspace& ws
   // to the node's other ranks once the hop has decoded it, while the next
   // travels between nodes: the node's phases take the hop's chunks, as in
   // all_reduce_by_node.
-  const std::vector<ChunkRange> ranges = all_gather_chunks(N, wire, k);
+  const std::vector<Chunk> hop_chunks = chunk_plan(g.inter, wire, ChunkOf::kEachRank, k).chunks;
   at::Tensor chunks = node_buffer(ws, Workspace::kNodeChunk, N * k, input);
   at::Tensor scratch = node_buffer(ws, Workspace::kNodeExchange, g.intra.all_gather_scratch_numel(N * k), input);
-  auto pieces = [&](const ChunkRange& c) { return chunks.narrow(0, N * c.begin, N * c.numel); };
-  auto gather_scratch = [&](const ChunkRange& c) {
+  auto pieces = [&](const Chunk& c) { return chunks.narrow(0, N * c.begin, N * c.numel); };
+  auto gather_scratch = [&](const Chunk& c) {
     return scratch.narrow(0, g.intra.all_gather_scratch_numel(N * c.begin),
                           g.intra.all_gather_scratch_numel(N * c.numel));
   };
   std::vector<Transport::Pending> gathers;
   ChunkHooks hooks;
   hooks.place = [&](size_t i, int64_t b) {
-    return pieces(ranges[i]).narrow(0, b * ranges[i].numel, ranges[i].numel);
+    return pieces(hop_chunks[i]).narrow(0, b * hop_chunks[i].numel, hop_chunks[i].numel);
   };
   hooks.done = [&](size_t i) {
-    gathers.push_back(g.intra.start_all_gather_exact(pieces(ranges[i]), gather_scratch(ranges[i])));
+    gathers.push_back(g.intra.start_all_gather_exact(pieces(hop_chunks[i]), gather_scratch(hop_chunks[i])));
   };
   all_gather(g.inter, wire, ws, {chunks}, input, error, &hooks);
   for (const Transport::Pending& work : gathers) g.intra.wait(work, "intra-node all_gather");
   // Local rank l's pieces are the inputs of the ranks with local index l, in
   // node order; each goes to its place once every chunk has arrived.
-  for (const ChunkRange& c : ranges) {
+  for (const Chunk& c : hop_chunks) {
     g.intra.deliver_gathered(
         [&](int64_t l, const at::Tensor& piece) {
           for (int64_t b = 0; b < N; ++b) {
@@ -195,22 +196,6 @@ void all_gather_by_node(NodeTransports& g, const WireLayout& wire, Workspace& ws
         },
         pieces(c), gather_scratch(c));
   }
-}
-
-NodeBytes all_reduce_by_node_bytes_sent(int64_t nodes, int64_t local_size, const WireLayout& wire, int64_t numel,
-                                        int64_t element_size) {
-  const int64_t L = local_size, k = (numel + L - 1) / L;
-  return {2 * (L - 1) * k * element_size, all_reduce_bytes_sent(nodes, wire, k)};
-}
-
-NodeBytes reduce_scatter_by_node_bytes_sent(int64_t nodes, int64_t local_size, const WireLayout& wire,
-                                            int64_t output_numel, int64_t element_size) {
-  return {(local_size - 1) * nodes * output_numel * element_size, reduce_scatter_bytes_sent(nodes, wire, output_numel)};
-}
-
-NodeBytes all_gather_by_node_bytes_sent(int64_t nodes, int64_t local_size, const WireLayout& wire,
-                                        int64_t input_numel, int64_t element_size) {
-  return {(local_size - 1) * nodes * input_numel * element_size, all_gather_bytes_sent(nodes, wire, input_numel)};
 }
 
 }  // namespace fp8comm

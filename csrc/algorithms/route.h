@@ -1,8 +1,12 @@
 #pragma once
 // Which algorithm a compressed call runs (DESIGN.md, "Topology"): the flat
 // one over the whole group, or, in the inter_node scope on a group of several
-// nodes of several ranks, the by-node one. Each returns what this rank sends,
-// split into bytes to ranks on its own node and to other nodes.
+// nodes of several ranks, the by-node one. Each returns what this rank sent
+// in it, as its transports counted it (Transport::bytes_sent), split into
+// bytes to ranks on its own node and to other nodes (stats).
+#include <functional>
+
+#include "../common/node_bytes.h"
 #include "algorithms.h"
 
 namespace fp8comm {
@@ -12,8 +16,12 @@ struct Route {
   NodeTransports* nodes = nullptr;  // set: the by-node algorithms
   int64_t ranks_on_my_node = 1;     // this rank's node's ranks in the group, itself included
 
-  // Bytes the flat algorithms send, evenly to every peer, split by where the peers are.
-  NodeBytes evenly(int64_t bytes) const;
+  // Runs `flat` over the group's transport, or `by_node` over the node
+  // transports where there are some; returns the bytes they sent in it. By
+  // node: the intra transport's to this node, the inter transport's to
+  // others. Flat: every exchange sends each peer the same bytes, so the
+  // group transport's count splits by the share of peers on this node.
+  NodeBytes run(const std::function<void(Transport&)>& flat, const std::function<void(NodeTransports&)>& by_node);
 };
 
 // `error`: where the quantization error is added (Options.track_error), or null.

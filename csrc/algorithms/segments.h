@@ -14,18 +14,6 @@
 
 namespace fp8comm {
 
-// Large collectives run in chunks of about wire.chunk_numel() elements in
-// all, set by the transport's traits (transport_traits.h; DESIGN.md,
-// "Algorithms"): the codec works on one chunk while another travels, and
-// several messages in flight let gloo use both directions of a link, which
-// one large message does not.
-
-// Elements of each rank's segment per chunk: whole blocks, about chunk_numel / P.
-inline int64_t per_rank_chunk(int64_t P, const WireLayout& wire) {
-  const int64_t block = wire.block_size();
-  return ceil_div(ceil_div(wire.chunk_numel(), P), block) * block;
-}
-
 // Segments [r, r + count) of m elements of `t`, clipped to its end (empty
 // past it): the elements a codec call over those segments reads or writes.
 inline at::Tensor segments_of(const at::Tensor& t, int64_t r, int64_t count, int64_t m) {

@@ -42,7 +42,9 @@ Transport::Pending Transport::start_exchange(at::Tensor& recv, at::Tensor& send,
   c10d::AllToAllOptions opts;
   opts.timeout = timeout_;
   opts.asyncOp = true;
-  return inner_->alltoall_base(recv, send, recv_splits, send_splits, opts);
+  Pending work = inner_->alltoall_base(recv, send, recv_splits, send_splits, opts);
+  bytes_sent_ += (size_ - 1) * S * send.element_size();  // every split but this rank's own (zero)
+  return work;
 }
 
 int64_t Transport::gather_slot(int64_t r) const {
@@ -85,7 +87,9 @@ Transport::Pending Transport::start_all_gather(at::Tensor& gathered, int64_t S, 
   c10d::AllgatherOptions opts;
   opts.timeout = timeout_;
   opts.asyncOp = true;
-  return inner_->_allgather_base(gathered, mine, opts);  // in place: NCCL reads this rank's slot
+  Pending work = inner_->_allgather_base(gathered, mine, opts);  // in place: NCCL reads this rank's slot
+  bytes_sent_ += (size_ - 1) * S;  // this rank's slot, to each other rank
+  return work;
 }
 
 int64_t Transport::reduce_scatter_scratch_numel(int64_t k) const {
@@ -110,6 +114,7 @@ Transport::PendingSum Transport::start_reduce_scatter_sum(const at::Tensor& outp
     opts.asyncOp = true;
     at::Tensor out = output;
     pending.work = inner_->_reduce_scatter_base(out, input, opts);
+    bytes_sent_ += (size_ - 1) * output.nbytes();  // the other ranks' pieces, to their owners
     return pending;
   }
   // An exchange of the other ranks' pieces, in exchange order; this rank's
@@ -159,7 +164,9 @@ Transport::Pending Transport::start_all_gather_exact(const at::Tensor& input, co
     c10d::AllgatherOptions opts;
     opts.timeout = timeout_;
     opts.asyncOp = true;
-    return inner_->_allgather_base(gathered, in, opts);
+    Pending work = inner_->_allgather_base(gathered, in, opts);
+    bytes_sent_ += (size_ - 1) * in.nbytes();  // this rank's input, to each other rank
+    return work;
   }
   // An exchange: this rank's input never travels to itself, and with one
   // peer it is sent as it is.

@@ -92,6 +92,13 @@ class Transport {
   // Keeps `other`'s inner Works with this call's (a call over several transports).
   void adopt_works(Transport& other);
 
+  // Bytes this rank has sent to the other ranks through this transport: the
+  // P - 1 segments of each exchange, the P - 1 copies of its slot each
+  // all_gather delivers, the P - 1 pieces each reduce_scatter delivers to
+  // their owners. Counted from what each phase is given to send, so the
+  // stats are what the transport carried (route.h).
+  int64_t bytes_sent() const { return bytes_sent_; }
+
  private:
   c10::intrusive_ptr<c10d::Backend> inner_;
   const TransportTraits traits_;
@@ -99,6 +106,7 @@ class Transport {
   std::chrono::milliseconds timeout_;
   const char* op_;
   std::vector<Pending> works_;
+  int64_t bytes_sent_ = 0;
 };
 
 }  // namespace fp8comm

@@ -31,7 +31,7 @@ struct TransportTraits {
   // reduce_scatter and all_gather (NCCL).
   bool exact_by_all_to_all = false;
   // Elements of one chunk of a compressed collective, all ranks' segments
-  // together (segments.h). Every rank of a group has the same transport, so
+  // together (chunk_plan.h). Every rank of a group has the same transport, so
   // all cut a call into the same chunks and issue the same phases. gloo: 1M,
   // sized for the CPU codec's caches and to keep several gloo messages in
   // flight on a link (docs/performance.md). NCCL: 16M (64 MiB of FP32):

@@ -5,7 +5,8 @@
 // layout (codec.h). Every part is a multiple of 16 bytes, so the codes of
 // every segment in a buffer of back-to-back segments stay 16-byte aligned.
 // A collective runs in chunks of the traits' chunk_numel elements
-// (segments.h): the one layout of a call gives every chunk plan it makes.
+// (chunk_plan.h): the one layout of a call gives the chunk plan of each of
+// its transports.
 #include <ATen/ATen.h>
 
 #include <vector>
