@@ -78,7 +78,7 @@ def ceil_div(a, b):
 
 def hop_chunks(pool, chunk_numel, segment_numel):
     """Chunks of the hop's collective among the N nodes over segments of
-    `segment_numel` elements per rank (segments.h: whole 32-element blocks)."""
+    `segment_numel` elements per rank (chunk_plan.h: whole 32-element blocks)."""
     per_rank = ceil_div(ceil_div(chunk_numel, pool.nodes), 32) * 32
     return ceil_div(segment_numel, per_rank)
 
