@@ -114,20 +114,7 @@ def time_fwd_bwd_interleaved(variants, x, grad, reps, device) -> dict:
 def time_call(fn, reps, device) -> float:
     for _ in range(3):
         fn()
-    times = []
-    for _ in range(reps):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return statistics.median(timed(fn, device) for _ in range(reps))
 
 
 def bench_casts(device, dtypes, shapes, reps) -> list:
