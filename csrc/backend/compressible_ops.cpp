@@ -30,11 +30,11 @@ template <typename Opts, typename Pair>
 c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::run_pairs(const Collective& c, std::vector<at::Tensor>& outputs,
                                                           std::vector<at::Tensor>& inputs, const Opts& opts,
                                                           const std::vector<at::Tensor>& user_tensors,
-                                                          const char* phase, Pair&& pair) {
+                                                          Pair&& pair) {
   Opts one = opts;
   one.asyncOp = true;
   return run(c, inputs[0].device(), opts.asyncOp, opts.timeout, user_tensors, outputs, [&](Route& route) {
-    for (size_t i = 0; i < inputs.size(); ++i) route.group.wait(pair(outputs[i], inputs[i], one), phase);
+    for (size_t i = 0; i < inputs.size(); ++i) route.group.wait(pair(outputs[i], inputs[i], one), c.compressed->name);
   });
 }
 
@@ -263,7 +263,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::reduce_scatter_tensor_coalesced(
     return passed(std::move(work), c, outputs);
   }
   return run_pairs(c, outputs, inputs, opts, with_factor(pair_tensors(inputs, outputs), opts.reduceOp, red),
-                   "reduce_scatter", [&](at::Tensor& out, at::Tensor& in, const c10d::ReduceScatterOptions& one) {
+                   [&](at::Tensor& out, at::Tensor& in, const c10d::ReduceScatterOptions& one) {
                      return reduce_scatter_tensor(c, out, in, one);
                    });
 }
@@ -367,7 +367,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::allgather_into_tensor_coalesced(
     for (const auto& in : inputs) record_passthrough(c, bytes_of(in));
     return passed(std::move(work), c, outputs);
   }
-  return run_pairs(c, outputs, inputs, opts, pair_tensors(inputs, outputs), "all_gather",
+  return run_pairs(c, outputs, inputs, opts, pair_tensors(inputs, outputs),
                    [&](at::Tensor& out, at::Tensor& in, const c10d::AllgatherOptions& one) {
                      return all_gather_into_tensor(c, out, in, one);
                    });

@@ -183,11 +183,12 @@ class ProcessGroupFp8 : public c10d::Backend {
 
   // A coalesced call as one collective per (output, input) pair, each
   // pair(output, input, opts) issued in order on this call's stream with its
-  // Work kept, so that its errors are this call's.
+  // Work kept (errors name the phase by c's algorithm), so that its errors
+  // are this call's.
   template <typename Opts, typename Pair>
   c10::intrusive_ptr<c10d::Work> run_pairs(const Collective& c, std::vector<at::Tensor>& outputs,
                                            std::vector<at::Tensor>& inputs, const Opts& opts,
-                                           const std::vector<at::Tensor>& user_tensors, const char* phase, Pair&& pair);
+                                           const std::vector<at::Tensor>& user_tensors, Pair&& pair);
 
   // The tensor forms, also run per pair by their coalesced forms (named `c`).
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor(const Collective& c, at::Tensor& output, at::Tensor& input,
