@@ -156,6 +156,16 @@ class ProcessGroupFp8 : public c10d::Backend {
                                      std::chrono::milliseconds timeout, const std::vector<at::Tensor>& user_tensors,
                                      std::vector<at::Tensor> outputs, Body&& body);
   c10::Stream side_stream(const at::Device& device);
+  // The one compressed call of every entry point: runs (run()) body(algorithm)
+  // on the call's Route, where body does the collective's own part (its
+  // contiguous buffers, the write-back) and calls algorithm(CompressedArgs)
+  // once to run c's compressed algorithm (compressed_algorithms.h); then
+  // records it in stats with `payload` bytes (record_compressed).
+  template <typename Body>
+  c10::intrusive_ptr<c10d::Work> compressed_call(const Collective& c, const at::Device& device, bool async_op,
+                                                 std::chrono::milliseconds timeout,
+                                                 const std::vector<at::Tensor>& user_tensors,
+                                                 std::vector<at::Tensor> outputs, int64_t payload, Body&& body);
 
   // A Work for the caller: `work` as the inner backend returned it, or, where
   // it returned none (a synchronous call, already ordered), a completed one.
