@@ -88,6 +88,37 @@ std::optional<std::vector<std::string>> compress_items(const py::object& v) {
   return items;
 }
 
+// The Options doc string; the ops `compress` takes and its default are the
+// compressed algorithms table's and env.h's.
+const char* options_doc() {
+  static const std::string ops = [] {
+    std::string list;
+    for (const auto& name : fp8comm::compressed::names()) list += (list.empty() ? "" : ", ") + name;
+    return list;
+  }();
+  static const std::string doc = std::string(R"(
+Options of one fp8nccl / fp8gloo process group; pass as ``pg_options`` to
+``init_process_group`` or ``new_group``. A field left as None takes its
+FP8COMM_* environment variable when the group is created, then the default.
+
+block_size: elements per FP8 block, )" FP8C_BLOCK_SIZE_RULE R"( (FP8COMM_BLOCK_SIZE, 32).
+fp8_dtype: "e4m3" / torch.float8_e4m3fn or "e5m2" / torch.float8_e5m2 (FP8COMM_FP8_DTYPE, e4m3).
+min_numel: per-rank element count below which a collective passes through exactly
+    (FP8COMM_MIN_NUMEL, 16384: scalars such as the loss or a grad norm stay exact).
+)") +
+                                 "compress: which of " + ops + " are compressed: a list, or a\n"
+                                 "    comma-separated string; \"all\" or \"none\" (FP8COMM_COMPRESS, " +
+                                 fp8comm::env::kCompress.fallback + ")." + R"(
+cpu_threads: threads per process for the CPU codec (FP8COMM_CPU_THREADS; unset: the
+    process's share of its host's cores). Per process: ranks may differ.
+scope: "all" compresses every link; "inter_node" only the hop between nodes, exact
+    inside a node (FP8COMM_SCOPE, all).
+track_error: True measures the quantization error of every compressed call on this rank;
+    fp8comm.get_stats then reports SQNR per op (FP8COMM_TRACK_ERROR, 0). Per process:
+    ranks may differ. CPU groups (fp8gloo) only: a CUDA group refuses it at creation.)";
+  return doc.c_str();
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -147,25 +178,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "env_positive_int", [](const std::string& name) { return env_var(name).as_positive_int(); }, py::arg("name"),
       "An FP8COMM_* count as csrc/common/env.h reads it: None when unset, else an integer >= 1 "
       "(ValueError otherwise).");
+  m.def(
+      "compressed_algorithms",
+      [] {
+        std::vector<std::pair<std::string, std::vector<int>>> rows;
+        for (const auto* a : fp8comm::compressed::kAll) {
+          std::vector<int> phases;
+          for (size_t i = 0; i < a->num_phases; ++i) phases.push_back(static_cast<int>(a->phases[i]));
+          rows.emplace_back(a->name, phases);
+        }
+        return rows;
+      },
+      "(name, segment-header phases) of every compressed algorithm, in the order Options.compress lists them "
+      "(csrc/backend/compressed_algorithms.h).");
 
-  py::class_<Options, c10d::Backend::Options, c10::intrusive_ptr<Options>>(m, "Options", R"(
-Options of one fp8nccl / fp8gloo process group; pass as ``pg_options`` to
-``init_process_group`` or ``new_group``. A field left as None takes its
-FP8COMM_* environment variable when the group is created, then the default.
-
-block_size: elements per FP8 block, )" FP8C_BLOCK_SIZE_RULE R"( (FP8COMM_BLOCK_SIZE, 32).
-fp8_dtype: "e4m3" / torch.float8_e4m3fn or "e5m2" / torch.float8_e5m2 (FP8COMM_FP8_DTYPE, e4m3).
-min_numel: per-rank element count below which a collective passes through exactly
-    (FP8COMM_MIN_NUMEL, 16384: scalars such as the loss or a grad norm stay exact).
-compress: which of all_reduce, reduce_scatter, all_gather are compressed: a list, or a
-    comma-separated string; "all" or "none" (FP8COMM_COMPRESS, all_reduce,reduce_scatter).
-cpu_threads: threads per process for the CPU codec (FP8COMM_CPU_THREADS; unset: the
-    process's share of its host's cores). Per process: ranks may differ.
-scope: "all" compresses every link; "inter_node" only the hop between nodes, exact
-    inside a node (FP8COMM_SCOPE, all).
-track_error: True measures the quantization error of every compressed call on this rank;
-    fp8comm.get_stats then reports SQNR per op (FP8COMM_TRACK_ERROR, 0). Per process:
-    ranks may differ. CPU groups (fp8gloo) only: a CUDA group refuses it at creation.)")
+  py::class_<Options, c10d::Backend::Options, c10::intrusive_ptr<Options>>(m, "Options", options_doc())
       .def(py::init([](const py::object& block_size, const py::object& fp8_dtype, const py::object& min_numel,
                        const py::object& compress, const py::object& cpu_threads, const py::object& scope,
                        const py::object& track_error) {

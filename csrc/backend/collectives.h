@@ -1,19 +1,19 @@
 #pragma once
 // The collectives of a ProcessGroupFp8, as one table: each c10d entry point's
-// name (as errors and stats name it), its OpType, which compressed algorithm
-// serves it (none: always exact passthrough), and how many bytes this rank
-// sends for it as a plain collective (the standard ring volumes, for stats).
-// A new compressed collective is an algorithm (csrc/algorithms/) and a row.
+// name (as errors and stats name it), its OpType, the compressed algorithm
+// that serves it (compressed_algorithms.h; none: always exact passthrough),
+// and how many bytes this rank sends for it as a plain collective (the
+// standard ring volumes, for stats). A new compressed collective is an
+// algorithm (csrc/algorithms/), its row in compressed_algorithms.h, and rows
+// here that point at it.
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include <stdint.h>
 
 #include "../common/torch_compat.h"
+#include "compressed_algorithms.h"
 
 namespace fp8comm {
-
-// The compressed algorithm a collective can take; each has an Options switch.
-enum class Algorithm : uint8_t { kNone, kAllReduce, kReduceScatter, kAllGather };
 
 // Bytes this rank sends in the plain collective, for `bytes` of payload
 // (all_reduce: the tensor; reduce_scatter: the output; all_gather: the input;
@@ -29,7 +29,7 @@ enum class Volume : uint8_t {
 struct Collective {
   const char* name;
   c10d::OpType type;
-  Algorithm algorithm;
+  const CompressedAlgorithm* compressed;  // null: always exact passthrough
   Volume volume;
 
   int64_t plain_bytes_sent(int64_t bytes, int64_t P) const {
@@ -47,25 +47,25 @@ struct Collective {
 namespace collectives {
 using c10d::OpType;
 // clang-format off
-constexpr Collective kAllReduce{"all_reduce", OpType::ALLREDUCE, Algorithm::kAllReduce, Volume::kAllReduce};
-constexpr Collective kAllReduceCoalesced{"all_reduce_coalesced", OpType::ALLREDUCE_COALESCED, Algorithm::kAllReduce, Volume::kAllReduce};
-constexpr Collective kReduceScatterTensor{"reduce_scatter_tensor", OpType::_REDUCE_SCATTER_BASE, Algorithm::kReduceScatter, Volume::kPerRank};
-constexpr Collective kReduceScatter{"reduce_scatter", OpType::REDUCE_SCATTER, Algorithm::kReduceScatter, Volume::kPerRank};
-constexpr Collective kReduceScatterTensorCoalesced{"reduce_scatter_tensor_coalesced", compat::reduce_scatter_tensor_coalesced_op(), Algorithm::kReduceScatter, Volume::kPerRank};
-constexpr Collective kAllGatherIntoTensor{"all_gather_into_tensor", OpType::_ALLGATHER_BASE, Algorithm::kAllGather, Volume::kPerRank};
-constexpr Collective kAllGather{"all_gather", OpType::ALLGATHER, Algorithm::kAllGather, Volume::kPerRank};
-constexpr Collective kAllGatherIntoTensorCoalesced{"all_gather_into_tensor_coalesced", OpType::ALLGATHER_COALESCED, Algorithm::kAllGather, Volume::kPerRank};
-constexpr Collective kAllGatherCoalesced{"all_gather_coalesced", OpType::ALLGATHER_COALESCED, Algorithm::kNone, Volume::kPerRank};
-constexpr Collective kBroadcast{"broadcast", OpType::BROADCAST, Algorithm::kNone, Volume::kNotCounted};
-constexpr Collective kReduce{"reduce", OpType::REDUCE, Algorithm::kNone, Volume::kNotCounted};
-constexpr Collective kGather{"gather", OpType::GATHER, Algorithm::kNone, Volume::kNotCounted};
-constexpr Collective kScatter{"scatter", OpType::SCATTER, Algorithm::kNone, Volume::kNotCounted};
-constexpr Collective kAllToAllSingle{"all_to_all", OpType::ALLTOALL_BASE, Algorithm::kNone, Volume::kAllToAll};
-constexpr Collective kAllToAll{"all_to_all", OpType::ALLTOALL, Algorithm::kNone, Volume::kAllToAll};
-constexpr Collective kSend{"send", OpType::SEND, Algorithm::kNone, Volume::kSent};
-constexpr Collective kRecv{"recv", OpType::RECV, Algorithm::kNone, Volume::kNotCounted};
-constexpr Collective kRecvAnySource{"recv", OpType::RECVANYSOURCE, Algorithm::kNone, Volume::kNotCounted};
-constexpr Collective kBarrier{"barrier", OpType::BARRIER, Algorithm::kNone, Volume::kNotCounted};
+constexpr Collective kAllReduce{"all_reduce", OpType::ALLREDUCE, &compressed::kAllReduce, Volume::kAllReduce};
+constexpr Collective kAllReduceCoalesced{"all_reduce_coalesced", OpType::ALLREDUCE_COALESCED, &compressed::kAllReduce, Volume::kAllReduce};
+constexpr Collective kReduceScatterTensor{"reduce_scatter_tensor", OpType::_REDUCE_SCATTER_BASE, &compressed::kReduceScatter, Volume::kPerRank};
+constexpr Collective kReduceScatter{"reduce_scatter", OpType::REDUCE_SCATTER, &compressed::kReduceScatter, Volume::kPerRank};
+constexpr Collective kReduceScatterTensorCoalesced{"reduce_scatter_tensor_coalesced", compat::reduce_scatter_tensor_coalesced_op(), &compressed::kReduceScatter, Volume::kPerRank};
+constexpr Collective kAllGatherIntoTensor{"all_gather_into_tensor", OpType::_ALLGATHER_BASE, &compressed::kAllGather, Volume::kPerRank};
+constexpr Collective kAllGather{"all_gather", OpType::ALLGATHER, &compressed::kAllGather, Volume::kPerRank};
+constexpr Collective kAllGatherIntoTensorCoalesced{"all_gather_into_tensor_coalesced", OpType::ALLGATHER_COALESCED, &compressed::kAllGather, Volume::kPerRank};
+constexpr Collective kAllGatherCoalesced{"all_gather_coalesced", OpType::ALLGATHER_COALESCED, nullptr, Volume::kPerRank};
+constexpr Collective kBroadcast{"broadcast", OpType::BROADCAST, nullptr, Volume::kNotCounted};
+constexpr Collective kReduce{"reduce", OpType::REDUCE, nullptr, Volume::kNotCounted};
+constexpr Collective kGather{"gather", OpType::GATHER, nullptr, Volume::kNotCounted};
+constexpr Collective kScatter{"scatter", OpType::SCATTER, nullptr, Volume::kNotCounted};
+constexpr Collective kAllToAllSingle{"all_to_all", OpType::ALLTOALL_BASE, nullptr, Volume::kAllToAll};
+constexpr Collective kAllToAll{"all_to_all", OpType::ALLTOALL, nullptr, Volume::kAllToAll};
+constexpr Collective kSend{"send", OpType::SEND, nullptr, Volume::kSent};
+constexpr Collective kRecv{"recv", OpType::RECV, nullptr, Volume::kNotCounted};
+constexpr Collective kRecvAnySource{"recv", OpType::RECVANYSOURCE, nullptr, Volume::kNotCounted};
+constexpr Collective kBarrier{"barrier", OpType::BARRIER, nullptr, Volume::kNotCounted};
 // clang-format on
 }  // namespace collectives
 

@@ -30,11 +30,11 @@ template <typename Opts, typename Pair>
 c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::run_pairs(const Collective& c, std::vector<at::Tensor>& outputs,
                                                           std::vector<at::Tensor>& inputs, const Opts& opts,
                                                           const std::vector<at::Tensor>& user_tensors,
-                                                          const char* phase, Pair&& pair) {
+                                                          Pair&& pair) {
   Opts one = opts;
   one.asyncOp = true;
   return run(c, inputs[0].device(), opts.asyncOp, opts.timeout, user_tensors, outputs, [&](Route& route) {
-    for (size_t i = 0; i < inputs.size(); ++i) route.group.wait(pair(outputs[i], inputs[i], one), phase);
+    for (size_t i = 0; i < inputs.size(); ++i) route.group.wait(pair(outputs[i], inputs[i], one), c.compressed->name);
   });
 }
 
@@ -73,17 +73,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::allreduce(std::vector<at::Tensor
                               return inner->allreduce(ts, o);
                             });
   }
-  const WireLayout wire = wire_layout(tensor.device().type());
-  NodeBytes sent;
-  QuantizationError error;
-  auto work = run(c, tensor.device(), opts.asyncOp, opts.timeout, with_factor({tensor}, opts.reduceOp, red), {tensor},
-                  [&](Route& route) {
-                    at::Tensor buffer = contiguous_or_self(tensor);
-                    sent = fp8comm::all_reduce(route, wire, workspace_, buffer, *red, measured(error));
-                    write_back(tensor, buffer);
-                  });
-  record_compressed(c, bytes_of(tensor), sent, error);
-  return work;
+  return compressed_call(c, tensor.device(), opts.asyncOp, opts.timeout, with_factor({tensor}, opts.reduceOp, red),
+                         {tensor}, bytes_of(tensor), [&](auto&& algorithm) {
+                           at::Tensor buffer = contiguous_or_self(tensor);
+                           algorithm(CompressedArgs{{buffer}, {}, &*red});
+                           write_back(tensor, buffer);
+                         });
 }
 
 // One all_reduce of the concatenation, like a DDP bucket.
@@ -111,23 +106,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::allreduce_coalesced(std::vector<
                               return inner->allreduce_coalesced(ts, o);
                             });
   }
-  const WireLayout wire = wire_layout(tensors[0].device().type());
-  NodeBytes sent;
-  QuantizationError error;
-  auto work = run(c, tensors[0].device(), opts.asyncOp, opts.timeout, with_factor(tensors, opts.reduceOp, red),
-                  tensors, [&](Route& route) {
-                    std::vector<at::Tensor> flat_views;
-                    for (const auto& t : tensors) flat_views.push_back(t.reshape({-1}));
-                    at::Tensor flat = at::cat(flat_views);
-                    sent = fp8comm::all_reduce(route, wire, workspace_, flat, *red, measured(error));
-                    int64_t offset = 0;
-                    for (auto& t : tensors) {
-                      t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
-                      offset += t.numel();
-                    }
-                  });
-  record_compressed(c, bytes_of(tensors), sent, error);
-  return work;
+  return compressed_call(c, tensors[0].device(), opts.asyncOp, opts.timeout, with_factor(tensors, opts.reduceOp, red),
+                         tensors, bytes_of(tensors), [&](auto&& algorithm) {
+                           std::vector<at::Tensor> flat_views;
+                           for (const auto& t : tensors) flat_views.push_back(t.reshape({-1}));
+                           at::Tensor flat = at::cat(flat_views);
+                           algorithm(CompressedArgs{{flat}, {}, &*red});
+                           int64_t offset = 0;
+                           for (auto& t : tensors) {
+                             t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+                             offset += t.numel();
+                           }
+                         });
 }
 
 // -------------------------------------------------------------- reduce_scatter
@@ -173,18 +163,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::reduce_scatter_tensor(const Coll
     return work;
   }
   check_dense(c.name, output);
-  const WireLayout wire = wire_layout(input.device().type());
-  NodeBytes sent;
-  QuantizationError error;
-  auto work = run(c, input.device(), opts.asyncOp, opts.timeout, with_factor({input, output}, opts.reduceOp, red),
-                  {output}, [&](Route& route) {
-                    at::Tensor out = contiguous_or_self(output);
-                    sent = fp8comm::reduce_scatter(route, wire, workspace_, out, {contiguous_or_self(input)}, *red,
-                                                   measured(error));
-                    write_back(output, out);
-                  });
-  record_compressed(c, bytes_of(output), sent, error);
-  return work;
+  return compressed_call(c, input.device(), opts.asyncOp, opts.timeout,
+                         with_factor({input, output}, opts.reduceOp, red), {output}, bytes_of(output),
+                         [&](auto&& algorithm) {
+                           at::Tensor out = contiguous_or_self(output);
+                           algorithm(CompressedArgs{{out}, {contiguous_or_self(input)}, &*red});
+                           write_back(output, out);
+                         });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -223,19 +208,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::reduce_scatter(std::vector<at::T
   }
   std::vector<at::Tensor> user = inputs[0];
   user.push_back(output);
-  const WireLayout wire = wire_layout(output.device().type());
-  NodeBytes sent;
-  QuantizationError error;
-  auto work = run(c, output.device(), opts.asyncOp, opts.timeout, with_factor(user, opts.reduceOp, red), outputs,
-                  [&](Route& route) {
-                    std::vector<at::Tensor> segments;
-                    for (const auto& in : inputs[0]) segments.push_back(contiguous_or_self(in));
-                    at::Tensor out = contiguous_or_self(output);
-                    sent = fp8comm::reduce_scatter(route, wire, workspace_, out, segments, *red, measured(error));
-                    write_back(output, out);
-                  });
-  record_compressed(c, bytes_of(output), sent, error);
-  return work;
+  return compressed_call(c, output.device(), opts.asyncOp, opts.timeout, with_factor(user, opts.reduceOp, red), outputs,
+                         bytes_of(output), [&](auto&& algorithm) {
+                           std::vector<at::Tensor> segments;
+                           for (const auto& in : inputs[0]) segments.push_back(contiguous_or_self(in));
+                           at::Tensor out = contiguous_or_self(output);
+                           algorithm(CompressedArgs{{out}, segments, &*red});
+                           write_back(output, out);
+                         });
 }
 
 // Each pair is its own collective (compressed or passed through, as it would
@@ -263,7 +243,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::reduce_scatter_tensor_coalesced(
     return passed(std::move(work), c, outputs);
   }
   return run_pairs(c, outputs, inputs, opts, with_factor(pair_tensors(inputs, outputs), opts.reduceOp, red),
-                   "reduce_scatter", [&](at::Tensor& out, at::Tensor& in, const c10d::ReduceScatterOptions& one) {
+                   [&](at::Tensor& out, at::Tensor& in, const c10d::ReduceScatterOptions& one) {
                      return reduce_scatter_tensor(c, out, in, one);
                    });
 }
@@ -294,16 +274,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::all_gather_into_tensor(const Col
     return passed(std::move(work), c, {output});
   }
   check_dense(c.name, output);
-  const WireLayout wire = wire_layout(input.device().type());
-  NodeBytes sent;
-  QuantizationError error;
-  auto work = run(c, input.device(), opts.asyncOp, opts.timeout, {input, output}, {output}, [&](Route& route) {
-    at::Tensor out = contiguous_or_self(output);
-    sent = fp8comm::all_gather(route, wire, workspace_, {out}, contiguous_or_self(input), measured(error));
-    write_back(output, out);
-  });
-  record_compressed(c, bytes_of(input), sent, error);
-  return work;
+  return compressed_call(c, input.device(), opts.asyncOp, opts.timeout, {input, output}, {output}, bytes_of(input),
+                         [&](auto&& algorithm) {
+                           at::Tensor out = contiguous_or_self(output);
+                           algorithm(CompressedArgs{{out}, {contiguous_or_self(input)}, nullptr});
+                           write_back(output, out);
+                         });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -331,17 +307,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::allgather(std::vector<std::vecto
   }
   std::vector<at::Tensor> user = outputs[0];
   user.push_back(input);
-  const WireLayout wire = wire_layout(input.device().type());
-  NodeBytes sent;
-  QuantizationError error;
-  auto work = run(c, input.device(), opts.asyncOp, opts.timeout, user, outputs[0], [&](Route& route) {
-    std::vector<at::Tensor> outs;
-    for (const auto& out : outputs[0]) outs.push_back(contiguous_or_self(out));
-    sent = fp8comm::all_gather(route, wire, workspace_, outs, contiguous_or_self(input), measured(error));
-    for (size_t r = 0; r < outs.size(); ++r) write_back(outputs[0][r], outs[r]);
-  });
-  record_compressed(c, bytes_of(input), sent, error);
-  return work;
+  return compressed_call(c, input.device(), opts.asyncOp, opts.timeout, user, outputs[0], bytes_of(input),
+                         [&](auto&& algorithm) {
+                           std::vector<at::Tensor> outs;
+                           for (const auto& out : outputs[0]) outs.push_back(contiguous_or_self(out));
+                           algorithm(CompressedArgs{outs, {contiguous_or_self(input)}, nullptr});
+                           for (size_t r = 0; r < outs.size(); ++r) write_back(outputs[0][r], outs[r]);
+                         });
 }
 
 // As reduce_scatter_tensor_coalesced: one collective per pair, all checked first.
@@ -367,7 +339,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::allgather_into_tensor_coalesced(
     for (const auto& in : inputs) record_passthrough(c, bytes_of(in));
     return passed(std::move(work), c, outputs);
   }
-  return run_pairs(c, outputs, inputs, opts, pair_tensors(inputs, outputs), "all_gather",
+  return run_pairs(c, outputs, inputs, opts, pair_tensors(inputs, outputs),
                    [&](at::Tensor& out, at::Tensor& in, const c10d::AllgatherOptions& one) {
                      return all_gather_into_tensor(c, out, in, one);
                    });

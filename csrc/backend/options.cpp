@@ -39,7 +39,7 @@ std::optional<Scope> find_scope(const std::string& name) {
 }
 
 const std::vector<std::string>& Options::compressible_ops() {
-  static const std::vector<std::string> ops{"all_reduce", "reduce_scatter", "all_gather"};
+  static const std::vector<std::string> ops = compressed::names();
   return ops;
 }
 
@@ -66,8 +66,10 @@ std::vector<std::string> parse_compress(const std::vector<std::string>& raw, con
   for (const auto& s : items) {
     if (std::find(all.begin(), all.end(), s) == all.end()) unknown += (unknown.empty() ? "'" : ", '") + s + "'";
   }
-  TORCH_CHECK_VALUE(unknown.empty(), where, ": unknown op(s) [", unknown, "]; choose from ['all_reduce', ",
-                    "'reduce_scatter', 'all_gather'], 'all' or 'none'");
+  std::string choices;
+  for (const auto& op : all) choices += (choices.empty() ? "'" : ", '") + op + "'";
+  TORCH_CHECK_VALUE(unknown.empty(), where, ": unknown op(s) [", unknown, "]; choose from [", choices,
+                    "], 'all' or 'none'");
   std::vector<std::string> ops;
   for (const auto& op : all) {
     if (std::find(items.begin(), items.end(), op) != items.end()) ops.push_back(op);
@@ -105,16 +107,10 @@ c10::intrusive_ptr<Options> Options::resolved() const {
   return r;
 }
 
-bool Options::compresses(Algorithm algorithm) const {
+bool Options::compresses(const CompressedAlgorithm* algorithm) const {
   TORCH_CHECK(compress, "fp8comm.Options: compresses() of options that are not resolved");
-  const char* name = nullptr;
-  switch (algorithm) {
-    case Algorithm::kAllReduce: name = "all_reduce"; break;
-    case Algorithm::kReduceScatter: name = "reduce_scatter"; break;
-    case Algorithm::kAllGather: name = "all_gather"; break;
-    case Algorithm::kNone: return false;
-  }
-  return std::find(compress->begin(), compress->end(), name) != compress->end();
+  if (!algorithm) return false;
+  return std::find(compress->begin(), compress->end(), algorithm->name) != compress->end();
 }
 
 std::map<std::string, std::string> Options::fingerprint() const {

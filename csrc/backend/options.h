@@ -24,7 +24,8 @@ std::optional<Scope> find_scope(const std::string& name);
 
 struct Options : c10d::Backend::Options {
   static constexpr const char* kBackendName = "fp8comm";
-  // The collectives that have a compressed algorithm, as `compress` names them.
+  // The collectives that have a compressed algorithm, as `compress` names
+  // them: the names of compressed::kAll (compressed_algorithms.h), in its order.
   static const std::vector<std::string>& compressible_ops();
 
   Options() : c10d::Backend::Options(kBackendName) {}
@@ -48,7 +49,8 @@ struct Options : c10d::Backend::Options {
   c10::intrusive_ptr<Options> resolved() const;
 
   // Of a resolved Options:
-  bool compresses(Algorithm algorithm) const;
+  // Whether `algorithm` (null: none, never) is switched on.
+  bool compresses(const CompressedAlgorithm* algorithm) const;
   // What every rank of a group must agree on, by name: each changes the
   // bytes or the calls on the wire (device segments carry no header).
   std::map<std::string, std::string> fingerprint() const;

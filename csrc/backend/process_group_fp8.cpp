@@ -132,7 +132,7 @@ const std::string ProcessGroupFp8::getBackendName() const {
 }
 
 bool ProcessGroupFp8::compresses(const Collective& c, const at::Tensor& t, int64_t per_rank_numel) const {
-  const bool enabled = options_->compresses(c.algorithm);
+  const bool enabled = options_->compresses(c.compressed);
   std::lock_guard<std::mutex> lock(mutex_);
   // A group on one node in the inter_node scope has no hop to compress.
   const bool has_link = *options_->scope == Scope::kAll || nodes_ > 1;

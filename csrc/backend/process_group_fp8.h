@@ -156,6 +156,16 @@ class ProcessGroupFp8 : public c10d::Backend {
                                      std::chrono::milliseconds timeout, const std::vector<at::Tensor>& user_tensors,
                                      std::vector<at::Tensor> outputs, Body&& body);
   c10::Stream side_stream(const at::Device& device);
+  // The one compressed call of every entry point: runs (run()) body(algorithm)
+  // on the call's Route, where body does the collective's own part (its
+  // contiguous buffers, the write-back) and calls algorithm(CompressedArgs)
+  // once to run c's compressed algorithm (compressed_algorithms.h); then
+  // records it in stats with `payload` bytes (record_compressed).
+  template <typename Body>
+  c10::intrusive_ptr<c10d::Work> compressed_call(const Collective& c, const at::Device& device, bool async_op,
+                                                 std::chrono::milliseconds timeout,
+                                                 const std::vector<at::Tensor>& user_tensors,
+                                                 std::vector<at::Tensor> outputs, int64_t payload, Body&& body);
 
   // A Work for the caller: `work` as the inner backend returned it, or, where
   // it returned none (a synchronous call, already ordered), a completed one.
@@ -183,11 +193,12 @@ class ProcessGroupFp8 : public c10d::Backend {
 
   // A coalesced call as one collective per (output, input) pair, each
   // pair(output, input, opts) issued in order on this call's stream with its
-  // Work kept, so that its errors are this call's.
+  // Work kept (errors name the phase by c's algorithm), so that its errors
+  // are this call's.
   template <typename Opts, typename Pair>
   c10::intrusive_ptr<c10d::Work> run_pairs(const Collective& c, std::vector<at::Tensor>& outputs,
                                            std::vector<at::Tensor>& inputs, const Opts& opts,
-                                           const std::vector<at::Tensor>& user_tensors, const char* phase, Pair&& pair);
+                                           const std::vector<at::Tensor>& user_tensors, Pair&& pair);
 
   // The tensor forms, also run per pair by their coalesced forms (named `c`).
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor(const Collective& c, at::Tensor& output, at::Tensor& input,

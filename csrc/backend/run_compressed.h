@@ -1,5 +1,6 @@
 #pragma once
-// ProcessGroupFp8::run, the stream and Work contract of a compressed call
+// ProcessGroupFp8::compressed_call, the one compressed call of every entry
+// point, over ProcessGroupFp8::run, the stream and Work contract of a compressed call
 // (DESIGN.md, "Streams and Work"): on CUDA with async_op the side stream
 // first waits for the caller's stream, the algorithm runs there, and the
 // user's tensors are marked in use by it; without async_op it runs on the
@@ -74,6 +75,26 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::run(const Collective& c, const a
   end.record(stream);
   return c10::make_intrusive<Fp8Work>(rank_, c.type, c.name, std::move(outputs), transport.take_works(),
                                       std::move(end), stream, user_tensors);
+}
+
+// The wire layout is the transport's; the bytes sent and the quantization
+// error are the algorithm's, recorded once the call has been issued.
+template <typename Body>
+c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::compressed_call(const Collective& c, const at::Device& device,
+                                                                bool async_op, std::chrono::milliseconds timeout,
+                                                                const std::vector<at::Tensor>& user_tensors,
+                                                                std::vector<at::Tensor> outputs, int64_t payload,
+                                                                Body&& body) {
+  TORCH_INTERNAL_ASSERT(c.compressed, "fp8comm ", c.name, ": the collectives table names no compressed algorithm");
+  const CompressedAlgorithm& algorithm = *c.compressed;
+  const WireLayout wire = wire_layout(device.type());
+  NodeBytes sent;
+  QuantizationError error;
+  auto work = run(c, device, async_op, timeout, user_tensors, std::move(outputs), [&](Route& route) {
+    body([&](const CompressedArgs& args) { sent = algorithm.run(route, wire, workspace_, args, measured(error)); });
+  });
+  record_compressed(c, payload, sent, error);
+  return work;
 }
 
 }  // namespace fp8comm
