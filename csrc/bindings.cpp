@@ -184,13 +184,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         std::vector<std::pair<std::string, std::vector<int>>> rows;
         for (const auto* a : fp8comm::compressed::kAll) {
           std::vector<int> phases;
-          for (size_t i = 0; i < a->num_phases; ++i) phases.push_back(static_cast<int>(a->phases[i]));
+          for (size_t i = 0; i < a->num_phases; ++i) phases.push_back(static_cast<int>(a->phases[i].wire));
           rows.emplace_back(a->name, phases);
         }
         return rows;
       },
       "(name, segment-header phases) of every compressed algorithm, in the order Options.compress lists them "
-      "(csrc/backend/compressed_algorithms.h).");
+      "(csrc/algorithms/compressed_algorithms.h).");
 
   py::class_<Options, c10d::Backend::Options, c10::intrusive_ptr<Options>>(m, "Options", options_doc())
       .def(py::init([](const py::object& block_size, const py::object& fp8_dtype, const py::object& min_numel,

@@ -6,6 +6,7 @@
 // ChunkHooks, each as soon as its gather is through: algorithms.h).
 #include "algorithms.h"
 #include "chunk_plan.h"
+#include "compressed_algorithms.h"
 #include "segments.h"
 
 namespace fp8comm {
@@ -23,14 +24,14 @@ void all_gather(Transport& t, const WireLayout& wire, Workspace& ws, const std::
     at::Tensor chunk_gathered = gathered.narrow(0, c.gathered_at, P * c.S);
     at::Tensor mine = chunk_gathered.narrow(0, t.gather_slot(t.rank()) * c.S, c.S);
     quantize_measured(in.narrow(0, c.begin, c.numel), Reduction{}, wire.codes(mine, 1, c.m), error);
-    wire.write_headers(mine, 1, c.m, Phase::kAllGatherInputs, k);
+    wire.write_headers(mine, 1, c.m, compressed::kAllGather.phases[0], k);
     at::Tensor chunk_scratch = scratch.narrow(0, c.scratch_at, t.gather_scratch_bytes(c.S));
     gathers.push_back(t.start_all_gather(chunk_gathered, c.S, chunk_scratch));
   }
   for (size_t i = 0; i < chunks.size(); ++i) {
     const Chunk& c = chunks[i];
     t.wait(gathers[i], "all_gather");
-    wire.check_headers(gathered.narrow(0, c.gathered_at, P * c.S), t.gathered_from(), c.m, Phase::kAllGatherInputs,
+    wire.check_headers(gathered.narrow(0, c.gathered_at, P * c.S), t.gathered_from(), c.m, compressed::kAllGather.phases[0],
                        k, t.op());
     if (hooks) {
       // Decoded where the caller's next phase reads it at once: no
@@ -56,6 +57,13 @@ void all_gather(Transport& t, const WireLayout& wire, Workspace& ws, const std::
       });
     }
   }
+}
+
+NodeBytes compressed::run_all_gather(Route& route, const WireLayout& wire, Workspace& ws, const CompressedArgs& a,
+                                     QuantizationError* error) {
+  const at::Tensor& input = a.inputs.at(0);
+  return route.run([&](Transport& t) { all_gather(t, wire, ws, a.outputs, input, error); },
+                   [&](NodeTransports& g) { all_gather_by_node(g, wire, ws, a.outputs, input, error); });
 }
 
 }  // namespace fp8comm

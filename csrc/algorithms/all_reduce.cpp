@@ -13,6 +13,7 @@
 // through, every chunk is decoded into the tensor.
 #include "algorithms.h"
 #include "chunk_plan.h"
+#include "compressed_algorithms.h"
 #include "segments.h"
 
 namespace fp8comm {
@@ -37,7 +38,7 @@ void all_reduce(Transport& t, const WireLayout& wire, Workspace& ws, const at::T
     at::Tensor chunk_send = part(send, c.exchanged_at, (P - 1) * c.S);
     at::Tensor chunk_recv = part(recv, c.exchanged_at, (P - 1) * c.S);
     quantize_for_peers(t, wire, elements(c), c.m, red, chunk_send, error);
-    wire.write_headers(chunk_send, P - 1, c.m, Phase::kAllReducePieces, n);
+    wire.write_headers(chunk_send, P - 1, c.m, compressed::kAllReduce.phases[0], n);
     exchanges.push_back(t.start_exchange(chunk_recv, chunk_send, c.S));
   }
   for (size_t i = 0; i < chunks.size(); ++i) {
@@ -46,13 +47,13 @@ void all_reduce(Transport& t, const WireLayout& wire, Workspace& ws, const at::T
     at::Tensor chunk_gathered = part(gathered, c.gathered_at, P * c.S);
     at::Tensor chunk_scratch = part(scratch, c.scratch_at, t.gather_scratch_bytes(c.S));
     t.wait(exchanges[i], "all_to_all");
-    wire.check_headers(chunk_recv, t.peers(), c.m, Phase::kAllReducePieces, n, t.op());
+    wire.check_headers(chunk_recv, t.peers(), c.m, compressed::kAllReduce.phases[0], n, t.op());
     at::Tensor sum = chunk_gathered.narrow(0, t.gather_slot(rank) * c.S, c.S);
     const OwnAddendTensor own{segments_of(elements(c), rank, 1, c.m), red.premul, red.premul_tensor};
     dequant_sum_requantize_into(wire.codes(chunk_recv, P - 1, c.m), own, red.post_div, wire.codes(sum, 1, c.m),
                                 tensor.device());
     if (error) measure_requantized_sum(wire.codes(chunk_recv, P - 1, c.m), own, red.post_div, wire.codes(sum, 1, c.m), *error);
-    wire.write_headers(sum, 1, c.m, Phase::kAllReduceSums, n);
+    wire.write_headers(sum, 1, c.m, compressed::kAllReduce.phases[1], n);
     gathers.push_back(t.start_all_gather(chunk_gathered, c.S, chunk_scratch));
   }
   auto decode = [&](const Chunk& c, int64_t whole_output_bytes) {
@@ -63,7 +64,7 @@ void all_reduce(Transport& t, const WireLayout& wire, Workspace& ws, const at::T
   for (size_t i = 0; i < chunks.size(); ++i) {
     const Chunk& c = chunks[i];
     t.wait(gathers[i], "all_gather");
-    wire.check_headers(part(gathered, c.gathered_at, P * c.S), t.gathered_from(), c.m, Phase::kAllReduceSums, n,
+    wire.check_headers(part(gathered, c.gathered_at, P * c.S), t.gathered_from(), c.m, compressed::kAllReduce.phases[1], n,
                        t.op());
     if (hooks) {
       // Decoded for the caller's next phase, which reads it at once: no
@@ -75,6 +76,14 @@ void all_reduce(Transport& t, const WireLayout& wire, Workspace& ws, const at::T
   if (hooks) return;
   // Written only now: a call that failed in any phase has left the tensor as it was.
   for (const Chunk& c : chunks) decode(c, tensor.nbytes());
+}
+
+NodeBytes compressed::run_all_reduce(Route& route, const WireLayout& wire, Workspace& ws, const CompressedArgs& a,
+                                     QuantizationError* error) {
+  const at::Tensor& tensor = a.outputs.at(0);
+  const Reduction& red = *a.reduction;
+  return route.run([&](Transport& t) { all_reduce(t, wire, ws, tensor, red, error); },
+                   [&](NodeTransports& g) { all_reduce_by_node(g, wire, ws, tensor, red, error); });
 }
 
 }  // namespace fp8comm

@@ -7,6 +7,7 @@
 
 #include "algorithms.h"
 #include "chunk_plan.h"
+#include "compressed_algorithms.h"
 #include "segments.h"
 
 namespace fp8comm {
@@ -36,13 +37,13 @@ void reduce_scatter(Transport& t, const WireLayout& wire, Workspace& ws, const a
       const BlockCodes codes = wire.codes(chunk_send.narrow(0, slot++ * c.S, c.S), 1, c.m);
       quantize_measured(piece(r, c.begin, c.numel), red, codes, error);
     }
-    wire.write_headers(chunk_send, P - 1, c.m, Phase::kReduceScatterPieces, k);
+    wire.write_headers(chunk_send, P - 1, c.m, compressed::kReduceScatter.phases[0], k);
     exchanges.push_back(t.start_exchange(chunk_recv, chunk_send, c.S));
   }
   for (size_t i = 0; i < chunks.size(); ++i) {
     const Chunk& c = chunks[i];
     t.wait(exchanges[i], "all_to_all");
-    wire.check_headers(recv.narrow(0, c.exchanged_at, (P - 1) * c.S), t.peers(), c.m, Phase::kReduceScatterPieces,
+    wire.check_headers(recv.narrow(0, c.exchanged_at, (P - 1) * c.S), t.peers(), c.m, compressed::kReduceScatter.phases[0],
                        k, t.op());
   }
   const at::Tensor out = output.view({-1});
@@ -51,6 +52,14 @@ void reduce_scatter(Transport& t, const WireLayout& wire, Workspace& ws, const a
                      OwnAddendTensor{own.view({-1}).narrow(0, c.begin, c.numel), red.premul, red.premul_tensor},
                      red.post_div, out.narrow(0, c.begin, c.numel));
   }
+}
+
+NodeBytes compressed::run_reduce_scatter(Route& route, const WireLayout& wire, Workspace& ws, const CompressedArgs& a,
+                                         QuantizationError* error) {
+  const at::Tensor& output = a.outputs.at(0);
+  const Reduction& red = *a.reduction;
+  return route.run([&](Transport& t) { reduce_scatter(t, wire, ws, output, a.inputs, red, error); },
+                   [&](NodeTransports& g) { reduce_scatter_by_node(g, wire, ws, output, a.inputs, red, error); });
 }
 
 }  // namespace fp8comm

@@ -17,24 +17,4 @@ NodeBytes Route::run(const std::function<void(Transport&)>& flat,
   return {intra, bytes - intra};
 }
 
-NodeBytes all_reduce(Route& route, const WireLayout& wire, Workspace& ws, const at::Tensor& tensor,
-                     const Reduction& red, QuantizationError* error) {
-  return route.run([&](Transport& t) { all_reduce(t, wire, ws, tensor, red, error); },
-                   [&](NodeTransports& g) { all_reduce_by_node(g, wire, ws, tensor, red, error); });
-}
-
-NodeBytes reduce_scatter(Route& route, const WireLayout& wire, Workspace& ws, const at::Tensor& output,
-                         const std::vector<at::Tensor>& input_segments, const Reduction& red, QuantizationError* error) {
-  const std::vector<at::Tensor>& in = input_segments;
-  return route.run([&](Transport& t) { reduce_scatter(t, wire, ws, output, in, red, error); },
-                   [&](NodeTransports& g) { reduce_scatter_by_node(g, wire, ws, output, in, red, error); });
-}
-
-NodeBytes all_gather(Route& route, const WireLayout& wire, Workspace& ws, const std::vector<at::Tensor>& output_segments,
-                     const at::Tensor& input, QuantizationError* error) {
-  const std::vector<at::Tensor>& out = output_segments;
-  return route.run([&](Transport& t) { all_gather(t, wire, ws, out, input, error); },
-                   [&](NodeTransports& g) { all_gather_by_node(g, wire, ws, out, input, error); });
-}
-
 }  // namespace fp8comm

@@ -1,9 +1,11 @@
 #pragma once
-// Which algorithm a compressed call runs (DESIGN.md, "Topology"): the flat
-// one over the whole group, or, in the inter_node scope on a group of several
-// nodes of several ranks, the by-node one. Each returns what this rank sent
-// in it, as its transports counted it (Transport::bytes_sent), split into
-// bytes to ranks on its own node and to other nodes (stats).
+// Which variant of an algorithm a compressed call runs (DESIGN.md,
+// "Topology"): the flat one over the whole group, or, in the inter_node scope
+// on a group of several nodes of several ranks, the by-node one. Either way
+// the Route returns what this rank sent in it, as its transports counted it
+// (Transport::bytes_sent), split into bytes to ranks on its own node and to
+// other nodes (stats). Each algorithm's entry over a Route is its row of
+// compressed_algorithms.h.
 #include <functional>
 
 #include "../common/node_bytes.h"
@@ -23,13 +25,5 @@ struct Route {
   // group transport's count splits by the share of peers on this node.
   NodeBytes run(const std::function<void(Transport&)>& flat, const std::function<void(NodeTransports&)>& by_node);
 };
-
-// `error`: where the quantization error is added (Options.track_error), or null.
-NodeBytes all_reduce(Route& route, const WireLayout& wire, Workspace& ws, const at::Tensor& tensor,
-                     const Reduction& red, QuantizationError* error);
-NodeBytes reduce_scatter(Route& route, const WireLayout& wire, Workspace& ws, const at::Tensor& output,
-                         const std::vector<at::Tensor>& input_segments, const Reduction& red, QuantizationError* error);
-NodeBytes all_gather(Route& route, const WireLayout& wire, Workspace& ws, const std::vector<at::Tensor>& output_segments,
-                     const at::Tensor& input, QuantizationError* error);
 
 }  // namespace fp8comm

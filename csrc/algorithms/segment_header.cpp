@@ -10,16 +10,6 @@
 namespace fp8comm {
 namespace {
 
-const char* phase_name(Phase p) {
-  switch (p) {
-    case Phase::kAllReducePieces: return "the reduce phase of an all_reduce";
-    case Phase::kAllReduceSums: return "the gather phase of an all_reduce";
-    case Phase::kReduceScatterPieces: return "a reduce_scatter";
-    case Phase::kAllGatherInputs: return "an all_gather";
-  }
-  return "an unknown phase";
-}
-
 // A peer's header byte may hold any value: name it only when it is a dtype.
 std::string fp8_dtype_label(uint8_t v) {
   for (const auto& row : kFp8DtypeTable) {
@@ -34,7 +24,7 @@ void write_headers(uint8_t* base, int64_t count, int64_t stride, const SegmentHe
   for (int64_t r = 0; r < count; ++r) std::memcpy(base + r * stride, &h, sizeof(h));
 }
 
-void check_headers(const uint8_t* base, int64_t stride, const std::vector<int64_t>& senders,
+void check_headers(const uint8_t* base, int64_t stride, const std::vector<int64_t>& senders, const Phase& phase,
                    const SegmentHeader& expected, const char* op) {
   for (size_t i = 0; i < senders.size(); ++i) {
     const int64_t r = senders[i];
@@ -43,7 +33,7 @@ void check_headers(const uint8_t* base, int64_t stride, const std::vector<int64_
     std::memcpy(&got, base + static_cast<int64_t>(i) * stride, sizeof(got));
     if (std::memcmp(&got, &expected, sizeof(got)) == 0) continue;
     TORCH_CHECK(got.magic == SegmentHeader::kMagic && got.phase == expected.phase, "fp8comm ", op, ": rank ", r,
-                " sent bytes that are not a piece of ", phase_name(expected.phase),
+                " sent bytes that are not a piece of ", phase.what,
                 ": the ranks did not call the same collective; every rank must issue the same collectives in "
                 "the same order (TORCH_DISTRIBUTED_DEBUG=DETAIL names the mismatched call)");
     TORCH_CHECK(false, "fp8comm ", op, ": rank ", r, " called it with ", got.numel, " elements, block_size ",

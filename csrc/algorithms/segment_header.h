@@ -19,24 +19,24 @@
 
 namespace fp8comm {
 
-// What a segment carries, named by collective and step (DESIGN.md, "Algorithms").
-enum class Phase : uint8_t {
-  kAllReducePieces = 1,      // a rank's quantized piece of a segment, sent to the segment's owner
-  kAllReduceSums = 2,        // an owner's re-quantized sum, sent to every rank
-  kReduceScatterPieces = 3,  // a rank's quantized piece of a segment, sent to its owner
-  kAllGatherInputs = 4,      // a rank's quantized input, sent to every rank
+// What a segment carries: a step of a compressed collective, by the byte its
+// header holds and what an error calls it. Each algorithm's phases are its
+// row of compressed_algorithms.h.
+struct Phase {
+  uint8_t wire;
+  const char* what;
 };
 
 struct SegmentHeader {
   static constexpr uint32_t kMagic = 0x38435046u;  // "FPC8"
   uint32_t magic = kMagic;
-  Phase phase;
+  uint8_t phase;      // Phase::wire
   uint8_t fp8_dtype;    // Fp8Dtype
   uint16_t block_size;  // <= 4096
   int64_t numel;        // the collective's size: all_reduce n, reduce_scatter / all_gather per-rank numel
 
-  SegmentHeader(Phase p, Fp8Dtype f, int block, int64_t n)
-      : phase(p), fp8_dtype(static_cast<uint8_t>(f)), block_size(static_cast<uint16_t>(block)), numel(n) {}
+  SegmentHeader(const Phase& p, Fp8Dtype f, int block, int64_t n)
+      : phase(p.wire), fp8_dtype(static_cast<uint8_t>(f)), block_size(static_cast<uint16_t>(block)), numel(n) {}
 };
 static_assert(sizeof(SegmentHeader) == 16, "the header is 16 bytes on the wire");
 
@@ -44,9 +44,9 @@ static_assert(sizeof(SegmentHeader) == 16, "the header is 16 bytes on the wire")
 void write_headers(uint8_t* base, int64_t count, int64_t stride, const SegmentHeader& h);
 
 // Checks that segment i (`stride` bytes apart from `base`), sent by rank
-// senders[i], carries `expected` (a negative sender: not checked); raises an
-// error naming `op`, the rank and the mismatch.
-void check_headers(const uint8_t* base, int64_t stride, const std::vector<int64_t>& senders,
+// senders[i], carries `expected`, a header of `phase` (a negative sender:
+// not checked); raises an error naming `op`, the rank and the mismatch.
+void check_headers(const uint8_t* base, int64_t stride, const std::vector<int64_t>& senders, const Phase& phase,
                    const SegmentHeader& expected, const char* op);
 
 }  // namespace fp8comm

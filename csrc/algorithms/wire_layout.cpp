@@ -9,16 +9,16 @@ BlockCodes WireLayout::codes(const at::Tensor& bytes, int64_t count, int64_t m) 
   return codes;
 }
 
-void WireLayout::write_headers(const at::Tensor& bytes, int64_t count, int64_t m, Phase phase, int64_t n) const {
+void WireLayout::write_headers(const at::Tensor& bytes, int64_t count, int64_t m, const Phase& phase, int64_t n) const {
   if (!headers_) return;
   fp8comm::write_headers(static_cast<uint8_t*>(bytes.data_ptr()), count, segment_bytes(m),
                          SegmentHeader(phase, fp8_dtype_, block_size_, n));
 }
 
-void WireLayout::check_headers(const at::Tensor& bytes, const std::vector<int64_t>& senders, int64_t m, Phase phase,
+void WireLayout::check_headers(const at::Tensor& bytes, const std::vector<int64_t>& senders, int64_t m, const Phase& phase,
                                int64_t n, const char* op) const {
   if (!headers_) return;
-  fp8comm::check_headers(static_cast<const uint8_t*>(bytes.data_ptr()), segment_bytes(m), senders,
+  fp8comm::check_headers(static_cast<const uint8_t*>(bytes.data_ptr()), segment_bytes(m), senders, phase,
                          SegmentHeader(phase, fp8_dtype_, block_size_, n), op);
 }
 

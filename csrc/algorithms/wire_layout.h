@@ -42,10 +42,10 @@ class WireLayout {
 
   // Writes the header of `count` segments of m elements at the start of
   // `bytes`: they carry `phase` of a collective of size n. No-op without headers.
-  void write_headers(const at::Tensor& bytes, int64_t count, int64_t m, Phase phase, int64_t n) const;
+  void write_headers(const at::Tensor& bytes, int64_t count, int64_t m, const Phase& phase, int64_t n) const;
   // Checks those headers; segment i came from rank senders[i] (negative: not
   // checked). Raises an error naming `op` and the sender on a mismatch.
-  void check_headers(const at::Tensor& bytes, const std::vector<int64_t>& senders, int64_t m, Phase phase,
+  void check_headers(const at::Tensor& bytes, const std::vector<int64_t>& senders, int64_t m, const Phase& phase,
                      int64_t n, const char* op) const;
 
  private:

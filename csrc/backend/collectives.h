@@ -1,17 +1,18 @@
 #pragma once
 // The collectives of a ProcessGroupFp8, as one table: each c10d entry point's
 // name (as errors and stats name it), its OpType, the compressed algorithm
-// that serves it (compressed_algorithms.h; none: always exact passthrough),
-// and how many bytes this rank sends for it as a plain collective (the
-// standard ring volumes, for stats). A new compressed collective is an
-// algorithm (csrc/algorithms/), its row in compressed_algorithms.h, and rows
-// here that point at it.
+// that serves it (csrc/algorithms/compressed_algorithms.h; none: always
+// exact passthrough), and how many bytes this rank sends for it as a plain
+// collective (the standard ring volumes, for stats). A new compressed
+// collective is its algorithm file and row in compressed_algorithms.h, rows
+// here that point at it, and its entry point, which checks, decides and
+// makes one compressed_call.
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include <stdint.h>
 
 #include "../common/torch_compat.h"
-#include "compressed_algorithms.h"
+#include "../algorithms/compressed_algorithms.h"
 
 namespace fp8comm {
 

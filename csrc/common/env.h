@@ -68,7 +68,7 @@ namespace env {
 inline constexpr EnvVar kBlockSize{"FP8COMM_BLOCK_SIZE", "32", "Options.block_size: elements per FP8 block, " FP8C_BLOCK_SIZE_RULE};
 inline constexpr EnvVar kFp8Dtype{"FP8COMM_FP8_DTYPE", "e4m3", "Options.fp8_dtype: the FP8 format on the wire, e4m3 or e5m2"};
 inline constexpr EnvVar kMinNumel{"FP8COMM_MIN_NUMEL", "16384", "Options.min_numel: per-rank element count below which a collective passes through exactly"};
-inline constexpr EnvVar kCompress{"FP8COMM_COMPRESS", "all_reduce,reduce_scatter", "Options.compress: comma list of all_reduce, reduce_scatter, all_gather; or all / none"};
+inline constexpr EnvVar kCompress{"FP8COMM_COMPRESS", "all_reduce,reduce_scatter", "Options.compress: comma list of compressed algorithms (the Options doc lists them); or all / none"};
 inline constexpr EnvVar kCpuSimd{"FP8COMM_CPU_SIMD", "1", "CPU codec kernels: 1 every kernel the CPU runs, avx2 no AVX-512 kernels, 0 scalar loops (same bytes)"};
 inline constexpr EnvVar kCpuThreads{"FP8COMM_CPU_THREADS", "cores / ranks on the host", "Options.cpu_threads: threads per process for the CPU codec; unset: the process's share of its host's cores"};
 inline constexpr EnvVar kScope{"FP8COMM_SCOPE", "all", "Options.scope: all compresses every link; inter_node only the hop between nodes (exact inside a node)"};

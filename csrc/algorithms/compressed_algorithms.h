@@ -1,0 +1,91 @@
+#pragma once
+// The compressed algorithms (DESIGN.md, "Algorithms"), as one table: each
+// one's name (as Options.compress and FP8COMM_COMPRESS spell it), the
+// segment-header phases it puts on the wire (their bytes and what errors call
+// them), and its entry over a Route (flat, or by node where the route says).
+// A row of the collectives table (csrc/backend/collectives.h) points at the
+// algorithm that serves it; the options' op names and errors, the `compress`
+// doc string and the dispatch of a compressed call all read this table.
+//
+// A new compressed algorithm is its file here (the algorithm, and its entry
+// over a Route defined beside it) and its row below.
+#include <ATen/core/Tensor.h>
+
+#include <stddef.h>
+
+#include <string>
+#include <vector>
+
+#include "route.h"
+#include "segment_header.h"
+
+namespace fp8comm {
+
+// What a compressed call hands its algorithm: contiguous tensors; the
+// algorithm writes the outputs only once every phase is through (algorithms.h).
+struct CompressedArgs {
+  // all_reduce: the buffer, reduced in place; reduce_scatter: one; all_gather: P segments
+  std::vector<at::Tensor> outputs;
+  std::vector<at::Tensor> inputs;        // all_reduce: none; reduce_scatter: P segments; all_gather: one
+  const Reduction* reduction = nullptr;  // all_reduce, reduce_scatter
+};
+
+// Runs one algorithm over the call's Route; returns the bytes this rank sent.
+// `error`: where the quantization error is added (Options.track_error), or null.
+using RunCompressed = NodeBytes (*)(Route& route, const WireLayout& wire, Workspace& ws, const CompressedArgs& args,
+                                    QuantizationError* error);
+
+struct CompressedAlgorithm {
+  static constexpr size_t kMaxPhases = 2;
+  const char* name;
+  Phase phases[kMaxPhases];  // the first num_phases, in the order they go on the wire
+  size_t num_phases;
+  RunCompressed run;
+};
+
+namespace compressed {
+
+// Each algorithm's entry over a Route, defined in its file.
+NodeBytes run_all_reduce(Route& route, const WireLayout& wire, Workspace& ws, const CompressedArgs& args,
+                         QuantizationError* error);
+NodeBytes run_reduce_scatter(Route& route, const WireLayout& wire, Workspace& ws, const CompressedArgs& args,
+                             QuantizationError* error);
+NodeBytes run_all_gather(Route& route, const WireLayout& wire, Workspace& ws, const CompressedArgs& args,
+                         QuantizationError* error);
+
+// A phase's byte never changes: ranks of different builds must read each other's headers.
+// clang-format off
+inline constexpr CompressedAlgorithm kAllReduce{"all_reduce", {{1, "the reduce phase of an all_reduce"}, {2, "the gather phase of an all_reduce"}}, 2, &run_all_reduce};
+inline constexpr CompressedAlgorithm kReduceScatter{"reduce_scatter", {{3, "a reduce_scatter"}}, 1, &run_reduce_scatter};
+inline constexpr CompressedAlgorithm kAllGather{"all_gather", {{4, "an all_gather"}}, 1, &run_all_gather};
+// clang-format on
+
+// Every compressed algorithm, in the order Options.compress lists them.
+inline constexpr const CompressedAlgorithm* kAll[] = {&kAllReduce, &kReduceScatter, &kAllGather};
+
+// No two phases of any algorithms share a byte, and none is 0 (never written).
+constexpr bool phases_distinct() {
+  for (const CompressedAlgorithm* a : kAll) {
+    for (size_t i = 0; i < a->num_phases; ++i) {
+      if (a->phases[i].wire == 0) return false;
+      for (const CompressedAlgorithm* b : kAll) {
+        for (size_t j = 0; j < b->num_phases; ++j) {
+          if ((a != b || i != j) && a->phases[i].wire == b->phases[j].wire) return false;
+        }
+      }
+    }
+  }
+  return true;
+}
+static_assert(phases_distinct(), "each phase of each compressed algorithm needs its own nonzero byte");
+
+// Their names, in that order.
+inline std::vector<std::string> names() {
+  std::vector<std::string> out;
+  for (const CompressedAlgorithm* a : kAll) out.emplace_back(a->name);
+  return out;
+}
+
+}  // namespace compressed
+
+}  // namespace fp8comm
