@@ -12,17 +12,13 @@ import torch.distributed as dist
 
 import fp8comm
 from tests.support import REPO_ROOT
-from tests.support.harness import DistPool
+from tests.support.harness import DistPool, PoolSpec
 from tests.support.scenarios import setup
 
 ROOT = str(REPO_ROOT)
 
 
-@pytest.fixture(scope="module")
-def pool():
-    p = DistPool(3, backend="fp8gloo")
-    yield p
-    p.close()
+POOLS = [PoolSpec(3, "fp8gloo")]
 
 
 def test_backends_are_registered():

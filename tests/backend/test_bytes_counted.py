@@ -6,10 +6,9 @@ in both scopes, on fp8gloo and fp8ncclsim (fp8nccl's path), over 4 ranks as
 
 The sizes cut a call into one chunk and into several over gloo (1M elements
 a chunk in all), with a last block and a last chunk cut short."""
-import pytest
 import torch
 
-from tests.support.harness import DistPool
+from tests.support.harness import PoolSpec
 from tests.support.scenarios import bytes_counted
 from tests.support.scenarios.topology import FAMILIES
 
@@ -29,16 +28,10 @@ def cases():
         yield name, [LARGE[family] + 37 * i for i in range(tensors)], torch.float32
 
 
-@pytest.fixture(scope="module", params=[(backend, scope) for backend in ("fp8gloo", "fp8ncclsim")
-                                        for scope in ("all", "inter_node")],
-                ids=lambda p: f"{p[0]}-{p[1]}")
-def pool(request):
-    backend, scope = request.param
-    p = DistPool(4, backend=backend, pg_options={"min_numel": 1024, "compress": "all"},
-                 env={"FP8COMM_SCOPE": scope, "FP8COMM_LOCAL_SIZE": "2"})
-    p.scope = scope
-    yield p
-    p.close()
+POOLS = [PoolSpec(4, backend, pg_options={"min_numel": 1024, "compress": "all"},
+                  env={"FP8COMM_SCOPE": scope, "FP8COMM_LOCAL_SIZE": "2"}, id=f"{backend}-{scope}",
+                  attrs={"scope": scope})
+         for backend in ("fp8gloo", "fp8ncclsim") for scope in ("all", "inter_node")]
 
 
 def test_stats_are_the_bytes_the_formulas_gave(pool):

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
 import fp8comm
-from tests.support.harness import DistPool
+from tests.support.harness import PoolSpec
 from tests.support.inputs import same_bits
 from tests.support.scenarios import nccl as ns
 from tests.support.torch_features import work_exception_converts
@@ -23,13 +23,7 @@ GLOO_TRAITS = {"segment_headers": True, "gather_by_all_to_all": True, "reduces_a
                "chunk_numel": 1 << 20}
 
 
-@pytest.fixture(scope="module", params=[(b, w) for b in BACKENDS for w in (2, 3)], ids=lambda p: f"{p[0]}-{p[1]}")
-def pool(request):
-    backend, world = request.param
-    p = DistPool(world, backend=backend, pg_options={"min_numel": 1024, "compress": "all"})
-    p.backend = backend
-    yield p
-    p.close()
+POOLS = PoolSpec.grid(BACKENDS, (2, 3), pg_options={"min_numel": 1024, "compress": "all"})
 
 
 def test_traits_and_null_works(pool):

@@ -9,7 +9,7 @@ AVG of integers, which plain gloo lacks, is checked against its sum divided
 by the group size, truncated toward zero (NCCL's integer average)."""
 import pytest
 
-from tests.support.harness import DistPool
+from tests.support.harness import PoolSpec
 from tests.support.scenarios import nothing_lost as nl
 from tests.support.torch_features import gloo_has_list_all_to_all
 
@@ -18,13 +18,12 @@ CASES = [(op, dtype, n) for op in nl.OPS for dtype in nl.DTYPES for n in SIZES]
 CODEC_DTYPES = {"float32", "bfloat16", "float16"}
 
 
-@pytest.fixture(scope="module", params=[2, 3])
-def verdicts(request):
-    pool = DistPool(request.param, backend="fp8gloo")
-    try:
-        yield pool.run(nl.nothing_lost, CASES, timeout=300)
-    finally:
-        pool.close()
+POOLS = [PoolSpec(world, "fp8gloo", id=str(world)) for world in (2, 3)]
+
+
+@pytest.fixture(scope="module")
+def verdicts(pool):
+    return pool.run(nl.nothing_lost, CASES, timeout=300)
 
 
 def expected_verdict(op, dtype, n):

@@ -4,7 +4,7 @@ the ranks exchange a fingerprint of their options; a mismatch raises on every
 rank at once, naming the option and every rank's value."""
 import pytest
 
-from tests.support.harness import DistPool
+from tests.support.harness import PoolSpec
 from tests.support.scenarios import nccl as ns
 
 CASES = [
@@ -17,12 +17,8 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module", params=["fp8gloo", "fp8ncclsim"])
-def pool(request):
-    p = DistPool(2, backend="gloo", timeout_s=20)
-    p.backend = request.param
-    yield p
-    p.close()
+# The pool's groups are plain gloo; each scenario creates the group under test on `pool.backend`.
+POOLS = [PoolSpec(2, "gloo", timeout_s=20, id=backend, attrs={"backend": backend}) for backend in ("fp8gloo", "fp8ncclsim")]
 
 
 @pytest.mark.parametrize("option,env,expected", CASES, ids=[c[0] or next(iter(c[1])) for c in CASES])

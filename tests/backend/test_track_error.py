@@ -16,19 +16,15 @@ import torch.distributed as dist
 
 import fp8comm
 from fp8comm import _C
-from tests.support.harness import DistPool
+from tests.support.harness import PoolSpec
 from tests.support.scenarios import track_error as ts
 
 ERROR_KEYS = {"sqnr_db", "signal_energy", "noise_energy", "quantized_values"}
 
 
-@pytest.fixture(scope="module", params=[("fp8gloo", 2), ("fp8gloo", 3), ("fp8ncclsim", 3)],
-                ids=lambda p: f"{p[0]}-{p[1]}")
-def pool(request):
-    backend, world = request.param
-    p = DistPool(world, backend=backend, pg_options={"compress": "all", "min_numel": 1024, "track_error": True})
-    yield p
-    p.close()
+POOLS = [PoolSpec(world, backend, pg_options={"compress": "all", "min_numel": 1024, "track_error": True},
+                  id=f"{backend}-{world}")
+         for backend, world in [("fp8gloo", 2), ("fp8gloo", 3), ("fp8ncclsim", 3)]]
 
 
 CASES = [

@@ -6,19 +6,14 @@ and ranks that do not switch together fail loudly instead of hanging."""
 import pytest
 import torch
 
-from tests.support.harness import DistPool
+from tests.support.harness import PoolSpec
 from tests.support.scenarios import uncompressed as us
 
 UNCOMPRESSED_SQNR_DB = 45.0  # any result above it did not go through FP8
 
 
-@pytest.fixture(scope="module", params=[("fp8gloo", 2), ("fp8gloo", 3), ("fp8ncclsim", 2)],
-                ids=lambda p: f"{p[0]}-{p[1]}")
-def pool(request):
-    backend, world = request.param
-    p = DistPool(world, backend=backend, timeout_s=60)
-    yield p
-    p.close()
+POOLS = [PoolSpec(world, backend, timeout_s=60, id=f"{backend}-{world}")
+         for backend, world in [("fp8gloo", 2), ("fp8gloo", 3), ("fp8ncclsim", 2)]]
 
 
 def sqnr_db(ref, got):

@@ -11,7 +11,7 @@ import torch
 
 import fp8comm
 from fp8comm.nn import Fp8Linear
-from tests.support.harness import DistPool
+from tests.support.harness import PoolSpec
 from tests.support.scenarios import fsdp as S
 from tests.support.scenarios import integrations as I
 
@@ -55,11 +55,7 @@ def test_convert_to_fp8_keeps_state_dict_keys_shapes_dtypes(recipe, fp8_all_gath
     assert _signature(converted.state_dict()) == _signature(plain.state_dict())
 
 
-@pytest.fixture(scope="module")
-def pool():
-    p = DistPool(2, backend="fp8gloo", pg_options={"min_numel": 1024})
-    yield p
-    p.close()
+POOLS = [PoolSpec(2, "fp8gloo", pg_options={"min_numel": 1024})]
 
 
 @pytest.mark.parametrize("fp8_all_gather", [False, True])
