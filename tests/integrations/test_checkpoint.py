@@ -1,4 +1,4 @@
-"""Checkpoints stay neutral (issue 14, item 5): convert_to_fp8 changes no
+"""Checkpoints stay neutral: convert_to_fp8 changes no
 state_dict key, shape, dtype or tensor type, so a checkpoint of an FP8 model
 is a checkpoint of the plain model. torch.distributed.checkpoint (DCP)
 round-trips an FSDP2 FP8 model over fp8gloo (2 processes) with its optimizer,

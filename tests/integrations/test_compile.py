@@ -1,4 +1,4 @@
-"""torch.compile over fp8gloo groups (issue 14, item 4), 2 real processes.
+"""torch.compile over fp8gloo groups, 2 real processes.
 
 - The functional collectives (torch.distributed._functional_collectives:
   all_reduce, all_gather_tensor, reduce_scatter_tensor) run on an fp8gloo

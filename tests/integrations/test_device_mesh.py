@@ -1,4 +1,4 @@
-"""DeviceMesh over an fp8 world (issue 14, item 2), 4 real processes on fp8gloo.
+"""DeviceMesh over an fp8 world, 4 real processes on fp8gloo.
 
 - 1-D: the mesh's group is the world itself.
 - 2-D, lazily initialized world: DeviceMesh makes each dimension's groups
