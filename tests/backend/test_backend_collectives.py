@@ -8,7 +8,7 @@ them passes with FP8COMM_COMPRESS=none."""
 import pytest
 import torch
 
-from tests.support.harness import DistPool
+from tests.support.harness import PoolSpec
 from tests.support.scenarios import collectives
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -17,13 +17,7 @@ UNCOMPRESSED_SQNR_DB = 45.0
 
 # fp8gloo, and fp8ncclsim: the same algorithms on the path fp8nccl takes
 # (NCCL's traits and return contract over gloo, fp8comm/testing.py).
-@pytest.fixture(scope="module", params=[(backend, world) for backend in ("fp8gloo", "fp8ncclsim") for world in (2, 3, 4)],
-                ids=lambda p: f"{p[0]}-{p[1]}")
-def pool(request):
-    backend, world = request.param
-    p = DistPool(world, backend=backend, pg_options={"min_numel": 1024})
-    yield p
-    p.close()
+POOLS = PoolSpec.grid(("fp8gloo", "fp8ncclsim"), (2, 3, 4), pg_options={"min_numel": 1024})
 
 
 def assert_identical_across_ranks(tensors):

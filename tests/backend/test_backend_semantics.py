@@ -3,20 +3,14 @@ stats, and DDP / FSDP2 training — with real processes."""
 import pytest
 import torch
 
-from tests.support.harness import DistPool
+from tests.support.harness import PoolSpec
 from tests.support.scenarios import collectives, semantics
 from tests.support.torch_features import NO_GLOO_LIST_ALL_TO_ALL, gloo_has_list_all_to_all
 
 PASSTHROUGH_CASES = list(semantics.PASSTHROUGH_CASES)
 
 
-@pytest.fixture(scope="module", params=[(backend, world) for backend in ("fp8gloo", "fp8ncclsim") for world in (2, 3)],
-                ids=lambda p: f"{p[0]}-{p[1]}")
-def pool(request):
-    backend, world = request.param
-    p = DistPool(world, backend=backend, pg_options={"min_numel": 4096})
-    yield p
-    p.close()
+POOLS = PoolSpec.grid(("fp8gloo", "fp8ncclsim"), (2, 3), pg_options={"min_numel": 4096})
 
 
 @pytest.mark.parametrize("case", PASSTHROUGH_CASES)

@@ -6,12 +6,71 @@ in both scopes, on fp8gloo and fp8ncclsim (fp8nccl's path), over 4 ranks as
 
 The sizes cut a call into one chunk and into several over gloo (1M elements
 a chunk in all), with a last block and a last chunk cut short."""
-import pytest
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
 import torch
 
-from tests.support.harness import DistPool
-from tests.support.scenarios import bytes_counted
+import fp8comm
+from tests.support import bytes_oracle, ops
+from tests.support.harness import PoolSpec, ctx
+from tests.support.inputs import rank_input
 from tests.support.scenarios.topology import FAMILIES
+
+
+# ---------------------------------------------------------------- scenarios
+# Run on every rank of the pool: module-level, the ranks import this module.
+# The pool's ranks are simulated nodes (FP8COMM_LOCAL_SIZE=L): each compressed
+# collective in each form, with the bytes the group's stats counted for it
+# and the bytes the old stats formulas give (tests/support/bytes_oracle.py).
+
+class Compared(NamedTuple):
+    case: str  # op, dtype and per-rank numels
+    counted: tuple  # (intra, inter) from fp8comm.get_stats
+    formula: tuple  # (intra, inter) from bytes_oracle
+
+
+def _wire(group) -> bytes_oracle.Wire:
+    backend = group._get_backend(torch.device("cpu"))
+    return bytes_oracle.Wire(backend.transport_traits("cpu")["chunk_numel"], backend.block_size,
+                             lambda m: backend.wire_segment_bytes(m, "cpu"))
+
+
+def _formula(scope: str, family: str, numel: int, element_size: int, wire) -> tuple:
+    c, local = ctx(), int(os.environ["FP8COMM_LOCAL_SIZE"])
+    if scope == "inter_node":
+        return bytes_oracle.by_node(family, c.world // local, local, wire, numel, element_size)
+    return bytes_oracle.flat(family, c.world, local, wire, numel)
+
+
+def compare(scope: str, name: str, numels: list, dtype) -> Compared:
+    """Runs op `name` once with one input per entry of `numels` (elements per
+    rank: all_reduce's tensor, reduce_scatter's output, all_gather's input)."""
+    c, family = ctx(), FAMILIES[name]
+    xs = [rank_input(c.rank, k * c.world if family == "reduce_scatter" else k, dtype, seed=i + 1)
+          for i, k in enumerate(numels)]
+    fp8comm.reset_stats(c.group)
+    ops.run(name, ops.Call(c.group, c.rank, c.world), xs)
+    stats = fp8comm.get_stats(c.group)
+    assert stats["calls_compressed"] >= 1 and stats["calls_passthrough"] == 0, stats
+    wire, element_size = _wire(c.group), xs[0].element_size()
+    # all_reduce_coalesced is one all_reduce of the concatenation; the other
+    # coalesced forms are one collective per pair.
+    parts = [sum(numels)] if name == "all_reduce_coalesced" else numels
+    formulas = [_formula(scope, family, k, element_size, wire) for k in parts]
+    formula = (sum(f[0] for f in formulas), sum(f[1] for f in formulas))
+    counted = (stats["bytes_sent_intra_node"], stats["bytes_sent_inter_node"])
+    return Compared(f"{name} {dtype} {numels}", counted, formula)
+
+
+def compare_all(scope: str, cases: list) -> list:
+    """compare(scope, *case) for every case, in one visit to the ranks."""
+    return [compare(scope, *case) for case in cases]
+
+
+# -------------------------------------------------------------------- tests
 
 # Elements per rank of each input: a few blocks and a partial one; and
 # several gloo chunks both flat (all ranks' segments of a chunk: 2^18
@@ -29,20 +88,14 @@ def cases():
         yield name, [LARGE[family] + 37 * i for i in range(tensors)], torch.float32
 
 
-@pytest.fixture(scope="module", params=[(backend, scope) for backend in ("fp8gloo", "fp8ncclsim")
-                                        for scope in ("all", "inter_node")],
-                ids=lambda p: f"{p[0]}-{p[1]}")
-def pool(request):
-    backend, scope = request.param
-    p = DistPool(4, backend=backend, pg_options={"min_numel": 1024, "compress": "all"},
-                 env={"FP8COMM_SCOPE": scope, "FP8COMM_LOCAL_SIZE": "2"})
-    p.scope = scope
-    yield p
-    p.close()
+POOLS = [PoolSpec(4, backend, pg_options={"min_numel": 1024, "compress": "all"},
+                  env={"FP8COMM_SCOPE": scope, "FP8COMM_LOCAL_SIZE": "2"}, id=f"{backend}-{scope}",
+                  attrs={"scope": scope})
+         for backend in ("fp8gloo", "fp8ncclsim") for scope in ("all", "inter_node")]
 
 
 def test_stats_are_the_bytes_the_formulas_gave(pool):
-    results = pool.run(bytes_counted.compare_all, pool.scope, list(cases()), timeout=600)
+    results = pool.run(compare_all, pool.scope, list(cases()), timeout=600)
     for rank, compared in enumerate(results):
         for c in compared:
             assert c.counted == c.formula, (rank, c.case, c.counted, c.formula)

@@ -4,10 +4,9 @@
 inner calls each transport counts (its sequence number) show the plan.
 Results over two NCCL chunks are checked as the collective tests check
 them; the inter_node scope's plan is tested in test_inter_node_scope.py."""
-import pytest
 import torch
 
-from tests.support.harness import DistPool
+from tests.support.harness import PoolSpec
 from tests.support.scenarios import chunk_plan
 
 CHUNK_NUMEL = {"fp8gloo": 1 << 20, "fp8ncclsim": 1 << 24}
@@ -18,12 +17,8 @@ SEGMENT_NUMEL = (1 << 23) + 1001  # each rank's segment: chunks of 2^19 / 2^23 e
 CHUNKS = {"fp8gloo": 17, "fp8ncclsim": 2}
 
 
-@pytest.fixture(scope="module", params=["fp8gloo", "fp8ncclsim"])
-def pool(request):
-    p = DistPool(2, backend=request.param, pg_options={"min_numel": 1024, "compress": "all"})
-    p.backend = request.param
-    yield p
-    p.close()
+POOLS = [PoolSpec(2, backend, pg_options={"min_numel": 1024, "compress": "all"}, id=backend)
+         for backend in ("fp8gloo", "fp8ncclsim")]
 
 
 def check_plan(pool, results, calls_per_chunk):

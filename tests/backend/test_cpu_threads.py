@@ -3,15 +3,34 @@ per process to the process's share of the host's cores whatever
 OMP_NUM_THREADS / torch's thread count say, overridden by
 Options(cpu_threads=) and FP8COMM_CPU_THREADS; the same bytes for any count;
 idle threads sleep."""
+from __future__ import annotations
+
 import time
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import fp8comm
 from fp8comm import _C
 from tests.support.harness import DistPool
-from tests.support.scenarios import threads as T
+
+
+# ---------------------------------------------------------------- scenarios
+# Run on every rank of the pool: module-level, the ranks import this module.
+
+def codec_threads(pg_options: dict | None = None) -> int:
+    """The CPU codec's thread count after creating one more fp8gloo group."""
+    opts = fp8comm.Options(**pg_options) if pg_options else None
+    dist.new_group(backend="fp8gloo", pg_options=opts)
+    return _C.cpu_threads()
+
+
+def threads_now() -> dict:
+    return {"threads": _C.cpu_threads(), "cores": _C.available_cores()}
+
+
+# -------------------------------------------------------------------- tests
 
 
 @pytest.fixture
@@ -58,7 +77,7 @@ def test_default_is_the_share_of_the_hosts_cores(world):
     this host name share its cores, whatever OMP_NUM_THREADS says."""
     pool = DistPool(world, env={"OMP_NUM_THREADS": "8"})
     try:
-        for r in pool.run(T.threads_now):
+        for r in pool.run(threads_now):
             assert r["threads"] == max(1, r["cores"] // world)
     finally:
         pool.close()
@@ -67,12 +86,12 @@ def test_default_is_the_share_of_the_hosts_cores(world):
 def test_local_world_size_and_overrides():
     pool = DistPool(2, env={"LOCAL_WORLD_SIZE": "1"})
     try:
-        cores = pool.run(T.threads_now)[0]["cores"]
-        assert all(r["threads"] == cores for r in pool.run(T.threads_now))  # one rank per host: every core
-        assert pool.run(T.codec_threads, {"cpu_threads": cores + 1}) == [cores + 1] * 2  # taken as it is
-        assert pool.run(T.codec_threads) == [cores] * 2  # a group with the default lowers it to the share
-        assert pool.run(T.codec_threads, {"cpu_threads": 1}) == [1, 1]
-        assert pool.run(T.codec_threads) == [1, 1]  # and never raises it
+        cores = pool.run(threads_now)[0]["cores"]
+        assert all(r["threads"] == cores for r in pool.run(threads_now))  # one rank per host: every core
+        assert pool.run(codec_threads, {"cpu_threads": cores + 1}) == [cores + 1] * 2  # taken as it is
+        assert pool.run(codec_threads) == [cores] * 2  # a group with the default lowers it to the share
+        assert pool.run(codec_threads, {"cpu_threads": 1}) == [1, 1]
+        assert pool.run(codec_threads) == [1, 1]  # and never raises it
     finally:
         pool.close()
 
@@ -80,7 +99,7 @@ def test_local_world_size_and_overrides():
 def test_environment_variable_sets_it_and_is_checked():
     pool = DistPool(2, env={"FP8COMM_CPU_THREADS": "1"})
     try:
-        assert [r["threads"] for r in pool.run(T.threads_now)] == [1, 1]
+        assert [r["threads"] for r in pool.run(threads_now)] == [1, 1]
     finally:
         pool.close()
     with pytest.raises(ValueError, match="FP8COMM_CPU_THREADS"):

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.cuda
 if not (torch.cuda.is_available() and fp8comm._C.has_cuda and dist.is_gloo_available()):
     pytest.skip("needs a GPU, gloo and fp8comm built with CUDA", allow_module_level=True)
 
-from tests.support.harness import DistPool, ctx  # noqa: E402
+from tests.support.harness import PoolSpec, ctx  # noqa: E402
 from tests.support.inputs import rank_input  # noqa: E402
 from tests.support.reference import sqnr_db  # noqa: E402
 
@@ -36,11 +36,7 @@ OPTIONS = {"min_numel": 1024, "compress": "all"}
 MIN_SQNR_DB = 25.0  # FP8 E4M3 through one or two quantizations: ~27-31 dB on randn
 
 
-@pytest.fixture(scope="module", params=[2, 3, 4])
-def pool(request):
-    p = DistPool(request.param, backend="fp8gloocuda", pg_options=OPTIONS)
-    yield p
-    p.close()
+POOLS = [PoolSpec(world, "fp8gloocuda", pg_options=OPTIONS, id=str(world)) for world in (2, 3, 4)]
 
 
 # ------------------------------------------------------------------ scenarios

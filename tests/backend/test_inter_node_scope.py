@@ -10,7 +10,7 @@ exact ops stay exact; stats split the bytes by where they go."""
 import pytest
 import torch
 
-from tests.support.harness import DistPool
+from tests.support.harness import PoolSpec
 from tests.support.inputs import same_bits
 from tests.support.scenarios import chunk_plan
 from tests.support.scenarios import topology as ts
@@ -24,16 +24,12 @@ MIN_SQNR_DB = {"all_reduce": 25.0, "reduce_scatter": 28.0, "all_gather": 28.0}
 # (backend, nodes, ranks per node). On gloo the exact phases inside a node
 # are all_to_alls summed here in rank order; on fp8ncclsim, NCCL's own
 # reduce_scatter (gloo's underneath, which adds two pieces as a + b too).
-@pytest.fixture(scope="module", params=[("fp8gloo", 2, 2), ("fp8gloo", 3, 2), ("fp8gloo", 2, 3),
-                                        ("fp8ncclsim", 2, 2)],
-                ids=lambda p: f"{p[0]}-{p[1]}x{p[2]}")
-def pool(request):
-    backend, nodes, local = request.param
-    p = DistPool(nodes * local, backend=backend, pg_options={"min_numel": 1024, "compress": "all"},
-                 env={"FP8COMM_SCOPE": "inter_node", "FP8COMM_LOCAL_SIZE": str(local)})
-    p.backend, p.nodes, p.local = backend, nodes, local
-    yield p
-    p.close()
+POOLS = [
+    PoolSpec(nodes * local, backend, pg_options={"min_numel": 1024, "compress": "all"},
+             env={"FP8COMM_SCOPE": "inter_node", "FP8COMM_LOCAL_SIZE": str(local)},
+             id=f"{backend}-{nodes}x{local}", attrs={"nodes": nodes, "local": local})
+    for backend, nodes, local in [("fp8gloo", 2, 2), ("fp8gloo", 3, 2), ("fp8gloo", 2, 3), ("fp8ncclsim", 2, 2)]
+]
 
 
 def check_compressed(results, name, reduce_kind="sum"):

@@ -2,10 +2,49 @@
 (device segments carry no header to catch it). At group creation
 the ranks exchange a fingerprint of their options; a mismatch raises on every
 rank at once, naming the option and every rank's value."""
-import pytest
+from __future__ import annotations
 
-from tests.support.harness import DistPool
-from tests.support.scenarios import nccl as ns
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import fp8comm
+from tests.support.harness import PoolSpec, ctx
+
+
+# ---------------------------------------------------------------- scenarios
+# Run on every rank of the pool: module-level, the ranks import this module.
+
+def options_disagree(backend: str, option: str, env_rank0: dict | None = None):
+    """Rank 0 creates a group with a different option (or environment) than
+    the others. Returns (error text or None, seconds)."""
+    c = ctx()
+    differs = c.rank == 0
+    kw = {"min_numel": 1024, "compress": "all_reduce,reduce_scatter", "block_size": 32, "fp8_dtype": "e4m3"}
+    if differs and option:
+        kw[option] = {"min_numel": 2048, "compress": "all", "block_size": 64, "fp8_dtype": "e5m2",
+                      "scope": "inter_node"}[option]
+    for name in env_rank0 or {}:  # an option the environment sets is left unset on every rank
+        kw.pop(name.removeprefix("FP8COMM_").lower(), None)
+    saved = dict(os.environ)
+    if differs and env_rank0:
+        os.environ.update(env_rank0)
+    t0 = time.monotonic()
+    try:
+        group = dist.new_group(backend=backend, pg_options=fp8comm.Options(**kw))
+        dist.all_reduce(torch.ones(100_000), group=group)
+        return None, time.monotonic() - t0
+    except ValueError as e:
+        return str(e), time.monotonic() - t0
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+# -------------------------------------------------------------------- tests
 
 CASES = [
     ("min_numel", None, "min_numel: rank 0 has 2048, rank 1 has 1024"),
@@ -17,17 +56,13 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module", params=["fp8gloo", "fp8ncclsim"])
-def pool(request):
-    p = DistPool(2, backend="gloo", timeout_s=20)
-    p.backend = request.param
-    yield p
-    p.close()
+# The pool's groups are plain gloo; each scenario creates the group under test on `pool.backend`.
+POOLS = [PoolSpec(2, "gloo", timeout_s=20, id=backend, attrs={"backend": backend}) for backend in ("fp8gloo", "fp8ncclsim")]
 
 
 @pytest.mark.parametrize("option,env,expected", CASES, ids=[c[0] or next(iter(c[1])) for c in CASES])
 def test_mismatched_options_raise_on_every_rank_at_creation(pool, option, env, expected):
-    answers = pool.run(ns.options_disagree, pool.backend, option, env)
+    answers = pool.run(options_disagree, pool.backend, option, env)
     for rank, (error, seconds) in enumerate(answers):
         assert error is not None, f"rank {rank} created a group with mismatched options"
         assert expected in error, error
@@ -36,5 +71,5 @@ def test_mismatched_options_raise_on_every_rank_at_creation(pool, option, env, e
 
 
 def test_matching_options_create_the_group(pool):
-    for error, _ in pool.run(ns.options_disagree, pool.backend, "", None):
+    for error, _ in pool.run(options_disagree, pool.backend, "", None):
         assert error is None

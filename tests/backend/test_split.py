@@ -1,4 +1,4 @@
-"""Splitting fp8 groups (issue 14, item 2), 4 real processes, on fp8gloo and
+"""Splitting fp8 groups, 4 real processes, on fp8gloo and
 on fp8ncclsim (fp8nccl's path: its NCCL-like transport splits as NCCL does).
 
 torch splits a group where its backend can (``supports_splitting``):
@@ -15,7 +15,7 @@ none (Lightning gives device ids only to a backend named "nccl").
 import pytest
 import torch
 
-from tests.support.harness import DistPool
+from tests.support.harness import PoolSpec
 from tests.support.reference import sqnr_db
 from tests.support.scenarios import subgroups as S
 from tests.support.torch_features import SPLIT_NEEDS_CUDA, split_group_takes_the_bound_device
@@ -25,12 +25,7 @@ OPS = ("all_reduce", "reduce_scatter", "all_gather")
 MIN_SQNR_DB = 20.0  # E5M2 through one or two quantizations: ~25 dB on randn
 
 
-@pytest.fixture(scope="module", params=["fp8gloo", "fp8ncclsim"])
-def pool(request):
-    p = DistPool(4, backend=request.param, pg_options=OPTIONS)
-    p.backend = request.param
-    yield p
-    p.close()
+POOLS = [PoolSpec(4, backend, pg_options=OPTIONS, id=backend) for backend in ("fp8gloo", "fp8ncclsim")]
 
 
 def check_split_group(results, backend):

@@ -1,4 +1,4 @@
-"""Checkpoints stay neutral (issue 14, item 5): convert_to_fp8 changes no
+"""Checkpoints stay neutral: convert_to_fp8 changes no
 state_dict key, shape, dtype or tensor type, so a checkpoint of an FP8 model
 is a checkpoint of the plain model. torch.distributed.checkpoint (DCP)
 round-trips an FSDP2 FP8 model over fp8gloo (2 processes) with its optimizer,
@@ -11,7 +11,7 @@ import torch
 
 import fp8comm
 from fp8comm.nn import Fp8Linear
-from tests.support.harness import DistPool
+from tests.support.harness import PoolSpec
 from tests.support.scenarios import fsdp as S
 from tests.support.scenarios import integrations as I
 
@@ -55,11 +55,7 @@ def test_convert_to_fp8_keeps_state_dict_keys_shapes_dtypes(recipe, fp8_all_gath
     assert _signature(converted.state_dict()) == _signature(plain.state_dict())
 
 
-@pytest.fixture(scope="module")
-def pool():
-    p = DistPool(2, backend="fp8gloo", pg_options={"min_numel": 1024})
-    yield p
-    p.close()
+POOLS = [PoolSpec(2, "fp8gloo", pg_options={"min_numel": 1024})]
 
 
 @pytest.mark.parametrize("fp8_all_gather", [False, True])

@@ -1,4 +1,4 @@
-"""torch.compile over fp8gloo groups (issue 14, item 4), 2 real processes.
+"""torch.compile over fp8gloo groups, 2 real processes.
 
 - The functional collectives (torch.distributed._functional_collectives:
   all_reduce, all_gather_tensor, reduce_scatter_tensor) run on an fp8gloo
@@ -19,19 +19,15 @@ import os
 import pytest
 import torch
 
-from tests.support.harness import DistPool
+from tests.support.harness import PoolSpec
 from tests.support.scenarios import integrations as I
 from tests.support.torch_features import torch_release
 
 OPS = ("all_reduce", "all_gather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced")
 
 
-@pytest.fixture(scope="module")
-def pool():
-    # One compile thread: no pool of compile workers to start on a small CI machine.
-    p = DistPool(2, backend="fp8gloo", pg_options={"min_numel": 1024}, env={"TORCHINDUCTOR_COMPILE_THREADS": "1"})
-    yield p
-    p.close()
+# One compile thread: no pool of compile workers to start on a small CI machine.
+POOLS = [PoolSpec(2, "fp8gloo", pg_options={"min_numel": 1024}, env={"TORCHINDUCTOR_COMPILE_THREADS": "1"})]
 
 
 def test_functional_collectives_compressed_and_compiled_bitwise_equal_to_eager(pool):

@@ -1,4 +1,4 @@
-"""DeviceMesh over an fp8 world (issue 14, item 2), 4 real processes on fp8gloo.
+"""DeviceMesh over an fp8 world, 4 real processes on fp8gloo.
 
 - 1-D: the mesh's group is the world itself.
 - 2-D, lazily initialized world: DeviceMesh makes each dimension's groups
@@ -17,7 +17,7 @@ against new_group's are in tests/backend/test_split.py.
 import pytest
 import torch
 
-from tests.support.harness import DistPool
+from tests.support.harness import PoolSpec
 from tests.support.reference import sqnr_db
 from tests.support.scenarios import device_mesh as M
 from tests.support.torch_features import SPLIT_NEEDS_CUDA, split_group_takes_the_bound_device
@@ -25,11 +25,7 @@ from tests.support.torch_features import SPLIT_NEEDS_CUDA, split_group_takes_the
 MIN_SQNR_DB = 25.0  # E4M3 through two quantizations: ~27-31 dB on randn
 
 
-@pytest.fixture(scope="module")
-def pool():
-    p = DistPool(4, backend="fp8gloo", pg_options={"min_numel": 1024})
-    yield p
-    p.close()
+POOLS = [PoolSpec(4, "fp8gloo", pg_options={"min_numel": 1024})]
 
 
 def check_dimension(rank, name, d, members):

@@ -1,4 +1,4 @@
-"""Frameworks (issue 14, items 2 and 3): each snippet of docs/integrations.md,
+"""The framework integrations of docs/integrations.md: each snippet of it,
 run as printed there (CPU processes over fp8gloo: 2, or 4 for the 2x2 mesh),
 trains and reports through fp8comm.get_stats() that its gradients went over
 the wire FP8-compressed. The exact-blocks snippet (fp8comm.uncompressed,

@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 
 import fp8comm
-from tests.support.harness import DistPool
+from tests.support.harness import DistPool, PoolSpec
 from tests.support.scenarios import fsdp as S
 from fp8comm.nn import Fp8AllGatherWeight, Fp8Linear, Fp8WeightCast, convert_to_fp8
 from fp8comm.nn.linear import scaled_mm_cpu
@@ -23,12 +23,8 @@ from fp8comm.nn.scaling import cast_to_fp8
 E4M3 = torch.float8_e4m3fn
 
 
-@pytest.fixture(scope="module")
-def pool():
-    # min_numel 1024: the gradient reduce-scatters of this small model are FP8-compressed
-    p = DistPool(2, backend="fp8gloo", pg_options={"min_numel": 1024})
-    yield p
-    p.close()
+# min_numel 1024: the gradient reduce-scatters of this small model are FP8-compressed
+POOLS = [PoolSpec(2, "fp8gloo", pg_options={"min_numel": 1024})]
 
 
 @pytest.fixture(scope="module")

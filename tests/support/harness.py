@@ -7,6 +7,12 @@ In a scenario, ``ctx()`` gives the rank's Context: ``group`` (the backend under
 test, the default group), ``gloo`` (a plain gloo group over the same ranks, the
 reference), ``rank``, ``world``. A scenario that fails kills the pool's ranks;
 the pool's next scenario starts fresh ones.
+
+A scenario is shipped to the ranks by reference (its module and name), so it
+must be a module-level function of an importable module: a test module's own
+scenarios sit beside its tests (the ranks import the test module), helpers
+that several test modules share sit in tests/support/scenarios/. A module's
+pool is tests/conftest.py's `pool` fixture, one per PoolSpec in its POOLS.
 """
 from __future__ import annotations
 
@@ -80,11 +86,39 @@ def _worker(rank, world, init_file, backend, pg_options_spec, env, timeout_s, in
     dist.destroy_process_group()
 
 
+@dataclasses.dataclass(frozen=True)
+class PoolSpec:
+    """One variant of a module's pool (tests/conftest.py's `pool` fixture):
+    DistPool's arguments, the test id it gives (`id`), and the attributes the
+    tests read from the pool (`attrs`, e.g. {"scope": "inter_node"}; the
+    pool's `backend` is its backend unless `attrs` names another)."""
+    world: int
+    backend: str = "fp8gloo"
+    pg_options: dict | None = None
+    env: dict | None = None
+    timeout_s: float = 300.0
+    id: str | None = None
+    attrs: dict = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def grid(cls, backends, worlds, **kwargs) -> list:
+        """One spec per (backend, world), backend-major, ids "backend-world"."""
+        return [cls(w, b, id=f"{b}-{w}", **kwargs) for b in backends for w in worlds]
+
+    def start(self) -> "DistPool":
+        p = DistPool(self.world, backend=self.backend, pg_options=self.pg_options, env=self.env,
+                     timeout_s=self.timeout_s)
+        for name, value in self.attrs.items():
+            setattr(p, name, value)
+        return p
+
+
 class DistPool:
     def __init__(self, world: int, backend: str = "fp8gloo", pg_options: dict | None = None, env: dict | None = None,
                  timeout_s: float = 300.0):
         """timeout_s: the process groups' timeout (how long a collective may wait for peers)."""
         self.world = world
+        self.backend = backend
         self._config = (backend, pg_options, env or {}, timeout_s)
         self._start()
 

@@ -1,5 +1,5 @@
-"""Scenarios for tests/backend/test_chunk_plan.py (run on every rank of a
-DistPool): a compressed collective of the collectives scenarios, with the
+"""A scenario shared by tests/backend/test_chunk_plan.py and
+test_inter_node_scope.py (run on every rank of a DistPool): a compressed collective of the collectives scenarios, with the
 inner calls it issued on each of the group's transports. Every inner
 backend's sequence number counts the collectives issued on it."""
 from __future__ import annotations

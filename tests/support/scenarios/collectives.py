@@ -1,7 +1,11 @@
 """Scenarios of the compressed collectives (run on every rank of a DistPool):
 every form against an FP64 reference each rank computes from every rank's
 seeded input. Each returns the group's stats for the call (reset before it),
-so a test can tell a compressed call from one that passed through."""
+so a test can tell a compressed call from one that passed through.
+
+Shared: tests/backend/test_backend_collectives.py and test_backend_semantics.py
+run them, scenarios/chunk_plan.py counts their inner calls, and test modules'
+own scenarios use premul_factors, make_op and reference_sum."""
 from __future__ import annotations
 
 from typing import NamedTuple

@@ -1,9 +1,9 @@
 """Scenarios for tests/integrations/test_compile.py and
 tests/integrations/test_checkpoint.py (run on every rank of a DistPool; see
-dist_harness.py): torch.compile over functional collectives and FSDP2 on an
+tests/support/harness.py): torch.compile over functional collectives and FSDP2 on an
 fp8gloo group, and torch.distributed.checkpoint of an FSDP2 FP8 model.
 
-The models are fsdp_scenarios.py's tiny decoder, so these scenarios reuse its
+The models are scenarios/fsdp.py's tiny decoder, so these scenarios reuse its
 build(), batches() and loss.
 """
 from __future__ import annotations

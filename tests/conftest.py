@@ -1,0 +1,33 @@
+"""Fixtures shared by the test modules.
+
+`pool`: the module's DistPool (tests/support/harness.py), one per PoolSpec in
+the module's POOLS list, module-scoped (starting the ranks takes seconds, so a
+pool serves every test of its module that uses it). A module with several
+specs has its tests parametrized over them, with the specs' ids; a module with
+one spec, no id, is not parametrized. A test module declares, e.g.:
+
+    POOLS = PoolSpec.grid(("fp8gloo", "fp8ncclsim"), (2, 3), pg_options={"min_numel": 1024})
+"""
+import pytest
+
+
+def _specs(module) -> list:
+    specs = getattr(module, "POOLS", None)
+    assert specs, f"{module.__name__} uses the pool fixture but declares no POOLS"
+    return specs
+
+
+def pytest_generate_tests(metafunc):
+    if "pool" not in metafunc.fixturenames:
+        return
+    specs = _specs(metafunc.module)
+    if len(specs) > 1 or specs[0].id is not None:
+        metafunc.parametrize("pool", specs, ids=[s.id for s in specs], indirect=True, scope="module")
+
+
+@pytest.fixture(scope="module")
+def pool(request):
+    spec = request.param if hasattr(request, "param") else _specs(request.module)[0]
+    p = spec.start()
+    yield p
+    p.close()
