@@ -41,7 +41,7 @@ void premultiply(const at::Tensor& x, const Reduction& red) {
 
 // What the compressed phase among nodes reduces: the node sums, divided by
 // the whole group's size for AVG.
-Reduction among_nodes(const Reduction& red) { return Reduction{1.0f, std::nullopt, red.post_div}; }
+Reduction between_nodes(const Reduction& red) { return Reduction{1.0f, std::nullopt, red.post_div}; }
 
 // Segment r (k elements) of a flat tensor of P * k, or the r-th of P tensors.
 at::Tensor segment(const std::vector<at::Tensor>& segments, int64_t r, int64_t k) {
@@ -115,7 +115,7 @@ void all_reduce_by_node(NodeTransports& g, const WireLayout& wire, Workspace& ws
     gathers.push_back(g.intra.start_all_gather_exact(chunk.narrow(0, c.begin, c.numel), gather_scratch(c)));
   };
   start_sum(0);
-  all_reduce(g.inter, wire, ws, chunk, among_nodes(red), error, &hooks);
+  all_reduce(g.inter, wire, ws, chunk, between_nodes(red), error, &hooks);
   for (const Transport::Pending& work : gathers) g.intra.wait(work, "intra-node all_gather");
   // Each rank's chunk goes straight to its place in the tensor (the last
   // one less its padding), once all have arrived: a failed phase leaves the
@@ -153,7 +153,7 @@ void reduce_scatter_by_node(NodeTransports& g, const WireLayout& wire, Workspace
   at::Tensor scratch = node_buffer(ws, Workspace::kNodeExchange, g.intra.reduce_scatter_scratch_numel(N * k), output);
   Transport::PendingSum sum = g.intra.start_reduce_scatter_sum(chunk, pieces, scratch);
   g.intra.finish_reduce_scatter_sum(sum, "intra-node reduce_scatter");
-  reduce_scatter(g.inter, wire, ws, output, {chunk}, among_nodes(red), error);
+  reduce_scatter(g.inter, wire, ws, output, {chunk}, between_nodes(red), error);
 }
 
 void all_gather_by_node(NodeTransports& g, const WireLayout& wire, Workspace& ws,

@@ -9,9 +9,9 @@ NodeBytes Route::run(const std::function<void(Transport&)>& flat,
     by_node(*nodes);
     return {nodes->intra.bytes_sent() - intra, nodes->inter.bytes_sent() - inter};
   }
-  const int64_t before = group.bytes_sent();
-  flat(group);
-  const int64_t bytes = group.bytes_sent() - before, peers = group.size() - 1;
+  const int64_t before = group_transport.bytes_sent();
+  flat(group_transport);
+  const int64_t bytes = group_transport.bytes_sent() - before, peers = group_transport.size() - 1;
   if (peers == 0) return {};
   const int64_t intra = bytes * (ranks_on_my_node - 1) / peers;
   return {intra, bytes - intra};

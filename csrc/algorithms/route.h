@@ -14,7 +14,7 @@
 namespace fp8comm {
 
 struct Route {
-  Transport& group;
+  Transport& group_transport;
   NodeTransports* nodes = nullptr;  // set: the by-node algorithms
   int64_t ranks_on_my_node = 1;     // this rank's node's ranks in the group, itself included
 

@@ -14,7 +14,7 @@ int64_t exchange_slot(int64_t r, int64_t rank) { return r < rank ? r : r - 1; }
 // The pieces (k elements each) as one flat tensor: a view where each is
 // contiguous and follows the one before in memory, else copied into
 // `staging`.
-at::Tensor together(const std::vector<at::Tensor>& pieces, int64_t k, const at::Tensor& staging) {
+at::Tensor flat_or_staged(const std::vector<at::Tensor>& pieces, int64_t k, const at::Tensor& staging) {
   const int64_t count = static_cast<int64_t>(pieces.size());
   bool adjacent = true;
   for (int64_t i = 0; i < count && adjacent; ++i) {
@@ -107,7 +107,7 @@ Transport::PendingSum Transport::start_reduce_scatter_sum(const at::Tensor& outp
   PendingSum pending{{}, output, {}, pieces[rank_]};
   if (size_ == 1) return pending;
   if (!traits_.exact_by_all_to_all) {
-    at::Tensor input = together(pieces, k, scratch.narrow(0, 0, size_ * k));
+    at::Tensor input = flat_or_staged(pieces, k, scratch.narrow(0, 0, size_ * k));
     c10d::ReduceScatterOptions opts;
     opts.reduceOp = c10d::ReduceOp::SUM;
     opts.timeout = timeout_;
@@ -124,7 +124,7 @@ Transport::PendingSum Transport::start_reduce_scatter_sum(const at::Tensor& outp
     if (r != rank_) others.push_back(pieces[r]);
   }
   pending.received = scratch.narrow(0, 0, (size_ - 1) * k);
-  at::Tensor send = together(others, k, scratch.narrow(0, (size_ - 1) * k, (size_ - 1) * k));
+  at::Tensor send = flat_or_staged(others, k, scratch.narrow(0, (size_ - 1) * k, (size_ - 1) * k));
   pending.work = start_exchange(pending.received, send, k);
   return pending;
 }

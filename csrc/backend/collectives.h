@@ -22,7 +22,7 @@ namespace fp8comm {
 enum class Volume : uint8_t {
   kNotCounted,  // broadcast, reduce, gather, scatter, recv, barrier: rooted or receive-only
   kAllReduce,   // 2 (P - 1) / P x bytes
-  kPerRank,     // (P - 1) x bytes: reduce_scatter, all_gather
+  kToEachPeer,  // (P - 1) x bytes: the same bytes to each other rank (reduce_scatter, all_gather)
   kAllToAll,    // (P - 1) / P x bytes
   kSent,        // bytes
 };
@@ -36,7 +36,7 @@ struct Collective {
   int64_t plain_bytes_sent(int64_t bytes, int64_t P) const {
     switch (volume) {
       case Volume::kAllReduce: return 2 * (P - 1) * bytes / P;
-      case Volume::kPerRank: return (P - 1) * bytes;
+      case Volume::kToEachPeer: return (P - 1) * bytes;
       case Volume::kAllToAll: return (P - 1) * bytes / P;
       case Volume::kSent: return bytes;
       case Volume::kNotCounted: break;
@@ -50,13 +50,13 @@ using c10d::OpType;
 // clang-format off
 constexpr Collective kAllReduce{"all_reduce", OpType::ALLREDUCE, &compressed::kAllReduce, Volume::kAllReduce};
 constexpr Collective kAllReduceCoalesced{"all_reduce_coalesced", OpType::ALLREDUCE_COALESCED, &compressed::kAllReduce, Volume::kAllReduce};
-constexpr Collective kReduceScatterTensor{"reduce_scatter_tensor", OpType::_REDUCE_SCATTER_BASE, &compressed::kReduceScatter, Volume::kPerRank};
-constexpr Collective kReduceScatter{"reduce_scatter", OpType::REDUCE_SCATTER, &compressed::kReduceScatter, Volume::kPerRank};
-constexpr Collective kReduceScatterTensorCoalesced{"reduce_scatter_tensor_coalesced", compat::reduce_scatter_tensor_coalesced_op(), &compressed::kReduceScatter, Volume::kPerRank};
-constexpr Collective kAllGatherIntoTensor{"all_gather_into_tensor", OpType::_ALLGATHER_BASE, &compressed::kAllGather, Volume::kPerRank};
-constexpr Collective kAllGather{"all_gather", OpType::ALLGATHER, &compressed::kAllGather, Volume::kPerRank};
-constexpr Collective kAllGatherIntoTensorCoalesced{"all_gather_into_tensor_coalesced", OpType::ALLGATHER_COALESCED, &compressed::kAllGather, Volume::kPerRank};
-constexpr Collective kAllGatherCoalesced{"all_gather_coalesced", OpType::ALLGATHER_COALESCED, nullptr, Volume::kPerRank};
+constexpr Collective kReduceScatterTensor{"reduce_scatter_tensor", OpType::_REDUCE_SCATTER_BASE, &compressed::kReduceScatter, Volume::kToEachPeer};
+constexpr Collective kReduceScatter{"reduce_scatter", OpType::REDUCE_SCATTER, &compressed::kReduceScatter, Volume::kToEachPeer};
+constexpr Collective kReduceScatterTensorCoalesced{"reduce_scatter_tensor_coalesced", compat::reduce_scatter_tensor_coalesced_op(), &compressed::kReduceScatter, Volume::kToEachPeer};
+constexpr Collective kAllGatherIntoTensor{"all_gather_into_tensor", OpType::_ALLGATHER_BASE, &compressed::kAllGather, Volume::kToEachPeer};
+constexpr Collective kAllGather{"all_gather", OpType::ALLGATHER, &compressed::kAllGather, Volume::kToEachPeer};
+constexpr Collective kAllGatherIntoTensorCoalesced{"all_gather_into_tensor_coalesced", OpType::ALLGATHER_COALESCED, &compressed::kAllGather, Volume::kToEachPeer};
+constexpr Collective kAllGatherCoalesced{"all_gather_coalesced", OpType::ALLGATHER_COALESCED, nullptr, Volume::kToEachPeer};
 constexpr Collective kBroadcast{"broadcast", OpType::BROADCAST, nullptr, Volume::kNotCounted};
 constexpr Collective kReduce{"reduce", OpType::REDUCE, nullptr, Volume::kNotCounted};
 constexpr Collective kGather{"gather", OpType::GATHER, nullptr, Volume::kNotCounted};

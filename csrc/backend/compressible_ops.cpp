@@ -34,7 +34,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::run_pairs(const Collective& c, s
   Opts one = opts;
   one.asyncOp = true;
   return run(c, inputs[0].device(), opts.asyncOp, opts.timeout, user_tensors, outputs, [&](Route& route) {
-    for (size_t i = 0; i < inputs.size(); ++i) route.group.wait(pair(outputs[i], inputs[i], one), c.compressed->name);
+    for (size_t i = 0; i < inputs.size(); ++i) route.group_transport.wait(pair(outputs[i], inputs[i], one), c.compressed->name);
   });
 }
 
@@ -48,9 +48,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::all_reduce_exact(const Collectiv
     sum.reduceOp = c10d::ReduceOp::SUM;
     emulate_reduce(c.name, opts.reduceOp, size_, tensors, tensors, /*in_place=*/true,
                    [&](std::vector<at::Tensor>& copies, std::vector<at::Tensor>&) { wait_for(call(copies, sum)); });
-    work = passed({}, c, tensors);
+    work = passed_through({}, c, tensors);
   } else {
-    work = passed(call(tensors, opts), c, tensors);
+    work = passed_through(call(tensors, opts), c, tensors);
   }
   record_passthrough(c, bytes_of(tensors));
   return work;
@@ -136,7 +136,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::reduce_scatter_tensor_exact(cons
                                                                            const c10d::ReduceScatterOptions& opts) {
   auto inner = inner_for(input.device(), c.name);
   if (!needs_emulation(opts.reduceOp, input, traits_for(input.device().type()))) {
-    return passed(inner->_reduce_scatter_base(output, input, opts), c, {output});
+    return passed_through(inner->_reduce_scatter_base(output, input, opts), c, {output});
   }
   c10d::ReduceScatterOptions sum = opts;
   sum.reduceOp = c10d::ReduceOp::SUM;
@@ -144,7 +144,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::reduce_scatter_tensor_exact(cons
                  [&](std::vector<at::Tensor>& ins, std::vector<at::Tensor>& results) {
                    wait_for(inner->_reduce_scatter_base(results[0], ins[0], sum));
                  });
-  return passed({}, c, {output});
+  return passed_through({}, c, {output});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
@@ -199,9 +199,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::reduce_scatter(std::vector<at::T
       for (const auto& in : inputs[0]) flat_inputs.push_back(in.reshape({-1}));
       at::Tensor flat = at::cat(flat_inputs);
       wait_for(reduce_scatter_tensor_exact(c, output, flat, opts));
-      work = passed({}, c, outputs);
+      work = passed_through({}, c, outputs);
     } else {
-      work = passed(inner->reduce_scatter(outputs, inputs, opts), c, outputs);
+      work = passed_through(inner->reduce_scatter(outputs, inputs, opts), c, outputs);
     }
     record_passthrough(c, bytes_of(output));
     return work;
@@ -240,7 +240,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::reduce_scatter_tensor_coalesced(
   if (!any && !emulate) {
     auto work = inner->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
     for (const auto& out : outputs) record_passthrough(c, bytes_of(out));
-    return passed(std::move(work), c, outputs);
+    return passed_through(std::move(work), c, outputs);
   }
   return run_pairs(c, outputs, inputs, opts, with_factor(pair_tensors(inputs, outputs), opts.reduceOp, red),
                    [&](at::Tensor& out, at::Tensor& in, const c10d::ReduceScatterOptions& one) {
@@ -271,7 +271,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::all_gather_into_tensor(const Col
     at::Tensor in = as_bytes_if_fp8(input);
     auto work = inner->_allgather_base(out, in, opts);
     record_passthrough(c, bytes_of(input));
-    return passed(std::move(work), c, {output});
+    return passed_through(std::move(work), c, {output});
   }
   check_dense(c.name, output);
   return compressed_call(c, input.device(), opts.asyncOp, opts.timeout, {input, output}, {output}, bytes_of(input),
@@ -303,7 +303,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::allgather(std::vector<std::vecto
     auto ins = as_bytes_if_fp8(inputs);
     auto work = inner->allgather(outs, ins, opts);
     record_passthrough(c, bytes_of(input));
-    return passed(std::move(work), c, outputs[0]);
+    return passed_through(std::move(work), c, outputs[0]);
   }
   std::vector<at::Tensor> user = outputs[0];
   user.push_back(input);
@@ -337,7 +337,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::allgather_into_tensor_coalesced(
     auto ins = as_bytes_if_fp8(inputs);
     auto work = inner->allgather_into_tensor_coalesced(outs, ins, opts);
     for (const auto& in : inputs) record_passthrough(c, bytes_of(in));
-    return passed(std::move(work), c, outputs);
+    return passed_through(std::move(work), c, outputs);
   }
   return run_pairs(c, outputs, inputs, opts, pair_tensors(inputs, outputs),
                    [&](at::Tensor& out, at::Tensor& in, const c10d::AllgatherOptions& one) {

@@ -7,7 +7,7 @@
 
 namespace fp8comm {
 
-namespace c = collectives;
+using namespace collectives;  // the rows: kBroadcast, kReduce, ...
 
 template <typename Call>
 c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::forward(const Collective& collective, const at::Device& device,
@@ -15,52 +15,52 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::forward(const Collective& collec
                                                         Call&& call) {
   auto work = call(*inner_for(device, collective.name));
   record_passthrough(collective, payload);
-  return passed(std::move(work), collective, std::move(outputs));
+  return passed_through(std::move(work), collective, std::move(outputs));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::broadcast(std::vector<at::Tensor>& tensors,
                                                           const c10d::BroadcastOptions& opts) {
-  check_writable(c::kBroadcast.name, tensors, "a tensor");
+  check_writable(kBroadcast.name, tensors, "a tensor");
   auto ts = as_bytes_if_fp8(tensors);
-  return forward(c::kBroadcast, tensors.at(0).device(), bytes_of(tensors), tensors,
+  return forward(kBroadcast, tensors.at(0).device(), bytes_of(tensors), tensors,
                  [&](c10d::Backend& inner) { return inner.broadcast(ts, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::reduce(std::vector<at::Tensor>& tensors,
                                                        const c10d::ReduceOptions& opts) {
-  check_not_fp8_reduction(c::kReduce.name, tensors);
-  check_writable(c::kReduce.name, tensors, "a tensor");
-  return forward(c::kReduce, tensors.at(0).device(), bytes_of(tensors), tensors,
+  check_not_fp8_reduction(kReduce.name, tensors);
+  check_writable(kReduce.name, tensors, "a tensor");
+  return forward(kReduce, tensors.at(0).device(), bytes_of(tensors), tensors,
                  [&](c10d::Backend& inner) { return inner.reduce(tensors, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                                     std::vector<at::Tensor>& inputs,
                                                                     const c10d::AllgatherOptions& opts) {
-  check_writable(c::kAllGatherCoalesced.name, outputs, "an output");
+  check_writable(kAllGatherCoalesced.name, outputs, "an output");
   auto outs = as_bytes_if_fp8(outputs);
   auto ins = as_bytes_if_fp8(inputs);
-  return forward(c::kAllGatherCoalesced, inputs.at(0).device(), bytes_of(inputs), {},
+  return forward(kAllGatherCoalesced, inputs.at(0).device(), bytes_of(inputs), {},
                  [&](c10d::Backend& inner) { return inner.allgather_coalesced(outs, ins, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                        std::vector<at::Tensor>& inputs,
                                                        const c10d::GatherOptions& opts) {
-  check_writable(c::kGather.name, outputs, "an output");
+  check_writable(kGather.name, outputs, "an output");
   auto outs = as_bytes_if_fp8(outputs);
   auto ins = as_bytes_if_fp8(inputs);
-  return forward(c::kGather, inputs.at(0).device(), bytes_of(inputs), {},
+  return forward(kGather, inputs.at(0).device(), bytes_of(inputs), {},
                  [&](c10d::Backend& inner) { return inner.gather(outs, ins, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::scatter(std::vector<at::Tensor>& outputs,
                                                         std::vector<std::vector<at::Tensor>>& inputs,
                                                         const c10d::ScatterOptions& opts) {
-  check_writable(c::kScatter.name, outputs, "the output");
+  check_writable(kScatter.name, outputs, "the output");
   auto outs = as_bytes_if_fp8(outputs);
   auto ins = as_bytes_if_fp8(inputs);
-  return forward(c::kScatter, outputs.at(0).device(), bytes_of(outputs), outputs,
+  return forward(kScatter, outputs.at(0).device(), bytes_of(outputs), outputs,
                  [&](c10d::Backend& inner) { return inner.scatter(outs, ins, opts); });
 }
 
@@ -68,10 +68,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::alltoall_base(at::Tensor& output
                                                               std::vector<int64_t>& output_split_sizes,
                                                               std::vector<int64_t>& input_split_sizes,
                                                               const c10d::AllToAllOptions& opts) {
-  check_writable(c::kAllToAllSingle.name, output, "the output");
+  check_writable(kAllToAllSingle.name, output, "the output");
   at::Tensor out = as_bytes_if_fp8(output);
   at::Tensor in = as_bytes_if_fp8(input);
-  return forward(c::kAllToAllSingle, input.device(), bytes_of(input), {output}, [&](c10d::Backend& inner) {
+  return forward(kAllToAllSingle, input.device(), bytes_of(input), {output}, [&](c10d::Backend& inner) {
     return inner.alltoall_base(out, in, output_split_sizes, input_split_sizes, opts);
   });
 }
@@ -79,30 +79,30 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::alltoall_base(at::Tensor& output
 c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::alltoall(std::vector<at::Tensor>& outputs,
                                                          std::vector<at::Tensor>& inputs,
                                                          const c10d::AllToAllOptions& opts) {
-  check_writable(c::kAllToAll.name, outputs, "an output");
+  check_writable(kAllToAll.name, outputs, "an output");
   auto outs = as_bytes_if_fp8(outputs);
   auto ins = as_bytes_if_fp8(inputs);
-  return forward(c::kAllToAll, inputs.at(0).device(), bytes_of(inputs), outputs,
+  return forward(kAllToAll, inputs.at(0).device(), bytes_of(inputs), outputs,
                  [&](c10d::Backend& inner) { return inner.alltoall(outs, ins, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
   auto ts = as_bytes_if_fp8(tensors);
-  return forward(c::kSend, tensors.at(0).device(), bytes_of(tensors), tensors,
+  return forward(kSend, tensors.at(0).device(), bytes_of(tensors), tensors,
                  [&](c10d::Backend& inner) { return inner.send(ts, dst_rank, tag); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
-  check_writable(c::kRecv.name, tensors, "the tensor");
+  check_writable(kRecv.name, tensors, "the tensor");
   auto ts = as_bytes_if_fp8(tensors);
-  return forward(c::kRecv, tensors.at(0).device(), bytes_of(tensors), tensors,
+  return forward(kRecv, tensors.at(0).device(), bytes_of(tensors), tensors,
                  [&](c10d::Backend& inner) { return inner.recv(ts, src_rank, tag); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
-  check_writable(c::kRecvAnySource.name, tensors, "the tensor");
+  check_writable(kRecvAnySource.name, tensors, "the tensor");
   auto ts = as_bytes_if_fp8(tensors);
-  return forward(c::kRecvAnySource, tensors.at(0).device(), bytes_of(tensors), tensors,
+  return forward(kRecvAnySource, tensors.at(0).device(), bytes_of(tensors), tensors,
                  [&](c10d::Backend& inner) { return inner.recvAnysource(ts, tag); });
 }
 
@@ -126,12 +126,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::barrier(const c10d::BarrierOptio
   const c10::DeviceType device_type =
       opts.device ? opts.device->type()
                   : (has_transport(c10::DeviceType::CUDA) ? c10::DeviceType::CUDA : c10::DeviceType::CPU);
-  auto inner = inner_for(opts.device ? *opts.device : at::Device(device_type), c::kBarrier.name);
+  auto inner = inner_for(opts.device ? *opts.device : at::Device(device_type), kBarrier.name);
   c10d::BarrierOptions forwarded = opts;
   forwarded.device_ids = barrier_device_ids(opts, *inner, device_type);
   auto work = inner->barrier(forwarded);
-  record_passthrough(c::kBarrier, 0);
-  return passed(std::move(work), c::kBarrier, {});
+  record_passthrough(kBarrier, 0);
+  return passed_through(std::move(work), kBarrier, {});
 }
 
 void ProcessGroupFp8::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {

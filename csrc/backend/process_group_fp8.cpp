@@ -91,7 +91,7 @@ WireLayout ProcessGroupFp8::wire_layout(c10::DeviceType device_type) const {
   return WireLayout(traits_for(device_type), static_cast<int>(*options_->block_size), *options_->fp8_dtype);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::passed(c10::intrusive_ptr<c10d::Work> work, const Collective& c,
+c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::passed_through(c10::intrusive_ptr<c10d::Work> work, const Collective& c,
                                                        std::vector<at::Tensor> outputs) const {
   if (work) return work;
   return c10::make_intrusive<Fp8Work>(rank_, c.type, c.name, std::move(outputs));

@@ -169,7 +169,7 @@ class ProcessGroupFp8 : public c10d::Backend {
 
   // A Work for the caller: `work` as the inner backend returned it, or, where
   // it returned none (a synchronous call, already ordered), a completed one.
-  c10::intrusive_ptr<c10d::Work> passed(c10::intrusive_ptr<c10d::Work> work, const Collective& c,
+  c10::intrusive_ptr<c10d::Work> passed_through(c10::intrusive_ptr<c10d::Work> work, const Collective& c,
                                         std::vector<at::Tensor> outputs) const;
   // Stats: `payload` bytes as the collectives table counts them; a
   // compressed call sent `wire` bytes instead of the plain volume, and
@@ -178,7 +178,7 @@ class ProcessGroupFp8 : public c10d::Backend {
   void record_compressed(const Collective& c, int64_t payload, const NodeBytes& wire, const QuantizationError& error);
   // Where a compressed call adds its quantization error: `error` with
   // Options.track_error, else nowhere (null).
-  QuantizationError* measured(QuantizationError& error) const { return *options_->track_error ? &error : nullptr; }
+  QuantizationError* error_if_tracked(QuantizationError& error) const { return *options_->track_error ? &error : nullptr; }
 
   // Passes a call through: call(inner backend) for `device`, counted in stats.
   template <typename Call>

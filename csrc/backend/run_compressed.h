@@ -91,7 +91,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::compressed_call(const Collective
   NodeBytes sent;
   QuantizationError error;
   auto work = run(c, device, async_op, timeout, user_tensors, std::move(outputs), [&](Route& route) {
-    body([&](const CompressedArgs& args) { sent = algorithm.run(route, wire, workspace_, args, measured(error)); });
+    body([&](const CompressedArgs& args) { sent = algorithm.run(route, wire, workspace_, args, error_if_tracked(error)); });
   });
   record_compressed(c, payload, sent, error);
   return work;
