@@ -16,6 +16,7 @@ except ImportError as e:
         f"fp8comm: its C++ extension fp8comm._C did not load ({e}). It must be built against the torch it runs "
         f"with (torch {torch.__version__} here; fp8comm needs >= 2.11): rebuild it with "
         "`pip install --no-build-isolation -e .` in this torch's environment.") from e
+from . import functional  # noqa: F401  (compressed collectives on any group)
 from .backend import register as _register_backends
 from .codec import (  # noqa: F401
     dequant_sum,

@@ -24,7 +24,7 @@ def _default_group_options() -> Options | None:
     """The options of the default group's fp8 backend, if it has one."""
     if not dist.is_initialized():
         return None
-    found = fp8_backends()
+    found = fp8_backends(functional=False)
     return found[0].options if found else None
 
 
@@ -201,18 +201,19 @@ def _node_nccl_transport(opts):
     return _nccl_transport(opts, split_from_world=False)
 
 
-def _create(device: str, dist_backend_opts, pg_options, make_transport=None, inner=None):
+def _create(device: str, dist_backend_opts, pg_options, make_transport=None, inner=None, borrowed=False):
     """make_transport(dist_backend_opts) builds an inner backend: the group's
     own unless `inner` is given (a split gives it), and in the inter_node
     scope its node transports; by default torch's gloo for "cpu" and NCCL
-    for "cuda"."""
+    for "cuda". `borrowed`: `inner` is another group's backend
+    (fp8comm.functional), whose sequence numbers are that group's."""
     options = _options_of(pg_options)
     prefix, published = _exchange_with_every_rank(dist_backend_opts, options)
     _size_cpu_threads(options, published, dist_backend_opts.group_rank)
     if inner is None:
         inner = (make_transport or (_gloo_transport if device == "cpu" else _nccl_transport))(dist_backend_opts)
-    # torch only does this for backends it names "gloo" / "nccl".
-    inner._set_sequence_number_for_group()
+    if not borrowed:  # torch only does this for backends it names "gloo" / "nccl"
+        inner._set_sequence_number_for_group()
     backend = _C.attach_or_create(
         dist_backend_opts.store,
         dist_backend_opts.group_rank,

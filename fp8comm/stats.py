@@ -20,10 +20,14 @@ STAT_KEYS = (
 ERROR_KEYS = ("signal_energy", "noise_energy", "quantized_values")
 
 
-def fp8_backends(group=None) -> list:
-    """The distinct ProcessGroupFp8 objects behind ``group`` (default: the world)."""
+def fp8_backends(group=None, functional: bool = True) -> list:
+    """The distinct ProcessGroupFp8 objects behind ``group`` (default: the
+    world): its own, and (``functional``) those fp8comm.functional made over
+    its backends."""
+    from .functional import compressors
+
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
-    found = []
+    found = list(compressors(pg)) if functional else []
     for device in ("cpu", "cuda"):
         try:
             backend = pg._get_backend(torch.device(device))
@@ -71,7 +75,8 @@ def get_stats(group=None) -> dict:
     these keys are absent."""
     backends = fp8_backends(group)
     if not backends:
-        raise ValueError("fp8comm.get_stats: this process group has no fp8nccl / fp8gloo backend")
+        raise ValueError("fp8comm.get_stats: this process group has no fp8nccl / fp8gloo backend and no "
+                         "fp8comm.functional call has run on it")
     totals = {key: 0 for key in STAT_KEYS}
     per_op: dict = {}
     for backend in backends:

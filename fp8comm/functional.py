@@ -1,0 +1,147 @@
+"""Compressed collectives on any process group (DESIGN.md, "Any group").
+
+    import fp8comm.functional as F
+    F.reduce_scatter_tensor(out, grads, group=mesh.get_group("dp"))  # a plain nccl / gloo group
+
+The group's own backend for the tensor's device (torch's ProcessGroupNCCL or
+ProcessGroupGloo) is the transport of a ProcessGroupFp8 made for the group,
+its device and the options: the same algorithms, checks, passthrough rules
+and stats as an fp8nccl / fp8gloo group, so a call gives bitwise the result of
+the same call on such a group with the same options. The first call for a
+(group, device, options) creates that ProcessGroupFp8; creating it is
+collective (the ranks agree on the options through the group's store), as the
+call itself is. ``fp8comm.get_stats(group)`` and ``fp8comm.uncompressed(group)``
+cover it. On a group whose backend already is fp8comm's, the call goes to that
+backend (``options`` must then be None or equal to the group's).
+"""
+from __future__ import annotations
+
+import types
+import weakref
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import AllgatherOptions
+
+from . import _C, backend
+from .options import Options
+
+_COMPRESSORS: "weakref.WeakKeyDictionary[dist.ProcessGroup, dict]" = weakref.WeakKeyDictionary()
+
+
+def _group_or_default(group, op: str) -> dist.ProcessGroup:
+    if group is None:
+        if not dist.is_initialized():
+            raise RuntimeError(f"fp8comm.functional.{op}: no process group: call init_process_group first "
+                               "or pass group=")
+        return dist.distributed_c10d._get_default_group()
+    if not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"fp8comm.functional.{op}: group must be a torch.distributed ProcessGroup, "
+                        f"got {type(group).__name__}")
+    return group
+
+
+def _resolved(options, op: str) -> Options:
+    if options is None:
+        return Options().resolved()
+    if not isinstance(options, Options):
+        raise TypeError(f"fp8comm.functional.{op}: options must be fp8comm.Options, got {type(options).__name__}")
+    return options.resolved()
+
+
+def _inner(group: dist.ProcessGroup, device: torch.device, op: str):
+    try:
+        return group._get_backend(device)
+    except RuntimeError as e:
+        raise ValueError(f"fp8comm.functional.{op}: the group has no backend for {device.type} tensors ({e}); "
+                         "create it with a backend for that device") from e
+
+
+def compressors(group=None) -> list:
+    """The ProcessGroupFp8 objects fp8comm.functional made for ``group`` (stats, uncompressed blocks)."""
+    pg = group if group is not None else (dist.distributed_c10d._get_default_group() if dist.is_initialized()
+                                          else None)
+    return list(_COMPRESSORS.get(pg, {}).values()) if pg is not None else []
+
+
+def compressor(group, device: torch.device, options, op: str = "compressor"):
+    """The ProcessGroupFp8 that runs ``group``'s compressed calls on ``device``
+    with ``options``: the group's own when it has one, else one made over the
+    group's backend, cached for the group's life."""
+    group = _group_or_default(group, op)
+    device = torch.device(device)
+    inner = _inner(group, device, op)
+    if isinstance(inner, _C.ProcessGroupFp8):
+        if options is not None and _resolved(options, op) != inner.options:
+            raise ValueError(f"fp8comm.functional.{op}: the group's backend is fp8comm's, with options "
+                             f"{inner.options}; pass options=None (or those) to use it, or call on a plain "
+                             "nccl / gloo group")
+        return inner
+    resolved = _resolved(options, op)
+    made = _COMPRESSORS.setdefault(group, {})
+    key = (device.type, repr(resolved))  # every field, the per-process ones included
+    if key not in made:
+        made[key] = _make(group, device, inner, resolved, len(made))
+    return made[key]
+
+
+def _make(group, device, inner, options: Options, number: int):
+    name = f"{group.group_name}/fp8comm.functional/{number}"
+    opts = types.SimpleNamespace(
+        store=dist.PrefixStore(name + "/", dist.distributed_c10d._get_process_group_store(group)),
+        group_rank=group.rank(),
+        group_size=group.size(),
+        timeout=inner.options._timeout,
+        global_ranks_in_group=dist.get_process_group_ranks(group),
+        group_id=name,
+    )
+    return backend._create(device.type, opts, options, inner=inner, borrowed=True)
+
+
+def _finish(work, async_op: bool):
+    if async_op:
+        return work
+    work.wait()
+    return None
+
+
+def all_reduce(tensor: torch.Tensor, op=dist.ReduceOp.SUM, group=None, async_op: bool = False, options=None):
+    """``tensor`` <- the reduction of every rank's ``tensor``, compressed as on
+    an fp8 group (``dist.all_reduce``'s arguments; ``options``: fp8comm.Options,
+    default the FP8COMM_* environment). Returns a Work when ``async_op``."""
+    _check_tensor(tensor, "all_reduce", "tensor")
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = op
+    opts.asyncOp = async_op
+    pg = compressor(group, tensor.device, options, "all_reduce")
+    return _finish(pg.allreduce([tensor], opts), async_op)
+
+
+def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op=dist.ReduceOp.SUM, group=None,
+                          async_op: bool = False, options=None):
+    """``output`` <- the reduction of this rank's segment of every rank's
+    ``input`` (``dist.reduce_scatter_tensor``'s arguments), compressed."""
+    _check_tensor(output, "reduce_scatter_tensor", "output")
+    _check_tensor(input, "reduce_scatter_tensor", "input")
+    opts = dist.ReduceScatterOptions()
+    opts.reduceOp = op
+    opts.asyncOp = async_op
+    pg = compressor(group, input.device, options, "reduce_scatter_tensor")
+    return _finish(pg._reduce_scatter_base(output, input, opts), async_op)
+
+
+def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor, group=None, async_op: bool = False,
+                           options=None):
+    """Segment r of ``output`` <- rank r's ``input`` (``dist.all_gather_into_tensor``'s
+    arguments), compressed where the options compress all_gather."""
+    _check_tensor(output, "all_gather_into_tensor", "output")
+    _check_tensor(input, "all_gather_into_tensor", "input")
+    opts = AllgatherOptions()
+    opts.asyncOp = async_op
+    pg = compressor(group, input.device, options, "all_gather_into_tensor")
+    return _finish(pg._allgather_base(output, input, opts), async_op)
+
+
+def _check_tensor(t, op: str, what: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"fp8comm.functional.{op}: {what} must be a torch.Tensor, got {type(t).__name__}")
