@@ -2,7 +2,9 @@
 run as printed there (CPU processes over fp8gloo: 2, or 4 for the 2x2 mesh),
 trains and reports through fp8comm.get_stats() that its gradients went over
 the wire FP8-compressed. The exact-blocks snippet (fp8comm.uncompressed,
-track_error) also shows its metric exact and the gradients' SQNR.
+track_error) also shows its metric exact and the gradients' SQNR; the
+plain-mesh FSDP2 snippet (fp8comm.fsdp) compresses the shard dimension only,
+and the DDP hook snippet (fp8comm.hooks) compresses on a plain gloo group.
 
 Lightning (Fabric DDP, Trainer DDP with a validation loop; Lightning's FSDP
 is GPU-only) and Accelerate are optional packages: their tests skip,
@@ -79,6 +81,8 @@ LAUNCH = {
     "accelerate_cpu": ("accelerate", _torchrun),
     "device_mesh_hsdp": ("torch", _torchrun_2x2),
     "exact_blocks": ("torch", _torchrun),  # fp8comm.uncompressed and track_error, no framework
+    "fsdp2_plain_mesh": ("torch", _torchrun_2x2),  # fp8comm.fsdp on a plain mesh
+    "ddp_hook": ("torch", _torchrun),  # fp8comm.hooks on a plain group
 }
 
 STATS = re.compile(r"fp8comm: calls_compressed=(\d+) bytes_sent=(\d+) of (\d+)")
@@ -125,6 +129,8 @@ def test_snippet_trains_with_fp8_compressed_gradients(name, tmp_path):
         per_dim = dict(re.findall(r"mesh dim (\w+): (\d+) calls compressed", out.stdout))
         assert set(per_dim) == {"replicate", "shard"} and all(int(n) >= 4 for n in per_dim.values()), log
         assert int(re.search(r"FP8 GEMMs: (\d+)", out.stdout).group(1)) > 0, log
+    if name == "fsdp2_plain_mesh":  # only the shard dimension's reduce-scatter is compressed
+        assert "replicate dim compressors: 0" in out.stdout, log
     if name == "exact_blocks":  # the metric all-reduced in the block is exact; the gradients report SQNR
         assert "histogram exact: True" in out.stdout, log
         m = re.search(r"^all_reduce: (\d+) compressed, SQNR ([\d.]+) dB, (\d+) passed through$", out.stdout, re.M)
