@@ -16,7 +16,7 @@ UNCOMPRESSED_SQNR_DB = 45.0
 
 
 # fp8gloo, and fp8ncclsim: the same algorithms on the path fp8nccl takes
-# (NCCL's traits and return contract over gloo, fp8comm/testing.py).
+# (NCCL's traits and return contract over gloo, fp8comm/_testing.py).
 @pytest.fixture(scope="module", params=[(backend, world) for backend in ("fp8gloo", "fp8ncclsim") for world in (2, 3, 4)],
                 ids=lambda p: f"{p[0]}-{p[1]}")
 def pool(request):
