@@ -14,7 +14,7 @@
 #include "common/env.h"
 #include "codec/codec.h"
 #include "codec/cpu_threads.h"
-#include "testing/nccl_like_backend.h"
+#include "testing/ncclsim_transport.h"
 
 namespace {
 
@@ -350,17 +350,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("min_numel", [](ProcessGroupFp8& pg) { return *pg.options().min_numel; })
       .def_property_readonly("compressed_ops", [](ProcessGroupFp8& pg) { return *pg.options().compress; });
 
-  // ---- for tests (fp8comm.testing): NCCL's contracts on CPU processes
-  py::class_<fp8comm::NcclLikeBackend, c10d::Backend, c10::intrusive_ptr<fp8comm::NcclLikeBackend>>(
-      m, "NcclLikeBackend", "ProcessGroupGloo behaving as ProcessGroupNCCL does (csrc/testing/nccl_like_backend.h).")
+  // ---- for tests (fp8comm._testing): the fp8ncclsim transport, NCCL's contracts on CPU processes
+  py::class_<fp8comm::NcclSimTransport, c10d::Backend, c10::intrusive_ptr<fp8comm::NcclSimTransport>>(
+      m, "_NcclSimTransport",
+      "The fp8ncclsim transport: ProcessGroupGloo behaving as ProcessGroupNCCL does (csrc/testing/ncclsim_transport.h).")
       .def(py::init([](const c10::intrusive_ptr<c10d::Backend>& gloo) {
-             return c10::make_intrusive<fp8comm::NcclLikeBackend>(gloo);
+             return c10::make_intrusive<fp8comm::NcclSimTransport>(gloo);
            }),
            py::arg("gloo"))
-      .def("barrier_device_ids", &fp8comm::NcclLikeBackend::barrier_device_ids,
+      .def("barrier_device_ids", &fp8comm::NcclSimTransport::barrier_device_ids,
            "The device_ids of the last barrier this transport was given.")
-      .def("aborts", &fp8comm::NcclLikeBackend::aborts, "How often abort() was called on this transport.")
-      .def("shutdowns", &fp8comm::NcclLikeBackend::shutdowns, "How often shutdown() was called on this transport.");
+      .def("aborts", &fp8comm::NcclSimTransport::aborts, "How often abort() was called on this transport.")
+      .def("shutdowns", &fp8comm::NcclSimTransport::shutdowns, "How often shutdown() was called on this transport.");
   m.def(
       "_work_over",
       [](const std::string& op, const std::vector<c10::intrusive_ptr<c10d::Work>>& inner) {

@@ -3,7 +3,7 @@
 // choice between the CPU and the CUDA variant of an algorithm is made from
 // these traits, never from the tensors' device, so that CI can run the exact
 // path fp8nccl takes on CPU processes (a test transport that declares itself
-// "nccl" over gloo, fp8comm.testing).
+// "nccl" over gloo: the fp8ncclsim transport, csrc/testing).
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include <cstdint>

@@ -7,16 +7,11 @@
 #include "emulated_reduce.h"
 #include "process_group_fp8.h"
 #include "run_compressed.h"
+#include "wait_for.h"
 
 namespace fp8comm {
 
 namespace {
-
-// Waits for a Work an inner backend returned. None means the call was
-// synchronous (ProcessGroupNCCL with asyncOp false) and is already ordered.
-void wait_for(const c10::intrusive_ptr<c10d::Work>& work) {
-  if (work) work->wait();
-}
 
 std::vector<at::Tensor> pair_tensors(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs) {
   std::vector<at::Tensor> all = inputs;

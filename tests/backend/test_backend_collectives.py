@@ -16,7 +16,7 @@ UNCOMPRESSED_SQNR_DB = 45.0
 
 
 # fp8gloo, and fp8ncclsim: the same algorithms on the path fp8nccl takes
-# (NCCL's traits and return contract over gloo, fp8comm/testing.py).
+# (NCCL's traits and return contract over gloo, fp8comm/_testing.py).
 POOLS = PoolSpec.grid(("fp8gloo", "fp8ncclsim"), (2, 3, 4), pg_options={"min_numel": 1024})
 
 

@@ -3,10 +3,10 @@ sharing GPU 0 (marked cuda; skipped without a GPU).
 
 NCCL refuses two ranks on one device, so the transport here is gloo: the pool's
 group is "fp8gloocuda" (ProcessGroupFp8 over ProcessGroupGloo, CUDA tensors;
-registered by fp8comm.testing). Every collective, in every form, runs on CUDA
+registered by fp8comm._testing). Every collective, in every form, runs on CUDA
 tensors through it and on CPU copies of the same inputs through a second group
-over the same ranks, "fp8ncclsim" (CPU tensors over a gloo transport that
-behaves like ProcessGroupNCCL), with the same options. The algorithm and the
+over the same ranks, "fp8ncclsim" (CPU tensors over the fp8ncclsim transport,
+gloo behaving as ProcessGroupNCCL does), with the same options. The algorithm and the
 codec are the same on both paths (the CUDA kernels equal the CPU codec bit for
 bit), so:
 

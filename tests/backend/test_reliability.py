@@ -26,7 +26,7 @@ def test_dead_peer_raises_on_every_survivor_within_the_timeout(when, kind, backe
     """Every survivor raises an error naming the op within the timeout, and the
     failed call leaves its tensor as it was: the compressed algorithm writes the
     tensor only after its last phase, and the PREMUL_SUM emulation (fp8gloo's,
-    or the NCCL-like transport's of fp8ncclsim) sums a scaled copy."""
+    or the fp8ncclsim transport's) sums a scaled copy."""
     pool = DistPool(3, backend=backend, timeout_s=GROUP_TIMEOUT_S)
     answers = pool.run_with_deaths(faults.peer_dies, when, kind, timeout=GROUP_TIMEOUT_S + SLACK_S + 60)
     assert 1 not in answers  # the victim is gone
@@ -117,7 +117,7 @@ def test_inter_node_transports_are_reached_and_released(backend, how):
     reach every transport of an inter_node group, its own and its node
     transports, each once; once it is gone no transport's threads or
     sockets are left. gloo's abort and shutdown do nothing, so only the
-    NCCL-like transport (fp8ncclsim) counts them."""
+    fp8ncclsim transport counts them."""
     pool = DistPool(4, backend=backend, env={"FP8COMM_SCOPE": "inter_node", "FP8COMM_LOCAL_SIZE": "2"})
     try:
         results = pool.run(topology.transports_reached, how, 42.0)

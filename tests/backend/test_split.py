@@ -1,5 +1,5 @@
 """Splitting fp8 groups, 4 real processes, on fp8gloo and
-on fp8ncclsim (fp8nccl's path: its NCCL-like transport splits as NCCL does).
+on fp8ncclsim (fp8nccl's path: the fp8ncclsim transport splits as NCCL does).
 
 torch splits a group where its backend can (``supports_splitting``):
 ``torch.distributed.split_group``, and DeviceMesh under eager init. A split

@@ -59,9 +59,9 @@ def _worker(rank, world, init_file, backend, pg_options_spec, env, timeout_s, in
     import torch.distributed as dist
 
     import fp8comm
-    import fp8comm.testing
+    import fp8comm._testing
 
-    fp8comm.testing.register()
+    fp8comm._testing.register()
     torch.set_num_threads(1)
     dist.set_debug_level_from_env()  # torch read TORCH_DISTRIBUTED_DEBUG at import, before `env` was applied
     pg_options = fp8comm.Options(**pg_options_spec) if pg_options_spec is not None else None

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 import fp8comm
-import fp8comm.testing
+import fp8comm._testing
 from fp8comm import subgroups
 from tests.support.groups import cpu_as_accelerator
 from tests.support.harness import ctx
@@ -167,7 +167,7 @@ def split_of_a_group_on_two_device_types():
 
 
 def barrier_device_ids():
-    """The device_ids that reach the NCCL-like transport of fp8ncclsim
+    """The device_ids that reach the fp8ncclsim transport of fp8ncclsim
     groups: barrier() with none on a group bound to a device (as
     init_process_group(device_id=...) binds it), with ids given, and with
     none on the pool's unbound group."""
@@ -182,7 +182,7 @@ def barrier_device_ids():
     creation.timeout = datetime.timedelta(seconds=60)
     creation.group_id = "barrier-bound"
     creation.global_ranks_in_group = list(range(c.world))
-    bound = fp8comm.testing._create_ncclsim(creation, None)
+    bound = fp8comm._testing._create_ncclsim(creation, None)
     pg._register_backend(torch.device("cpu"), CUSTOM, bound)
     seen = {}
     pg.barrier().wait()
@@ -199,7 +199,7 @@ def barrier_device_ids():
 def split_source_under_eager_init():
     """What torch's new_group splits new NCCL groups from, the world bound
     to a device: fp8comm answers the fp8 backend's NCCL transport, none here
-    (gloo, or the NCCL-like test transport); torch's own answer is the fp8
+    (gloo, or the fp8ncclsim transport); torch's own answer is the fp8
     backend, which ProcessGroupNCCL cannot split from."""
     c10d = dist.distributed_c10d
     with cpu_as_accelerator():

@@ -191,7 +191,7 @@ def flat_scope_split(n: int):
 
 class Reached(NamedTuple):
     timeouts_s: dict  # each transport's own timeout after set_timeout, by role (groups.inner_transports)
-    calls: dict  # (aborts, shutdowns) of each NCCL-like transport by role, after `how`; empty on fp8gloo
+    calls: dict  # (aborts, shutdowns) of each fp8ncclsim transport by role, after `how`; empty on fp8gloo
     leaked: dict  # threads and file descriptors the group left behind once gone (<= 0: none)
 
 

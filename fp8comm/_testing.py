@@ -1,11 +1,16 @@
-"""Backends that let CPU machines run the paths fp8nccl takes on GPUs
-(DESIGN.md, "Testing strategy"). Not for training.
+"""Test backends: CPU processes run the paths fp8nccl takes on GPUs
+(DESIGN.md, "Testing strategy"). Private: for fp8comm's tests, not for
+training.
 
-- ``fp8ncclsim``: CPU tensors over torch's gloo wrapped to behave as
-  ProcessGroupNCCL does (csrc/testing/nccl_like_backend.h): fp8comm gives it
-  NCCL's traits, so the compressed algorithms take fp8nccl's exact path
-  (no segment headers, in-place all_gather, NCCL's chunk size, AVG and
-  PREMUL_SUM passed to the transport), and synchronous calls return no Work.
+- ``fp8ncclsim``: ProcessGroupFp8 on CPU tensors over the fp8ncclsim
+  transport (csrc/testing/ncclsim_transport.h), torch's gloo made to behave
+  as ProcessGroupNCCL does; its node transports are fp8ncclsim transports
+  too. It is named "nccl", so fp8comm gives it NCCL's traits and the
+  compressed algorithms take fp8nccl's exact path (no segment headers,
+  all_gather as an in-place _allgather_base, the exact phases inside a node
+  as its reduce_scatter and all_gather, AVG and PREMUL_SUM handed to it, 16M
+  element chunks). It reduces AVG and PREMUL_SUM with fp8comm's own
+  emulation around gloo's SUM, and returns no Work for a synchronous call.
 - ``fp8gloocuda``: CUDA tensors over torch's gloo, for several ranks sharing
   one GPU, where NCCL refuses two ranks on one device.
 
@@ -21,7 +26,7 @@ from . import _C, backend
 def _create_ncclsim(dist_backend_opts, pg_options):
     return backend._create(
         "cpu", dist_backend_opts, pg_options,
-        make_transport=lambda opts: _C.NcclLikeBackend(backend._gloo_transport(opts)),
+        make_transport=lambda opts: _C._NcclSimTransport(backend._gloo_transport(opts)),
     )
 
 

@@ -1,25 +1,33 @@
 #pragma once
-// A transport for tests: torch's ProcessGroupGloo made to behave as
-// ProcessGroupNCCL does wherever a backend that wraps it can tell, so that CI
-// runs fp8nccl's exact algorithm path on CPU processes (fp8comm.testing
-// registers it as the "fp8ncclsim" backend).
+// The fp8ncclsim transport (tests only; DESIGN.md, "Testing strategy"):
+// torch's ProcessGroupGloo made to behave as ProcessGroupNCCL does wherever a
+// backend that wraps it can tell, so that CI runs fp8nccl's exact algorithm
+// path on CPU processes. fp8comm._testing registers the "fp8ncclsim" backend:
+// ProcessGroupFp8 over this transport, its node transports included.
 //
-// - It is named "nccl", so ProcessGroupFp8 gives it NCCL's traits
-//   (transport_traits.h): no segment headers, in-place _allgather_base,
-//   NCCL's chunk size, AVG and PREMUL_SUM reduced by the transport.
-// - A synchronous call (asyncOp false) returns no Work, as
-//   ProcessGroupNCCL does: its op is done (or has raised) when it returns.
-// - An asynchronous call returns gloo's Work: wait(), exception(),
-//   isSuccess() and its future report the peer's death or the timeout, as
-//   WorkNCCL does under TORCH_NCCL_BLOCKING_WAIT.
-// - AVG and PREMUL_SUM are reduced as an exact SUM of premultiplied copies,
-//   divided for AVG, written to the outputs once the SUM is through.
+// - getBackendName() is "nccl", so TransportTraits::of gives it NCCL's
+//   traits (transport_traits.h): no segment headers, all_gather as one
+//   in-place _allgather_base, the exact phases inside a node as its own
+//   reduce_scatter and all_gather, AVG and PREMUL_SUM handed to it, and
+//   NCCL's chunk of 16M elements.
+// - AVG and PREMUL_SUM, which gloo lacks, it reduces for all_reduce,
+//   all_reduce_coalesced, reduce and the three reduce_scatter forms with the
+//   backend's own emulation (emulated_reduce.h): an exact SUM over gloo,
+//   waited for, of premultiplied copies, divided for AVG, written into the
+//   outputs (for reduce, the root's only) once the SUM is through.
+// - A synchronous call (asyncOp false) returns no Work, as ProcessGroupNCCL
+//   does: its op is done, or has raised, when it returns.
+// - An asynchronous call returns gloo's Work, so wait(), exception(),
+//   isSuccess() and the future report a dead peer or a timeout, as WorkNCCL
+//   does under TORCH_NCCL_BLOCKING_WAIT. An emulated reduction waits for its
+//   SUM inside the call, so it raises there and returns a completed Work.
+//   send, recv and recvAnysource always return gloo's Work, as on NCCL.
 // - split() splits gloo and wraps the result, as ProcessGroupNCCL::split
 //   returns a ProcessGroupNCCL (its options are gloo's).
 // - barrier() keeps the device_ids it was given (barrier_device_ids()), so
-//   tests can see what fp8nccl passes to NCCL; abort() and shutdown() count
-//   their calls (aborts(), shutdowns()), so tests can see which transports
-//   fp8nccl reaches (gloo's own do nothing).
+//   tests can see what fp8nccl hands NCCL; abort() and shutdown() count
+//   their calls (aborts(), shutdowns()) before passing them to gloo, so
+//   tests can see which transports fp8nccl reaches.
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include <atomic>
@@ -27,9 +35,9 @@
 
 namespace fp8comm {
 
-class NcclLikeBackend : public c10d::Backend {
+class NcclSimTransport : public c10d::Backend {
  public:
-  explicit NcclLikeBackend(c10::intrusive_ptr<c10d::Backend> gloo);
+  explicit NcclSimTransport(c10::intrusive_ptr<c10d::Backend> gloo);
 
   const std::string getBackendName() const override { return "nccl"; }
   c10::intrusive_ptr<c10d::Backend> inner() const { return gloo_; }
@@ -108,15 +116,8 @@ class NcclLikeBackend : public c10d::Backend {
   // What ProcessGroupNCCL returns for a call with `async_op`: the Work, or
   // none once the op is through.
   c10::intrusive_ptr<c10d::Work> returned(c10::intrusive_ptr<c10d::Work> work, bool async_op) const;
-  // A completed Work for calls this class finished itself.
+  // A completed Work for the reductions this class emulates.
   c10::intrusive_ptr<c10d::Work> done(bool async_op, c10d::OpType type, std::vector<at::Tensor> outputs) const;
-  // Inputs as the SUM reads them: premultiplied copies for PREMUL_SUM, the
-  // inputs themselves otherwise.
-  static std::vector<at::Tensor> sumInputs(const char* op, const std::vector<at::Tensor>& inputs,
-                                           const c10d::ReduceOp& reduce_op);
-  // Writes the SUM's results into the outputs, divided by the group size for AVG.
-  void writeResults(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& sums,
-                    const c10d::ReduceOp& reduce_op) const;
 
   c10::intrusive_ptr<c10d::Backend> gloo_;
   mutable std::mutex barrier_mutex_;
