@@ -11,6 +11,8 @@ training.
   as its reduce_scatter and all_gather, AVG and PREMUL_SUM handed to it, 16M
   element chunks). It reduces AVG and PREMUL_SUM with fp8comm's own
   emulation around gloo's SUM, and returns no Work for a synchronous call.
+- ``ncclsim``: the fp8ncclsim transport alone, a plain group that stands
+  for a plain ``nccl`` group (fp8comm.functional, fsdp and hooks over it).
 - ``fp8gloocuda``: CUDA tensors over torch's gloo, for several ranks sharing
   one GPU, where NCCL refuses two ranks on one device.
 
@@ -23,11 +25,18 @@ import torch.distributed as dist
 from . import _C, backend
 
 
+def _ncclsim_transport(opts):
+    return _C._NcclSimTransport(backend._gloo_transport(opts))
+
+
 def _create_ncclsim(dist_backend_opts, pg_options):
-    return backend._create(
-        "cpu", dist_backend_opts, pg_options,
-        make_transport=lambda opts: _C._NcclSimTransport(backend._gloo_transport(opts)),
-    )
+    return backend._create("cpu", dist_backend_opts, pg_options, make_transport=_ncclsim_transport)
+
+
+def _create_plain_ncclsim(dist_backend_opts, pg_options):
+    transport = _ncclsim_transport(dist_backend_opts)
+    transport._set_sequence_number_for_group()
+    return transport
 
 
 def _create_gloocuda(dist_backend_opts, pg_options):
@@ -35,7 +44,9 @@ def _create_gloocuda(dist_backend_opts, pg_options):
 
 
 def register() -> None:
-    """Registers fp8ncclsim (CPU) and fp8gloocuda (CUDA); safe to call more than once."""
-    for name, creator, device in (("fp8ncclsim", _create_ncclsim, "cpu"), ("fp8gloocuda", _create_gloocuda, "cuda")):
+    """Registers fp8ncclsim and ncclsim (CPU) and fp8gloocuda (CUDA); safe to call more than once."""
+    backend.NODE_TRANSPORT_MAKERS[_C._NcclSimTransport] = _ncclsim_transport
+    for name, creator, device in (("fp8ncclsim", _create_ncclsim, "cpu"), ("ncclsim", _create_plain_ncclsim, "cpu"),
+                                  ("fp8gloocuda", _create_gloocuda, "cuda")):
         if name.upper() not in dist.Backend._plugins:
             dist.Backend.register_backend(name, creator, extended_api=True, devices=[device])

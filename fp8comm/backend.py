@@ -201,6 +201,20 @@ def _node_nccl_transport(opts):
     return _nccl_transport(opts, split_from_world=False)
 
 
+# Makers of node transports like a given inner backend, by its type, for
+# backends other than torch's gloo and NCCL (fp8comm._testing adds its own).
+NODE_TRANSPORT_MAKERS: dict = {}
+
+
+def node_transport_of(inner):
+    """A maker of inner backends of `inner`'s kind (the inter_node scope's
+    node transports of a group whose transport is `inner`)."""
+    for kind, maker in NODE_TRANSPORT_MAKERS.items():
+        if isinstance(inner, kind):
+            return maker
+    return _gloo_transport if inner.name() == "gloo" else _node_nccl_transport
+
+
 def _create(device: str, dist_backend_opts, pg_options, make_transport=None, inner=None, borrowed=False):
     """make_transport(dist_backend_opts) builds an inner backend: the group's
     own unless `inner` is given (a split gives it), and in the inter_node

@@ -51,10 +51,14 @@ def _resolved(options, op: str) -> Options:
 
 def _inner(group: dist.ProcessGroup, device: torch.device, op: str):
     try:
-        return group._get_backend(device)
+        inner = group._get_backend(device)
     except RuntimeError as e:
         raise ValueError(f"fp8comm.functional.{op}: the group has no backend for {device.type} tensors ({e}); "
                          "create it with a backend for that device") from e
+    if not isinstance(inner, _C.ProcessGroupFp8) and inner.name() not in ("gloo", "nccl"):
+        raise ValueError(f"fp8comm.functional.{op}: the group's {device.type} backend is {inner.name()!r}; "
+                         "fp8comm compresses over gloo and nccl groups")
+    return inner
 
 
 def compressors(group=None) -> list:
@@ -85,17 +89,25 @@ def compressor(group, device: torch.device, options, op: str = "compressor"):
     return made[key]
 
 
+def _timeout_of(inner):
+    """The borrowed backend's timeout (torch's gloo and NCCL keep it in their options)."""
+    options = getattr(inner, "options", None)
+    return getattr(options, "_timeout", None) or dist.default_pg_timeout
+
+
 def _make(group, device, inner, options: Options, number: int):
     name = f"{group.group_name}/fp8comm.functional/{number}"
     opts = types.SimpleNamespace(
         store=dist.PrefixStore(name + "/", dist.distributed_c10d._get_process_group_store(group)),
         group_rank=group.rank(),
         group_size=group.size(),
-        timeout=inner.options._timeout,
+        timeout=_timeout_of(inner),
         global_ranks_in_group=dist.get_process_group_ranks(group),
         group_id=name,
     )
-    return backend._create(device.type, opts, options, inner=inner, borrowed=True)
+    # The inter_node scope's node transports are of the borrowed backend's kind.
+    node_transport = backend.node_transport_of(inner)
+    return backend._create(device.type, opts, options, make_transport=node_transport, inner=inner, borrowed=True)
 
 
 def _finish(work, async_op: bool):

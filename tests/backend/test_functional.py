@@ -1,7 +1,8 @@
 """fp8comm.functional (DESIGN.md, "Any group"): all_reduce,
-reduce_scatter_tensor and all_gather_into_tensor compress over a plain gloo
-group's own backend and give bitwise the result of the same call on an
-fp8gloo group with the same options, flat and in the inter_node scope, with
+reduce_scatter_tensor and all_gather_into_tensor compress over a plain
+group's own backend (gloo, and the fp8ncclsim transport standing for nccl)
+and give bitwise the result of the same call on an fp8gloo / fp8ncclsim
+group with the same options, flat and in the inter_node scope, with
 and without async_op; one compressor per (group, device, options), counted by
 get_stats(group) and switched off by uncompressed(group); errors name the
 call and what to pass."""
@@ -20,11 +21,15 @@ from tests.support.inputs import rank_input, same_bits
 # ---------------------------------------------------------------- scenarios
 # Run on every rank of the pool: module-level, the ranks import this module.
 
+PLAIN = {"fp8gloo": "gloo", "fp8ncclsim": "ncclsim"}
+
+
 def _groups(options: dict):
-    """A plain gloo group and an fp8gloo group of the same ranks, with `options`."""
+    """A plain group and an fp8 group of the same ranks (the pool's kind), with `options`."""
     world = list(range(ctx().world))
-    return dist.new_group(world, backend="gloo"), dist.new_group(
-        world, backend="fp8gloo", pg_options=fp8comm.Options(**options))
+    fp8 = dist.get_backend()
+    return dist.new_group(world, backend=PLAIN[fp8]), dist.new_group(
+        world, backend=fp8, pg_options=fp8comm.Options(**options))
 
 
 def _call(op: str, fn_group, rank: int, world: int, numel: int, dtype, reduce_op, async_op: bool, via: str,
@@ -106,6 +111,9 @@ POOLS = [
     PoolSpec(2, "fp8gloo", id="flat-2"),
     PoolSpec(3, "fp8gloo", id="flat-3"),
     PoolSpec(4, "fp8gloo", env={"FP8COMM_LOCAL_SIZE": "2"}, id="nodes-2x2", attrs={"scope": "inter_node"}),
+    PoolSpec(3, "fp8ncclsim", id="ncclsim-3"),
+    PoolSpec(4, "fp8ncclsim", env={"FP8COMM_LOCAL_SIZE": "2"}, id="ncclsim-nodes-2x2",
+             attrs={"scope": "inter_node"}),
 ]
 OPS = ["all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor"]
 
