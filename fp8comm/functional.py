@@ -3,16 +3,11 @@
     import fp8comm.functional as F
     F.reduce_scatter_tensor(out, grads, group=mesh.get_group("dp"))  # a plain nccl / gloo group
 
-The group's own backend for the tensor's device (torch's ProcessGroupNCCL or
-ProcessGroupGloo) is the transport of a ProcessGroupFp8 made for the group,
-its device and the options: the same algorithms, checks, passthrough rules
-and stats as an fp8nccl / fp8gloo group, so a call gives bitwise the result of
-the same call on such a group with the same options. The first call for a
-(group, device, options) creates that ProcessGroupFp8; creating it is
-collective (the ranks agree on the options through the group's store), as the
-call itself is. ``fp8comm.get_stats(group)`` and ``fp8comm.uncompressed(group)``
-cover it. On a group whose backend already is fp8comm's, the call goes to that
-backend (``options`` must then be None or equal to the group's).
+The group's own backend is the transport of a ProcessGroupFp8 made on the
+first call for (group, device, options): a collective step, as the call is.
+Results are bitwise those of the same call on an fp8 group with those
+options; ``fp8comm.get_stats(group)`` and ``fp8comm.uncompressed(group)``
+cover it.
 """
 from __future__ import annotations
 

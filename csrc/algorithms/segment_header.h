@@ -30,7 +30,7 @@ struct Phase {
 struct SegmentHeader {
   static constexpr uint32_t kMagic = 0x38435046u;  // "FPC8"
   uint32_t magic = kMagic;
-  uint8_t phase;      // Phase::wire
+  uint8_t phase;        // Phase::wire
   uint8_t fp8_dtype;    // Fp8Dtype
   uint16_t block_size;  // <= 4096
   int64_t numel;        // the collective's size: all_reduce n, reduce_scatter / all_gather per-rank numel
