@@ -27,9 +27,9 @@ at::Tensor node_buffer(Workspace& ws, Workspace::Slot slot, int64_t numel, const
   return ws.bytes(slot, bytes, like).view(like.scalar_type()).view({numel});
 }
 
-// Multiplies `x` in place by the PREMUL_SUM factor (computed in FP32 and
-// rounded once to x's dtype, as the exact path emulates it); SUM and AVG
-// leave it. The factor goes in as a wrapped number: mul_ with a plain
+// Multiplies `x` in place by the FP32 PREMUL_SUM factor, computed in FP32 and
+// rounded once to x's dtype (DESIGN.md, "Decisions", AVG and PREMUL_SUM); SUM
+// and AVG leave it. The factor goes in as a wrapped number: mul_ with a plain
 // Scalar would round it to x's dtype first (BF16, FP16).
 void premultiply(const at::Tensor& x, const Reduction& red) {
   if (red.premul_tensor) {
