@@ -5,11 +5,9 @@ training.
 - ``fp8ncclsim``: ProcessGroupFp8 on CPU tensors over the fp8ncclsim
   transport (csrc/testing/ncclsim_transport.h), torch's gloo made to behave
   as ProcessGroupNCCL does; its node transports are fp8ncclsim transports
-  too. It is named "nccl", so fp8comm gives it NCCL's traits and the
-  compressed algorithms take fp8nccl's exact path (no segment headers,
-  all_gather as an in-place _allgather_base, the exact phases inside a node
-  as its reduce_scatter and all_gather, AVG and PREMUL_SUM handed to it, 16M
-  element chunks). It reduces AVG and PREMUL_SUM with fp8comm's own
+  too. It is named "nccl", so fp8comm gives it NCCL's traits
+  (csrc/algorithms/transport_traits.h) and the compressed algorithms take
+  fp8nccl's exact path. It reduces AVG and PREMUL_SUM with fp8comm's own
   emulation around gloo's SUM, and returns no Work for a synchronous call.
 - ``ncclsim``: the fp8ncclsim transport alone, a plain group that stands
   for a plain ``nccl`` group (fp8comm.functional, fsdp and hooks over it).

@@ -57,9 +57,8 @@ def _with_sqnr(energies: dict) -> dict:
 
 def get_stats(group=None) -> dict:
     """Counters of the fp8 backend(s) of ``group``: ``bytes_sent`` (what this rank
-    sends to peers under the standard algorithm volumes: all_gather (P-1)*in,
-    reduce_scatter and all_to_all (P-1)/P*in, all_reduce 2(P-1)/P*in; the
-    inter_node scope's algorithms as they send), split into
+    sends to peers: for a compressed call what its transports sent, for a
+    passthrough call the ring volumes; DESIGN.md, "Stats"), split into
     ``bytes_sent_intra_node`` (to ranks on this rank's node) and
     ``bytes_sent_inter_node``; ``bytes_sent_uncompressed`` (the same calls sent as they were),
     ``calls_compressed``, ``calls_passthrough``, and ``per_op``:

@@ -1,28 +1,7 @@
-"""Splitting fp8 groups (DESIGN.md, "Subgroups").
-
-torch creates subgroups by splitting their parent where the parent's backend
-can split: ``torch.distributed.split_group`` and, under eager init
-(``init_process_group(..., device_id=...)``), DeviceMesh's dimension groups.
-Its C++ ``ProcessGroup::splitGroup`` calls ``ProcessGroupFp8::split`` on every
-rank of the parent, which runs :func:`split` below (installed by
-:func:`install` when fp8comm is imported):
-
-- every inner transport is split, on every rank of the parent and in one
-  order (NCCL's split is collective over the parent's communicator: ranks
-  outside the new group take part with a no-color split), each with options
-  of its own kind;
-- on the members, the new group is created from those transports exactly as
-  the creator creates any fp8 group (``backend._create``: options agreed by
-  every rank through the store, CPU threads sized), with the fp8 options
-  torch passed, or the parent's where torch passed another backend's.
-
-Under eager init, ``new_group`` splits too: it asks ``_get_split_source`` for
-the default group's backend when that backend can split, hands it to a new
-NCCL group as the communicator to split from (``split_from``) and has the
-ranks outside the new group call its ``perform_nocolor_split``; both are
-ProcessGroupNCCL's. :func:`install` therefore makes torch see the NCCL
-transport of an fp8 default group there (none for other transports, which
-need no split), and fp8nccl's creator splits its NCCL transport from it.
+"""Splitting fp8 groups: :func:`split` runs when torch splits an fp8 group
+(``ProcessGroupFp8::split``), and :func:`install` makes ``new_group`` under
+eager init split from an fp8 world's NCCL transport. How and why: DESIGN.md,
+"Subgroups".
 """
 from __future__ import annotations
 

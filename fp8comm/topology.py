@@ -1,15 +1,5 @@
-"""Which ranks of a process group share a node (DESIGN.md, "Topology").
-
-A node is the set of ranks on one host. Each rank names its own node when
-the group is created, and the names travel with the options fingerprint
-through the group's store, so learning the topology costs no extra round
-trip. A rank's node name is, in order of precedence:
-
-- ``FP8COMM_LOCAL_SIZE=L``: ranks ``[iL, (i+1)L)`` of the world are node i
-  (simulated nodes, for tests on one machine);
-- torchrun's ``LOCAL_WORLD_SIZE``: the same with L = that value (torchrun
-  numbers the ranks of one node contiguously);
-- else the host name.
+"""Which ranks of a process group share a node: each rank names its node at
+group creation (the naming rule: DESIGN.md, "Topology").
 """
 from __future__ import annotations
 

@@ -25,17 +25,10 @@ class uncompressed:  # noqa: N801  (used as a function: `with fp8comm.uncompress
     For final evaluations and metrics that must be exact.
 
     Entering and leaving are collective: every rank of the group must do both
-    at the same point of its calls on the group (a compressed call and a
-    passthrough put different bytes on the wire). Each switch waits for every
-    rank through the group's store (a few store round trips, no transport
-    traffic); a rank that waits longer than ``timeout`` (a timedelta or
-    seconds; default the store's, that of ``init_process_group``) raises an
-    error naming the ranks that did not come, and the group switches no more.
-
-    Blocks nest. Leaving on an exception restores compression on this rank at
-    once, without waiting for the others. Other groups (subgroups, other
-    DeviceMesh dimensions) keep compressing. On a group without an fp8 backend
-    nothing is compressed anyway, and the block does nothing.
+    at the same point of its calls on the group; a rank that waits longer than
+    ``timeout`` (a timedelta or seconds; default the store's) raises, naming
+    the ranks that did not come. Blocks nest; only ``group`` changes. The
+    rest (exceptions, threads, cost): DESIGN.md, "Uncompressed blocks".
     """
 
     def __init__(self, group=None, timeout=None):

@@ -1,9 +1,7 @@
 // all_gather: each rank quantizes its input once into its slot of the
-// gathered buffer; every rank decodes every slot, its own included, so all
-// outputs agree bitwise. A large input runs in chunks (chunk_plan.h): every
-// chunk is quantized and gathered, then, once every gather is through,
-// decoded into the output, so a call that fails leaves it as it was (with
-// ChunkHooks, each as soon as its gather is through: algorithms.h).
+// gathered buffer and every rank decodes every slot, its own included; in
+// chunks, output written last (DESIGN.md, "Algorithms"; ChunkHooks:
+// algorithms.h).
 #include "algorithms.h"
 #include "chunk_plan.h"
 #include "compressed_algorithms.h"

@@ -1,16 +1,7 @@
-// all_reduce as reduce-scatter + all-gather of FP8 segments. The tensor is
-// cut into P segments of whole blocks; segment r's owner is rank r. Each rank
-// sends every other owner its quantized piece; the owner sums them onto its
-// own input, which never leaves it (it is added exactly), re-quantizes the
-// sum into its slot of the gathered buffer, and all-gathers those bytes:
-// every rank decodes the same bytes, so every rank ends with bitwise the same
-// result, and each element is quantized twice on its way.
-//
-// A large tensor runs as consecutive chunks (chunk_plan.h), each that
-// algorithm on its own elements, in three sweeps: every chunk's pieces are
-// quantized and sent (the codec works on chunk c + 1 while chunk c travels),
-// then every chunk's sums are made and gathered, then, once every phase is
-// through, every chunk is decoded into the tensor.
+// all_reduce as reduce-scatter + all-gather of FP8 segments: the owner of
+// each segment sums the others' pieces onto its own input, re-quantizes the
+// sum and all-gathers those bytes, so every rank decodes the same bytes; in
+// chunks, output written last (DESIGN.md, "Algorithms").
 #include "algorithms.h"
 #include "chunk_plan.h"
 #include "compressed_algorithms.h"

@@ -1,13 +1,5 @@
-// The inter_node scope (DESIGN.md, "Topology"): a group spread over N nodes
-// of L ranks each reduces exactly inside each node over the inner transport,
-// runs the compressed algorithm among the N ranks that share a local index
-// (one per node) on 1/L of the data, and gathers exactly inside each node.
-// Only the hop between nodes carries FP8, each element quantized as often as
-// in the flat algorithm. Each chunk of the node's exact sum has one owner,
-// and the exact phases only copy, so every rank ends with the same bits.
-// all_reduce and all_gather run the phases inside a node beside the hop, on
-// the hop's chunks (ChunkHooks), so the node's links and the one between
-// nodes work at once; reduce_scatter's node phase runs before its hop.
+// The inter_node scope: exact phases inside each node around the flat
+// compressed algorithm among one rank per node (DESIGN.md, "Topology").
 #include <ATen/ScalarOps.h>
 
 #include <algorithm>
@@ -27,9 +19,9 @@ at::Tensor node_buffer(Workspace& ws, Workspace::Slot slot, int64_t numel, const
   return ws.bytes(slot, bytes, like).view(like.scalar_type()).view({numel});
 }
 
-// Multiplies `x` in place by the PREMUL_SUM factor (computed in FP32 and
-// rounded once to x's dtype, as the exact path emulates it); SUM and AVG
-// leave it. The factor goes in as a wrapped number: mul_ with a plain
+// Multiplies `x` in place by the FP32 PREMUL_SUM factor, computed in FP32 and
+// rounded once to x's dtype (DESIGN.md, "Decisions", AVG and PREMUL_SUM); SUM
+// and AVG leave it. The factor goes in as a wrapped number: mul_ with a plain
 // Scalar would round it to x's dtype first (BF16, FP16).
 void premultiply(const at::Tensor& x, const Reduction& red) {
   if (red.premul_tensor) {

@@ -1,6 +1,7 @@
 #pragma once
-// PREMUL_SUM's factor as c10d carries it, and the factor applied as NCCL
-// applies it: in the tensor's own dtype, before the sum.
+// PREMUL_SUM's factor as c10d carries it, and the factor applied in the
+// tensor's own dtype for the exact emulation (DESIGN.md, "Decisions", AVG and
+// PREMUL_SUM).
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 

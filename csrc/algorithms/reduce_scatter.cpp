@@ -1,8 +1,6 @@
 // reduce_scatter: segment r of every rank's input goes, quantized, to rank r,
-// which adds the pieces in FP32 onto its own segment (never quantized). A
-// large segment runs in chunks (chunk_plan.h): every chunk's pieces are
-// quantized and sent, then, once every exchange is through, summed into the
-// output, so a call that fails leaves the output as it was.
+// which adds the pieces in FP32 onto its own segment; in chunks, output
+// written last (DESIGN.md, "Algorithms").
 #include <ATen/MemoryOverlap.h>
 
 #include "algorithms.h"

@@ -1,14 +1,8 @@
 #pragma once
-// The 16 bytes in front of every wire segment of a host-memory transport
-// (TransportTraits::segment_headers: gloo on the CPU): what the segment
-// carries, the FP8 dtype, the block size and the collective's size. The
-// receiving rank checks them before it reads a piece, so ranks that called
-// with different sizes or options get an error naming the rank, not a
-// silently wrong result (gloo accepts a message shorter than the buffer
-// posted for it). Device-memory segments carry none: checking them would
-// block the host; there the options fingerprint that every rank checks at
-// group creation (fp8comm/backend.py), NCCL's own behaviour and
-// TORCH_DISTRIBUTED_DEBUG=DETAIL apply.
+// The 16 bytes in front of every wire segment where the transport has
+// TransportTraits::segment_headers (gloo on the CPU), checked by the receiver
+// before it reads a piece. Why, and what catches mismatches elsewhere:
+// DESIGN.md, "Decisions" (the segment-header bullet).
 #include <c10/core/Device.h>
 
 #include <stdint.h>

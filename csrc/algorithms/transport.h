@@ -1,14 +1,8 @@
 #pragma once
 // The inner backend as the compressed algorithms use it: two exchanges on
-// uint8 buffers of whole S-byte wire segments, so the multi-rank logic is the
-// same on NCCL and gloo. A phase is started, then waited for: on CUDA the wait
-// orders the current stream after it, on the CPU it blocks until the bytes
-// have arrived, so the next codec pass may read them.
-//
-// Phases are started with asyncOp (ProcessGroupNCCL returns no Work for
-// synchronous calls), and every inner Work is kept: the call's Fp8Work
-// reports their errors and timeouts (backend/fp8_work.h). A transport that
-// returns no Work anyway is waited for by nothing; its call was synchronous.
+// uint8 buffers of whole S-byte wire segments, started with asyncOp and waited
+// for, every inner Work kept for the call's Fp8Work (DESIGN.md, "Streams and
+// Work"); it counts the bytes it sends (DESIGN.md, "Stats").
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include <chrono>

@@ -1,7 +1,7 @@
 // The collectives that have a compressed algorithm: each checks its
 // arguments on the calling rank, decides (ProcessGroupFp8::compresses), and
-// runs the algorithm or passes the call through exactly (DESIGN.md, "Exact
-// passthrough").
+// runs the algorithm or passes the call through exactly (DESIGN.md,
+// "Algorithms", exact passthrough).
 #include "../algorithms/algorithms.h"
 #include "arguments.h"
 #include "emulated_reduce.h"

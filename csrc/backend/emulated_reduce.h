@@ -2,9 +2,9 @@
 // AVG and PREMUL_SUM over a transport that lacks them (gloo), for exact
 // passthrough calls and for the fp8ncclsim transport (csrc/testing), which
 // reduces them over gloo as NCCL would: an exact SUM of copies (premultiplied
-// in the tensor's own dtype for PREMUL_SUM, as NCCL does), divided for AVG,
-// and only then written into the user's tensors, so a failing SUM leaves them
-// as they were.
+// in the tensor's own dtype for PREMUL_SUM), divided for AVG, and only then
+// written into the user's tensors, so a failing SUM leaves them as they were.
+// The rule: DESIGN.md, "Decisions", AVG and PREMUL_SUM.
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 

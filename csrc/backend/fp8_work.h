@@ -4,12 +4,11 @@
 // CPU: the collective has run when the call returns, so the Work is complete.
 // CUDA: the collective was enqueued on a side stream and `end` recorded after
 // it; wait() makes the caller's current stream wait on `end` (no host block),
-// and the future is CUDA-aware (marked complete on the side stream), as
-// ProcessGroupNCCL's WorkNCCL does.
+// and the future is CUDA-aware, completed at enqueue as WorkNCCL's is.
 //
 // Either way the Work holds the inner transport's Works of the call's phases:
 // their errors and timeouts are this Work's (isCompleted, isSuccess,
-// exception, wait, and the future where the inner futures carry them).
+// exception, wait); only a CPU Work's future carries them too.
 #include <ATen/ATen.h>
 #include <c10/core/Event.h>
 #include <c10/core/Stream.h>

@@ -1,13 +1,8 @@
 #pragma once
 // ProcessGroupFp8::compressed_call, the one compressed call of every entry
-// point, over ProcessGroupFp8::run, the stream and Work contract of a compressed call
-// (DESIGN.md, "Streams and Work"): on CUDA with async_op the side stream
-// first waits for the caller's stream, the algorithm runs there, and the
-// user's tensors are marked in use by it; without async_op it runs on the
-// caller's stream. On the CPU it runs inline and the Work is already complete.
-// One call at a time per group, on every device: two host threads would
-// otherwise interleave the phases of their calls differently on each rank
-// (recursive: coalesced calls run their parts through run() again).
+// point, over ProcessGroupFp8::run: the stream and Work contract and the
+// one-call-at-a-time lock (recursive: coalesced calls run their parts through
+// run() again) of DESIGN.md, "Streams and Work".
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>

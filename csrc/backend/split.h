@@ -1,13 +1,6 @@
 #pragma once
-// Splitting an fp8 group (DESIGN.md, "Subgroups"): torch's
-// ProcessGroup::splitGroup (behind torch.distributed.split_group, DeviceMesh
-// under eager init) calls ProcessGroupFp8::split on every rank of the parent.
-//
-// What a split does is written once, in Python (fp8comm/subgroups.py): split
-// each inner transport with options of its own kind (torch's NCCL split needs
-// ProcessGroupNCCL::Options), then create the new group as any fp8 group is
-// created (options agreed by every rank, CPU threads sized). The C++ side
-// calls it through this hook, which fp8comm sets when it is imported.
+// The hook through which ProcessGroupFp8::split calls the split written in
+// Python (fp8comm/subgroups.py); DESIGN.md, "Subgroups".
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 

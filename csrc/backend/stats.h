@@ -1,7 +1,8 @@
 #pragma once
 // Communication counters of one process group (DESIGN.md, "Stats").
-// bytes_sent counts what this rank sends to its peers under the standard
-// algorithm volumes; bytes_sent_uncompressed the same calls sent as they were.
+// bytes_sent counts what this rank sends to its peers: what the transports
+// sent for a compressed call, the ring volumes for a passthrough call
+// (DESIGN.md, "Stats"); bytes_sent_uncompressed the same calls sent as they were.
 //
 // A call is recorded once it has been issued (done on the CPU, enqueued on
 // CUDA): calls refused by a check, here or in the inner backend, and CPU calls

@@ -1,16 +1,7 @@
 #pragma once
-// Blocks of calls that pass through exactly (fp8comm.uncompressed, DESIGN.md
-// "Uncompressed blocks"): final evaluations, metrics. A compressed call and
-// its passthrough put different bytes on the wire, so every rank of the
-// group must switch at the same point of its calls on the group: entering
-// and leaving a block are collective.
-//
-// Each switch is checked through the group's store, never through the
-// transport (a rank that did not switch would read the check as data): the
-// ranks count themselves in under the switch's number and direction and wait
-// until all P have. A rank that waits longer than the timeout raises, naming
-// the ranks that did not switch; after that the ranks no longer agree on
-// which switch is which, so the group refuses further switches.
+// Blocks of calls that pass through exactly (fp8comm.uncompressed), each
+// switch agreed by every rank through the group's store: DESIGN.md,
+// "Uncompressed blocks".
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <atomic>

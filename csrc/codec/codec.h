@@ -33,7 +33,7 @@ struct BlockCodes {
 };
 
 // A rank's own contribution to a sum, never quantized (DESIGN.md,
-// "Algorithms": the owner of a segment adds its own input exactly). Element i
+// "Decisions": the own segment). Element i
 // is src[i] * premul for i < numel and 0 past it; it is added first, then the
 // pieces in order.
 struct OwnAddend {
