@@ -1,7 +1,7 @@
-"""The bytes a compressed collective sends, as fp8comm's stats computed them
-before the transport counted them (csrc/algorithms/route.h): a formula per
-collective over the chunk plan, kept here only as the oracle that the
-counted bytes must equal, so the bytes in stats stay what users saw.
+"""The bytes a compressed collective sends, computed independently of the
+transport that counts them (csrc/algorithms/route.h): a formula per
+collective over the chunk plan, the oracle that the counted bytes in stats
+must equal.
 
 `wire` describes one group: its transport's chunk_numel (elements of one
 chunk, all ranks' segments together), its block size, and the bytes of a
