@@ -13,7 +13,7 @@ from tests.support.groups import fp8_group
 from tests.support.harness import ctx
 from tests.support.inputs import PREMUL_FACTORS, adversarial_input, rank_input
 from tests.support.ops import Call, reduce_op, run
-from tests.support.scenarios.semantics import Exact
+from tests.support.scenarios.collectives import Exact
 
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 
