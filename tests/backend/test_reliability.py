@@ -1,16 +1,63 @@
 """Reliability of fp8gloo and fp8ncclsim (fp8nccl's path on the CPU): dead peers, mismatched calls, leaks, load
 and fuzz. Every test has a hard deadline: a hang fails it, it never hangs CI."""
+from __future__ import annotations
+
+import datetime
+import gc
 import os
+from typing import NamedTuple
 
 import pytest
 import torch
+import torch.distributed as dist
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.support.harness import DistPool
-from tests.support.inputs import PATTERNS
+import fp8comm
+from tests.support.groups import inner_transports
+from tests.support.harness import DistPool, ctx
+from tests.support.inputs import PATTERNS, rank_input
 from tests.support.reference import sqnr_db
-from tests.support.scenarios import faults, fuzz, load, topology
+from tests.support.scenarios import faults, fuzz, load
+
+
+# ---------------------------------------------------------------- scenarios
+# Run on every rank of the pool: module-level, the ranks import this module.
+
+class Reached(NamedTuple):
+    timeouts_s: dict  # each transport's own timeout after set_timeout, by role (groups.inner_transports)
+    calls: dict  # (aborts, shutdowns) of each NCCL-like transport by role, after `how`; empty on fp8gloo
+    leaked: dict  # threads and file descriptors the group left behind once gone (<= 0: none)
+
+
+def transports_reached(how: str, timeout_s: float = 42.0):
+    """An inter_node group over the pool's ranks runs a compressed
+    all_reduce, is given a timeout of `timeout_s`, then is aborted
+    (`how` "abort") or destroyed ("destroy"). What reached each of its
+    transports, and what the second of two such groups left alive (the
+    first warms up what any group leaves)."""
+    c = ctx()
+    backend = dist.get_backend(c.group)
+    for _ in range(2):
+        before = load.resources()
+        group = dist.new_group(backend=backend, pg_options=fp8comm.Options(scope="inter_node", min_numel=1024))
+        dist.all_reduce(rank_input(c.rank, 50_000, torch.float32), group=group)
+        transports = inner_transports(group)
+        group.set_timeout(datetime.timedelta(seconds=timeout_s))
+        timeouts = {role: fp8comm._C.transport_options(t)._timeout.total_seconds() for role, t in transports.items()}
+        if how == "abort":
+            dist.distributed_c10d._abort_process_group(group)
+        else:
+            dist.destroy_process_group(group)
+        calls = {role: (t.aborts(), t.shutdowns()) for role, t in transports.items() if hasattr(t, "aborts")}
+        del group, transports
+        gc.collect()
+        after = load.resources()
+    leaked = {key: after[key] - before[key] for key in ("threads", "fds")}
+    return Reached(timeouts, calls, leaked)
+
+
+# -------------------------------------------------------------------- tests
 
 GROUP_TIMEOUT_S = 10.0
 SLACK_S = 15.0  # process scheduling on a loaded 2-core CI machine
@@ -120,7 +167,7 @@ def test_inter_node_transports_are_reached_and_released(backend, how):
     NCCL-like transport (fp8ncclsim) counts them."""
     pool = DistPool(4, backend=backend, env={"FP8COMM_SCOPE": "inter_node", "FP8COMM_LOCAL_SIZE": "2"})
     try:
-        results = pool.run(topology.transports_reached, how, 42.0)
+        results = pool.run(transports_reached, how, 42.0)
     finally:
         pool.close()
     for r in results:
