@@ -17,7 +17,7 @@ import fp8comm
 from tests.support import bytes_oracle, ops
 from tests.support.harness import PoolSpec, ctx
 from tests.support.inputs import rank_input
-from tests.support.scenarios.topology import FAMILIES
+from tests.support.ops import FAMILIES
 
 
 # ---------------------------------------------------------------- scenarios

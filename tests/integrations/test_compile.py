@@ -14,14 +14,116 @@
   about a minute of CPU per rank; run with FP8COMM_TEST_INDUCTOR=1 to use it
   (it gave the same losses, bit for bit, when measured).
 """
+from __future__ import annotations
+
 import os
 
 import pytest
 import torch
+import torch.distributed as dist
 
-from tests.support.harness import PoolSpec
-from tests.support.scenarios import integrations as I
+import fp8comm
+from tests.support.harness import PoolSpec, ctx
+from tests.support.scenarios import fsdp as S
 from tests.support.torch_features import torch_release
+
+
+# ---------------------------------------------------------------- scenarios
+# Run on every rank of the pool: module-level, the ranks import this module.
+# torch.compile over functional collectives and over FSDP2 on an fp8gloo
+# group; the model is scenarios/fsdp.py's tiny decoder.
+
+_GROUPS: dict = {}
+
+N = 4096  # elements per rank: above the group's min_numel (1024), a multiple of the block size
+
+
+def compress_all_group():
+    """An fp8gloo group that compresses all_gather too, created once per pool."""
+    if "all" not in _GROUPS:
+        _GROUPS["all"] = dist.new_group(backend="fp8gloo", pg_options=fp8comm.Options(compress="all", min_numel=1024))
+    return _GROUPS["all"]
+
+
+def _inputs(rank: int):
+    gen = torch.Generator().manual_seed(1000 + rank)
+    return torch.randn(N, generator=gen), torch.randn(N, 8, generator=gen)
+
+
+def _funcol_step(x, m, group):
+    """Each functional collective once, with compute around them that is exact
+    in FP32 (scaling by powers of two, adding small integers), so eager and
+    compiled graphs must agree bit for bit."""
+    import torch.distributed._functional_collectives as funcol
+
+    # all_gather_tensor / reduce_scatter_tensor warn that *_single is their new
+    # name; these are the names compiled code (DTensor, torchtitan) uses.
+    ar = funcol.all_reduce(x * 2.0, "sum", group)
+    ag = funcol.all_gather_tensor(m * 0.5, 0, group)
+    rs = funcol.reduce_scatter_tensor(ag, "sum", 0, group)
+    return ar + 1.0, ag, rs * 4.0
+
+
+def funcol_eager_and_compiled(backend: str = "inductor"):
+    """Runs _funcol_step eagerly, then compiled with ``backend``; returns the
+    outputs, the stats after each and the gloo reference (exact results: the
+    compressed ones must differ from them, proving FP8 was on the wire)."""
+    import warnings
+
+    import torch._dynamo
+
+    warnings.filterwarnings("ignore", category=FutureWarning, module=__name__)
+    c = ctx()
+    group = compress_all_group()
+    x, m = _inputs(c.rank)
+    fp8comm.reset_stats(group)
+    eager = [t.clone() for t in _funcol_step(x, m, group)]
+    eager_stats = fp8comm.get_stats(group)
+
+    torch._dynamo.reset()
+    compiled_fn = torch.compile(_funcol_step, backend=backend, fullgraph=True)
+    fp8comm.reset_stats(group)
+    compiled = [t.clone() for t in compiled_fn(x, m, group)]
+    compiled_stats = fp8comm.get_stats(group)
+
+    exact = [t.clone() for t in _funcol_step(x, m, c.gloo)]
+    return {"eager": eager, "compiled": compiled, "exact": exact,
+            "eager_stats": eager_stats, "compiled_stats": compiled_stats}
+
+
+def fsdp2_compiled_training(steps: int = 3, backend: str = "inductor"):
+    """FSDP2 (fully_shard per block, then the root) over the fp8gloo group,
+    Fp8Linear block layers, every block compiled with torch.compile
+    (``backend``) as torchtitan does; ``steps`` AdamW steps. Returns the
+    global mean losses, the eager run's losses for the same data, the group's
+    stats of the compiled run and fp8comm.nn's counters."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+    import torch._dynamo
+
+    c = ctx()
+    out = {}
+    for mode in ("eager", "compiled"):
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+        model = S.build("fp8")
+        mesh = DeviceMesh.from_group(c.group, "cpu")
+        for i, block in enumerate(model.blocks):
+            if mode == "compiled":
+                block.compile(backend=backend)
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        fp8comm.reset_stats(c.group)
+        fp8comm.nn.reset_linear_stats()
+        losses = S.train_losses(model, opt, c.rank, steps)
+        out[mode] = {"losses": losses, "stats": fp8comm.get_stats(c.group), "nn": fp8comm.nn.linear_stats(),
+                     "frames": dict(torch._dynamo.utils.counters["frames"]),
+                     "graph_breaks": dict(torch._dynamo.utils.counters["graph_break"])}
+    return out
+
+
+# -------------------------------------------------------------------- tests
 
 OPS = ("all_reduce", "all_gather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced")
 
@@ -31,7 +133,7 @@ POOLS = [PoolSpec(2, "fp8gloo", pg_options={"min_numel": 1024}, env={"TORCHINDUC
 
 
 def test_functional_collectives_compressed_and_compiled_bitwise_equal_to_eager(pool):
-    results = pool.run(I.funcol_eager_and_compiled, backend="inductor", timeout=400)
+    results = pool.run(funcol_eager_and_compiled, backend="inductor", timeout=400)
     for r in results:
         for name, eager, compiled, exact in zip(("all_reduce", "all_gather", "reduce_scatter"),
                                                 r["eager"], r["compiled"], r["exact"]):
@@ -55,7 +157,7 @@ def test_functional_collectives_compressed_and_compiled_bitwise_equal_to_eager(p
                    reason="torch 2.11: compiled Fp8Linear blocks drift from eager after the first step (not isolated)")
 def test_fsdp2_fp8_linear_training_step_under_torch_compile(pool):
     backend = "inductor" if os.environ.get("FP8COMM_TEST_INDUCTOR") == "1" else "aot_eager"
-    results = pool.run(I.fsdp2_compiled_training, steps=3, backend=backend, timeout=500)
+    results = pool.run(fsdp2_compiled_training, steps=3, backend=backend, timeout=500)
     for r in results:
         eager, compiled = r["eager"], r["compiled"]
         assert compiled["frames"].get("ok", 0) >= 2, compiled["frames"]  # the blocks were compiled

@@ -4,6 +4,8 @@ it computes without the extension, the all-gather moves 1 byte per weight
 element while norms and embeddings stay exact, state_dicts stay plain, rowwise
 stays exact, and models with wrapped weights train under DDP and FSDP1.
 Multi-rank cases run on 2 (and 3) real processes over fp8gloo."""
+from __future__ import annotations
+
 import copy
 import inspect
 import io
@@ -11,14 +13,225 @@ import warnings
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 import fp8comm
-from tests.support.harness import DistPool, PoolSpec
+from tests.support.harness import DistPool, PoolSpec, ctx
 from tests.support.scenarios import fsdp as S
 from fp8comm.nn import Fp8AllGatherWeight, Fp8Linear, Fp8WeightCast, convert_to_fp8
 from fp8comm.nn.linear import scaled_mm_cpu
 from fp8comm.nn.scaling import cast_to_fp8
+
+
+# ---------------------------------------------------------------- scenarios
+# Run on every rank of the pool: module-level, the ranks import this module.
+# scenarios/fsdp.py's tiny decoder (shared) under FSDP2, DDP and FSDP1 on the
+# fp8 group, with what each forward saw of its weights.
+
+def _capture(model):
+    """Forward pre-hooks recording the weight each module sees in forward:
+    Fp8Linear weights as (kind, fp8 bytes, inverse scale) or the plain
+    tensor; norms and the embedding as the tensor."""
+    seen, handles = {}, []
+    for fqn, mod in model.named_modules():
+        if isinstance(mod, (Fp8Linear, S.RMSNorm, nn.Embedding)):
+            def hook(m, args, fqn=fqn):
+                if fqn in seen:
+                    return
+                w = m.weight
+                if isinstance(w, Fp8WeightCast):
+                    seen[fqn] = ("fp8", w._data.detach().view(torch.uint8).clone(), w._inv_scale.clone())
+                else:
+                    seen[fqn] = ("hp", w.detach().clone(), None)
+            handles.append(mod.register_forward_pre_hook(hook))
+    return seen, handles
+
+
+_COMPRESS_ALL = {}
+
+
+def fsdp2_run(ext: bool, recipe: str = "tensorwise", steps: int = 3, mp: str | None = None,
+              precompute: bool = False, linear: str = "fp8", plain_backend: bool = False,
+              compress_all: bool = False):
+    """FSDP2 (fully_shard per block, then the root) on the fp8 group (or plain
+    gloo, or an fp8gloo group compressing all_gather too). Returns the
+    reference full weights, what a no-grad forward gathered (captured weights,
+    output, comm stats), the training losses, the stats of the training, and
+    the state_dict after it."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    c = ctx()
+    pg = c.gloo if plain_backend else c.group
+    if compress_all:
+        if "pg" not in _COMPRESS_ALL:
+            _COMPRESS_ALL["pg"] = dist.new_group(backend="fp8gloo",
+                                                 pg_options=fp8comm.Options(compress="all", min_numel=1024))
+        pg = _COMPRESS_ALL["pg"]
+    model = S.build(linear, recipe, fp8_all_gather=ext)
+    full = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    mesh = DeviceMesh.from_group(pg, "cpu")
+    kwargs = {"mesh": mesh}
+    if mp:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=getattr(torch, mp))
+    for block in model.blocks:
+        fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    data = S.batches(c.rank, steps + 1)
+    fp8comm.nn.reset_linear_stats()
+    if precompute:
+        fp8comm.precompute_fp8_scales_for_fsdp(model)
+
+    # one forward, no grad: what the all-gathers carry
+    seen, handles = _capture(model)
+    if not plain_backend:
+        fp8comm.reset_stats(pg)
+    with torch.no_grad():
+        out0 = model(data[-1][:, :-1]).detach().clone()
+    fwd_stats = None if plain_backend else fp8comm.get_stats(pg)
+    for h in handles:
+        h.remove()
+    precast_calls = fp8comm.nn.linear_stats()["weight_precast_calls"]
+
+    if not plain_backend:
+        fp8comm.reset_stats(pg)
+    losses = []
+    for step in range(steps):
+        loss = S._loss(model, data[step])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if precompute:
+            fp8comm.precompute_fp8_scales_for_fsdp(model)
+        losses.append(S._global_mean(loss))
+    train_stats = None if plain_backend else fp8comm.get_stats(pg)
+
+    sd = model.state_dict()
+    sd_types = {k: (type(v).__name__, type(v._local_tensor).__name__) for k, v in sd.items()}
+    sd_full = {k: v.full_tensor() for k, v in sd.items()}
+    weight_types = {fqn: type(m.weight._local_tensor).__name__ for fqn, m in model.named_modules()
+                    if isinstance(m, Fp8Linear)}
+    return {
+        "full": full, "seen": seen, "out0": out0, "fwd_stats": fwd_stats, "precast_calls": precast_calls,
+        "losses": losses, "train_stats": train_stats, "sd_types": sd_types, "sd_full": sd_full,
+        "weight_types": weight_types,
+    }
+
+
+def stale_precompute_is_not_used():
+    """precompute, then change the weights in place without precomputing
+    again: the next all-gather must cast with the new amax."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    c = ctx()
+    model = S.build("fp8", fp8_all_gather=True)
+    mesh = DeviceMesh.from_group(c.group, "cpu")
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    assert fp8comm.precompute_fp8_scales_for_fsdp(model) == len(S.fp8_fqns())
+    with torch.no_grad():
+        for fqn in S.fp8_fqns():
+            model.get_submodule(fqn).weight.mul_(3.0)  # amax x3: a stale scale would saturate
+    seen, handles = _capture(model)
+    fp8comm.reset_stats(c.group)
+    with torch.no_grad():
+        model(S.batches(c.rank, 1)[0][:, :-1])
+    stats = fp8comm.get_stats(c.group)
+    ok = {}
+    for fqn in S.fp8_fqns():
+        full_w = model.get_submodule(fqn).weight.full_tensor()
+        data, inv = cast_to_fp8(full_w, torch.float8_e4m3fn, rowwise=False)
+        _, got, got_inv = seen[fqn]
+        ok[fqn] = torch.equal(got, data.view(torch.uint8)) and torch.equal(got_inv, inv)
+    return ok, stats
+
+
+def load_plain_checkpoint_into_fsdp2(sd_full: dict):
+    """A checkpoint of a plain model (full tensors) loaded into an FSDP2 model
+    whose Fp8Linear weights are all-gathered as FP8: its forward must equal
+    that of an unsharded plain-nn.Linear model holding the same values run
+    through Fp8Linear."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import distribute_tensor
+
+    c = ctx()
+    model = S.build("fp8", fp8_all_gather=True)
+    torch.manual_seed(123)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_()  # anything but the checkpoint
+    mesh = DeviceMesh.from_group(c.group, "cpu")
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    sharded = {k: distribute_tensor(v, mesh, [torch.distributed.tensor.Shard(0)]) for k, v in sd_full.items()}
+    model.load_state_dict(sharded)
+    types = {fqn: type(model.get_submodule(fqn).weight._local_tensor).__name__ for fqn in S.fp8_fqns()}
+    x = S.batches(c.rank, 1)[0][:, :-1]
+    with torch.no_grad():
+        out = model(x)
+    ref = S.build("fp8", fp8_all_gather=False)
+    ref.load_state_dict(sd_full)
+    with torch.no_grad():
+        out_ref = ref(x)
+    return types, torch.equal(out, out_ref)
+
+
+def ddp_run(ext: bool, steps: int = 4):
+    """DDP over the fp8 group; Fp8Linear weights optionally wrapped for the FP8
+    all-gather (unused by DDP)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    c = ctx()
+    model = S.build("fp8", fp8_all_gather=ext)
+    wrapped = [isinstance(model.get_submodule(f).weight, Fp8AllGatherWeight) for f in S.fp8_fqns()]
+    ddp = DDP(model, process_group=c.group)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=3e-3)
+    fp8comm.reset_stats(c.group)
+    losses = []
+    for seq in S.batches(c.rank, steps):
+        loss = S._loss(ddp, seq)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(S._global_mean(loss))
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return wrapped, losses, flat, fp8comm.get_stats(c.group)
+
+
+def fsdp1_run(which: str, steps: int = 8):
+    """FSDP1 (FullyShardedDataParallel, use_orig_params=True): "fp8" =
+    Fp8Linear with FP8-all-gather weights over the fp8 group, "plain" =
+    nn.Linear over gloo."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    c = ctx()
+    model = S.build("fp8" if which == "fp8" else "plain", fp8_all_gather=which == "fp8")
+    wrapped = [isinstance(model.get_submodule(f).weight, Fp8AllGatherWeight) for f in S.fp8_fqns()]
+    pg = c.group if which == "fp8" else c.gloo
+    fsdp = FSDP(model, process_group=pg, use_orig_params=True, device_id=torch.device("cpu"))
+    opt = torch.optim.AdamW(fsdp.parameters(), lr=1e-2)
+    if which == "fp8":
+        fp8comm.reset_stats(pg)
+        fp8comm.nn.reset_linear_stats()
+    losses = []
+    for seq in S.batches(c.rank, steps):
+        loss = S._loss(fsdp, seq)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(S._global_mean(loss))
+    stats = fp8comm.get_stats(pg) if which == "fp8" else None
+    fp8_calls = fp8comm.nn.linear_stats()["fp8_calls"] if which == "fp8" else 0
+    return wrapped, losses, stats, fp8_calls
+
+
+# -------------------------------------------------------------------- tests
 
 E4M3 = torch.float8_e4m3fn
 
@@ -33,11 +246,11 @@ def runs(pool):
     cache = {}
 
     def get(**kwargs):
-        bound = inspect.signature(S.fsdp2_run).bind(**kwargs)
+        bound = inspect.signature(fsdp2_run).bind(**kwargs)
         bound.apply_defaults()  # runs(ext=True) and runs(ext=True, mp=None) are one run
         key = tuple(sorted(bound.arguments.items()))
         if key not in cache:
-            cache[key] = pool.run(S.fsdp2_run, **kwargs)
+            cache[key] = pool.run(fsdp2_run, **kwargs)
         return cache[key]
 
     return get
@@ -71,8 +284,8 @@ def test_uneven_shards_three_ranks():
     give the unsharded cast's bytes, and the output equals the plain all-gather's."""
     p = DistPool(3, backend="fp8gloo", pg_options={"min_numel": 1024})
     try:
-        ext = p.run(S.fsdp2_run, ext=True, steps=1)
-        base = p.run(S.fsdp2_run, ext=False, steps=1)
+        ext = p.run(fsdp2_run, ext=True, steps=1)
+        base = p.run(fsdp2_run, ext=False, steps=1)
     finally:
         p.close()
     for r, b in zip(ext, base):
@@ -82,7 +295,7 @@ def test_uneven_shards_three_ranks():
 
 
 def test_stale_precomputed_scale_is_not_used(pool):
-    for ok, stats in pool.run(S.stale_precompute_is_not_used):
+    for ok, stats in pool.run(stale_precompute_is_not_used):
         assert all(ok.values()), ok
         assert stats["per_op"]["all_reduce"]["passthrough"] == len(S.fp8_fqns())  # fell back to its own amax
 
@@ -206,7 +419,7 @@ def test_state_dict_is_plain_and_round_trips(runs, pool):
     for k, v in plain.state_dict().items():
         assert torch.equal(v, r["sd_full"][k])
     # and back: that checkpoint into an FSDP2 model with the extension
-    for types, same in pool.run(S.load_plain_checkpoint_into_fsdp2, plain.state_dict()):
+    for types, same in pool.run(load_plain_checkpoint_into_fsdp2, plain.state_dict()):
         assert set(types.values()) == {"Fp8AllGatherWeight"}
         assert same
 
@@ -226,7 +439,7 @@ def test_rowwise_keeps_the_exact_all_gather(runs):
 
 # ------------------------------------------------------------ DDP and FSDP1
 def test_ddp_trains_the_same_with_wrapped_weights(pool):
-    ext, base = pool.run(S.ddp_run, True), pool.run(S.ddp_run, False)
+    ext, base = pool.run(ddp_run, True), pool.run(ddp_run, False)
     for (wrapped, losses, flat, stats), (_, b_losses, b_flat, _) in zip(ext, base):
         assert all(wrapped)
         assert losses == b_losses and torch.equal(flat, b_flat)
@@ -235,8 +448,8 @@ def test_ddp_trains_the_same_with_wrapped_weights(pool):
 
 
 def test_fsdp1_trains_and_tracks_nn_linear_over_gloo(pool):
-    fp8 = pool.run(S.fsdp1_run, "fp8")
-    plain = pool.run(S.fsdp1_run, "plain")
+    fp8 = pool.run(fsdp1_run, "fp8")
+    plain = pool.run(fsdp1_run, "plain")
     (wrapped, losses, stats, fp8_calls), (_, base, _, _) = fp8[0], plain[0]
     assert all(wrapped) and fp8_calls > 0
     assert stats["per_op"]["reduce_scatter_tensor"]["compressed"] > 0

@@ -207,6 +207,19 @@ OPS: dict[str, Callable[..., Issued]] = {f.__name__: f for f in (
     barrier)}
 
 
+# The compressed ops' names above -> the collective each runs.
+FAMILIES = {
+    "all_reduce": "all_reduce",
+    "all_reduce_coalesced": "all_reduce",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "reduce_scatter_list": "reduce_scatter",
+    "reduce_scatter_coalesced": "reduce_scatter",
+    "all_gather_tensor": "all_gather",
+    "all_gather_list": "all_gather",
+    "all_gather_coalesced": "all_gather",
+}
+
+
 def run(name: str, call: Call, inputs: list, outputs: list | None = None) -> list:
     """Issues op `name` and waits for it; returns its outputs."""
     issued = OPS[name](call, inputs, outputs)

@@ -5,7 +5,8 @@ so a test can tell a compressed call from one that passed through.
 
 Shared: tests/backend/test_backend_collectives.py and test_backend_semantics.py
 run them, scenarios/chunk_plan.py counts their inner calls, and test modules'
-own scenarios use premul_factors, make_op and reference_sum."""
+own scenarios use premul_factors, make_op and reference_sum, and return Exact
+(a call on the fp8 group beside its exact reference)."""
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -32,6 +33,12 @@ class Outcomes(NamedTuple):
     outs: list  # one result per tensor of the call
     sqnrs_db: list
     stats: dict
+
+
+class Exact(NamedTuple):
+    got: torch.Tensor  # on the fp8 group
+    expected: torch.Tensor  # on plain gloo (or the exact reference)
+    stats: dict  # the fp8 group's, for the call
 
 
 def premul_factors(world: int, kind: str) -> list[float]:
