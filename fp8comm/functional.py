@@ -90,10 +90,17 @@ def _timeout_of(inner):
     return getattr(options, "_timeout", None) or dist.default_pg_timeout
 
 
+def _store_of(group):
+    """The group's store (torch < 2.13 has no _get_process_group_store)."""
+    c10d = dist.distributed_c10d
+    getter = getattr(c10d, "_get_process_group_store", None)
+    return getter(group) if getter is not None else c10d._world.pg_map[group][1]
+
+
 def _make(group, device, inner, options: Options, number: int):
     name = f"{group.group_name}/fp8comm.functional/{number}"
     opts = types.SimpleNamespace(
-        store=dist.PrefixStore(name + "/", dist.distributed_c10d._get_process_group_store(group)),
+        store=dist.PrefixStore(name + "/", _store_of(group)),
         group_rank=group.rank(),
         group_size=group.size(),
         timeout=_timeout_of(inner),
