@@ -193,13 +193,7 @@ def ddp_run(ext: bool, steps: int = 4):
     ddp = DDP(model, process_group=c.group)
     opt = torch.optim.AdamW(ddp.parameters(), lr=3e-3)
     fp8comm.reset_stats(c.group)
-    losses = []
-    for seq in S.batches(c.rank, steps):
-        loss = S._loss(ddp, seq)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(S._global_mean(loss))
+    losses = S.train_losses(ddp, opt, c.rank, steps)
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     return wrapped, losses, flat, fp8comm.get_stats(c.group)
 
@@ -219,13 +213,7 @@ def fsdp1_run(which: str, steps: int = 8):
     if which == "fp8":
         fp8comm.reset_stats(pg)
         fp8comm.nn.reset_linear_stats()
-    losses = []
-    for seq in S.batches(c.rank, steps):
-        loss = S._loss(fsdp, seq)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(S._global_mean(loss))
+    losses = S.train_losses(fsdp, opt, c.rank, steps)
     stats = fp8comm.get_stats(pg) if which == "fp8" else None
     fp8_calls = fp8comm.nn.linear_stats()["fp8_calls"] if which == "fp8" else 0
     return wrapped, losses, stats, fp8_calls
