@@ -302,6 +302,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            "Closes the innermost uncompressed block; with together, waits for every rank to close it.")
       .def_property_readonly("uncompressed_depth", &ProcessGroupFp8::uncompressed_depth,
                              "How many uncompressed blocks are open on this group (0: calls may be compressed).")
+      .def("_allreduce_keeping_residual", &ProcessGroupFp8::allreduce_keeping_residual, py::arg("tensor"),
+           py::arg("opts"), py::arg("residual"), py::call_guard<py::gil_scoped_release>(),
+           "allreduce of one tensor that keeps in `residual` what the wire dropped of each element (error "
+           "feedback: fp8comm.functional.all_reduce's residual=).")
+      .def("_reduce_scatter_keeping_residual", &ProcessGroupFp8::reduce_scatter_keeping_residual, py::arg("output"),
+           py::arg("input"), py::arg("opts"), py::arg("residual"), py::call_guard<py::gil_scoped_release>(),
+           "_reduce_scatter_base that keeps in `residual` what the wire dropped of each input element (error "
+           "feedback: fp8comm.functional.reduce_scatter_tensor's residual=).")
       .def_property_readonly("track_error", [](ProcessGroupFp8& pg) { return *pg.options().track_error; })
       .def(
           "transport",

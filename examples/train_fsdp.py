@@ -7,6 +7,8 @@
     torchrun --nproc_per_node=2 examples/train_fsdp.py --eval-batches 0 --json run.json
     torchrun --nproc_per_node=2 examples/train_fsdp.py --track-error         # SQNR of the FP8 traffic (CPU)
     torchrun --nproc_per_node=2 examples/train_fsdp.py --lr-schedule cosine --warmup-steps 25 --steps 500
+    torchrun --nproc_per_node=2 examples/train_fsdp.py --no-fp8-compute --wire e5m2 --comm-block-size 512 \
+        --error-feedback fp32                                           # error feedback (fp8comm.fsdp)
 
 On CUDA machines the group is "cpu:gloo,cuda:fp8nccl" (BF16 parameters and
 gradient reduction, one GPU per rank); without a GPU it is "fp8gloo" on the CPU
@@ -41,6 +43,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 import fp8comm
+import fp8comm.fsdp
 from tiny_llama import ByteBatches, ModelConfig, TinyLlama, stdlib_bytes
 
 
@@ -62,6 +65,13 @@ def parse_args(argv=None):
                    help="convert the model's nn.Linear layers to fp8comm Fp8Linear")
     p.add_argument("--fp8-comm", action=argparse.BooleanOptionalAction, default=True,
                    help="communicate through fp8nccl / fp8gloo (else plain nccl / gloo)")
+    p.add_argument("--wire", default=None, choices=["e4m3", "e5m2"],
+                   help="the compressed gradients' FP8 format (with --comm-block-size, --error-feedback: the "
+                        "reduce-scatter is compressed over the plain group by fp8comm.fsdp.compress_communication, "
+                        "which equals the fp8 group bitwise)")
+    p.add_argument("--comm-block-size", type=int, default=None, help="elements per scale on the wire")
+    p.add_argument("--error-feedback", default="off", choices=["off", "fp32", "bf16"],
+                   help="keep what the wire dropped and add it to the next step's gradients")
     p.add_argument("--recipe", default="tensorwise", choices=["tensorwise", "rowwise"])
     p.add_argument("--fp8-all-gather", action=argparse.BooleanOptionalAction, default=True,
                    help="all-gather Fp8Linear weights as FP8 (FSDP2 extension; tensorwise recipe only, "
@@ -117,13 +127,19 @@ def setup(track_error: bool):
     return device, dist.group.WORLD, plain
 
 
+def comm_plugin(args) -> bool:
+    """Whether the run compresses through fp8comm.fsdp on the plain group (wire settings, error feedback)."""
+    return args.fp8_comm and (args.wire is not None or args.comm_block_size is not None or args.error_feedback != "off")
+
+
 def global_mean(value: torch.Tensor, group) -> float:
     v = value.detach().float().reshape(1).clone()
     dist.all_reduce(v, group=group)  # a scalar: below min_numel, so exact even on fp8 groups
     return v.item() / dist.get_world_size(group)
 
 
-def train(args, device, group, fp8_compute: bool, label: str):
+def train(args, device, group, fp8_compute: bool, label: str, plugin: bool = False):
+    """One run; `plugin`: compress the gradients' reduce-scatter on `group` (plain) with fp8comm.fsdp."""
     rank = dist.get_rank()
     torch.manual_seed(args.seed)
     cfg = ModelConfig(dim=args.dim, layers=args.layers, heads=args.heads, max_seq=args.seq)
@@ -140,6 +156,11 @@ def train(args, device, group, fp8_compute: bool, label: str):
     for block in model.blocks:
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)
+    if plugin:
+        options = fp8comm.Options(**{k: v for k, v in (("fp8_dtype", args.wire), ("block_size", args.comm_block_size))
+                                     if v is not None})
+        ef = {"off": False, "fp32": torch.float32, "bf16": torch.bfloat16}[args.error_feedback]
+        fp8comm.fsdp.compress_communication(model, options=options, error_feedback=ef)
     if fp8_all_gather:  # one all_reduce for all weight amaxes, instead of one per weight per all-gather
         fp8comm.precompute_fp8_scales_for_fsdp(model)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
@@ -273,9 +294,12 @@ def main(argv=None):
             plot(runs, args.compare)
             print(f"wrote {args.compare}")
     else:
-        group = fp8_group if args.fp8_comm else plain_group
+        group = fp8_group if args.fp8_comm and not comm_plugin(args) else plain_group
         label = ("Fp8Linear" if args.fp8_compute else "nn.Linear") + (" + fp8 comm" if args.fp8_comm else " + plain comm")
-        runs = [train(args, device, group, fp8_compute=args.fp8_compute, label=label)]
+        if comm_plugin(args):
+            label += f" ({args.wire or 'e4m3'}/{args.comm_block_size or 'default'} blocks" + (
+                f", error feedback {args.error_feedback})" if args.error_feedback != "off" else ")")
+        runs = [train(args, device, group, fp8_compute=args.fp8_compute, label=label, plugin=comm_plugin(args))]
     if args.json and dist.get_rank() == 0:
         write_json(args.json, args, runs, device)
     dist.destroy_process_group()

@@ -6,7 +6,9 @@ on a mesh of plain nccl / gloo groups (DESIGN.md, "Any group").
 
 FSDP2 calls the installed comms with its own group, reduce op and buffers;
 each call is fp8comm.functional's, so it equals FSDP2 over an fp8 group with
-the same options bitwise. In HSDP only the shard dimension's reduce-scatter
+the same options bitwise. With ``error_feedback`` each FSDP parameter group's
+reduce-scatter keeps what the wire dropped of its gradients and adds it to the
+next step's (DESIGN.md, "Error feedback"). In HSDP only the shard dimension's reduce-scatter
 (and all-gather) is replaced; the replicate dimension's all-reduce stays
 FSDP2's.
 """
@@ -20,6 +22,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
 from . import functional
+from .error_feedback import Residuals, residual_dtype
 from .options import Options
 
 
@@ -35,15 +38,23 @@ class _Alloc:
 
 
 class Fp8ReduceScatter(_Alloc, ReduceScatter):
-    """FSDP2's ReduceScatter comm, compressed (fp8comm.functional.reduce_scatter_tensor)."""
+    """FSDP2's ReduceScatter comm, compressed (fp8comm.functional.reduce_scatter_tensor).
+    ``error_feedback``: False; True (a float32 residual the size of the
+    group's unsharded gradients) or torch.bfloat16 (half that)."""
 
-    def __init__(self, options: Options | None = None):
+    def __init__(self, options: Options | None = None, error_feedback=False):
         self.options = _check_options(options, "Fp8ReduceScatter")
+        dtype = residual_dtype(error_feedback, "fp8comm.fsdp.Fp8ReduceScatter")
+        self.residuals = Residuals(dtype, "fp8comm.fsdp.Fp8ReduceScatter") if dtype is not None else None
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
                  op=dist.ReduceOp.SUM, async_op: bool = False):
+        residual = None
+        if self.residuals is not None:
+            # One FSDP parameter group, one input layout: a new size is a new model.
+            residual = self.residuals.for_input("the reduce-scatter input", input_tensor, group)
         return functional.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group,
-                                                async_op=async_op, options=self.options)
+                                                async_op=async_op, options=self.options, residual=residual)
 
 
 class Fp8AllGather(_Alloc, AllGather):
@@ -60,13 +71,19 @@ class Fp8AllGather(_Alloc, AllGather):
 
 
 def compress_communication(module: torch.nn.Module, *, reduce_scatter: bool = True, all_gather: bool = False,
-                           options: Options | None = None) -> int:
+                           options: Options | None = None, error_feedback=False) -> int:
     """Installs fp8comm's comms on every FSDP2 (``fully_shard``) module of
     ``module``'s tree: the gradients' reduce-scatter, and with ``all_gather``
     the parameters' all-gather, whose options must then compress all_gather
-    (``Options(compress="all")``). Call it after ``fully_shard``. Returns how
-    many FSDP modules it set."""
+    (``Options(compress="all")``). ``error_feedback`` (False, True: float32,
+    torch.bfloat16): each module's reduce-scatter keeps its residual
+    (Fp8ReduceScatter). Call it after ``fully_shard``. Returns how many FSDP
+    modules it set."""
     _check_options(options, "compress_communication")
+    residual_dtype(error_feedback, "fp8comm.fsdp.compress_communication")
+    if error_feedback and not reduce_scatter:
+        raise ValueError("fp8comm.fsdp.compress_communication: error_feedback applies to the gradients' "
+                         "reduce-scatter; pass reduce_scatter=True with it")
     if all_gather and "all_gather" not in (options or Options()).resolved().compress:
         raise ValueError("fp8comm.fsdp.compress_communication: all_gather=True, but the options do not compress "
                          "all_gather; pass options=fp8comm.Options(compress='all') (or a list naming all_gather)")
@@ -76,7 +93,7 @@ def compress_communication(module: torch.nn.Module, *, reduce_scatter: bool = Tr
                          "call fully_shard on it first")
     for m in fsdp_modules:
         if reduce_scatter:
-            m.set_custom_reduce_scatter(Fp8ReduceScatter(options))
+            m.set_custom_reduce_scatter(Fp8ReduceScatter(options, error_feedback))
         if all_gather:
             m.set_custom_all_gather(Fp8AllGather(options))
     return len(fsdp_modules)

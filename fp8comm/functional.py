@@ -119,29 +119,44 @@ def _finish(work, async_op: bool):
     return None
 
 
-def all_reduce(tensor: torch.Tensor, op=dist.ReduceOp.SUM, group=None, async_op: bool = False, options=None):
+def all_reduce(tensor: torch.Tensor, op=dist.ReduceOp.SUM, group=None, async_op: bool = False, options=None, *,
+               residual: torch.Tensor | None = None):
     """``tensor`` <- the reduction of every rank's ``tensor``, compressed as on
     an fp8 group (``dist.all_reduce``'s arguments; ``options``: fp8comm.Options,
-    default the FP8COMM_* environment). Returns a Work when ``async_op``."""
+    default the FP8COMM_* environment). Returns a Work when ``async_op``.
+
+    ``residual`` (error feedback; SUM, AVG, PREMUL_SUM): a float32 or bfloat16
+    tensor of ``tensor.numel()`` elements, added to ``tensor`` first and then
+    overwritten with what the wire dropped of each element (zeros where the
+    call passes through exactly); read it once the call is through."""
     _check_tensor(tensor, "all_reduce", "tensor")
     opts = dist.AllreduceOptions()
     opts.reduceOp = op
     opts.asyncOp = async_op
     pg = compressor(group, tensor.device, options, "all_reduce")
-    return _finish(pg.allreduce([tensor], opts), async_op)
+    if residual is None:
+        return _finish(pg.allreduce([tensor], opts), async_op)
+    _feed_back(residual, tensor, op, "all_reduce", "tensor")
+    return _finish(pg._allreduce_keeping_residual(tensor, opts, residual), async_op)
 
 
 def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op=dist.ReduceOp.SUM, group=None,
-                          async_op: bool = False, options=None):
+                          async_op: bool = False, options=None, *, residual: torch.Tensor | None = None):
     """``output`` <- the reduction of this rank's segment of every rank's
-    ``input`` (``dist.reduce_scatter_tensor``'s arguments), compressed."""
+    ``input`` (``dist.reduce_scatter_tensor``'s arguments), compressed.
+
+    ``residual``: error feedback as in all_reduce, for ``input`` (which the
+    residual is added to); this rank's own segment is exact, its residual 0."""
     _check_tensor(output, "reduce_scatter_tensor", "output")
     _check_tensor(input, "reduce_scatter_tensor", "input")
     opts = dist.ReduceScatterOptions()
     opts.reduceOp = op
     opts.asyncOp = async_op
     pg = compressor(group, input.device, options, "reduce_scatter_tensor")
-    return _finish(pg._reduce_scatter_base(output, input, opts), async_op)
+    if residual is None:
+        return _finish(pg._reduce_scatter_base(output, input, opts), async_op)
+    _feed_back(residual, input, op, "reduce_scatter_tensor", "input")
+    return _finish(pg._reduce_scatter_keeping_residual(output, input, opts, residual), async_op)
 
 
 def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor, group=None, async_op: bool = False,
@@ -154,6 +169,30 @@ def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor, group=None
     opts.asyncOp = async_op
     pg = compressor(group, input.device, options, "all_gather_into_tensor")
     return _finish(pg._allgather_base(output, input, opts), async_op)
+
+
+_SUMS = (dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.PREMUL_SUM)
+
+
+def _feed_back(residual, input: torch.Tensor, op, name: str, what: str) -> None:
+    """Checks an error-feedback residual where it enters and adds it to ``input``."""
+    _check_tensor(residual, name, "residual")
+    if not any(op == kind for kind in _SUMS):
+        raise ValueError(f"fp8comm.functional.{name}: error feedback (residual=) needs a sum (SUM, AVG, "
+                         f"PREMUL_SUM), got {op}; pass residual=None for this op")
+    if not input.is_floating_point():
+        raise TypeError(f"fp8comm.functional.{name}: error feedback (residual=) needs a floating-point {what}, "
+                        f"got {input.dtype}")
+    if residual.numel() != input.numel():
+        raise ValueError(f"fp8comm.functional.{name}: residual has {residual.numel()} elements but the {what} has "
+                         f"{input.numel()}; it must hold one value per {what} element")
+    if residual.dtype not in (torch.float32, torch.bfloat16) or not residual.is_contiguous():
+        raise ValueError(f"fp8comm.functional.{name}: residual must be a contiguous float32 or bfloat16 tensor, "
+                         f"got {residual.dtype}{'' if residual.is_contiguous() else ', not contiguous'}")
+    if residual.device != input.device:
+        raise ValueError(f"fp8comm.functional.{name}: residual is on {residual.device} but the {what} is on "
+                         f"{input.device}; keep it beside the {what}")
+    input.add_(residual.view(input.shape))
 
 
 def _check_tensor(t, op: str, what: str) -> None:

@@ -7,7 +7,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from . import _C
+from . import _C, error_feedback
 
 STAT_KEYS = (
     "bytes_sent",
@@ -71,7 +71,10 @@ def get_stats(group=None) -> dict:
     own ``sqnr_db``, ``signal_energy`` (sum of x^2), ``noise_energy`` (sum of
     (x - decoded x)^2) and ``quantized_values`` (finite values measured);
     ``sqnr_db`` is None while nothing has been measured. Without tracking
-    these keys are absent."""
+    these keys are absent.
+
+    Where error feedback keeps residuals for the group (fp8comm.hooks,
+    fp8comm.fsdp), ``error_feedback_bytes`` is their memory in this process."""
     backends = fp8_backends(group)
     if not backends:
         raise ValueError("fp8comm.get_stats: this process group has no fp8nccl / fp8gloo backend and no "
@@ -86,6 +89,9 @@ def get_stats(group=None) -> dict:
                 op, kind = key.rsplit(".", 1)
                 per_op.setdefault(op, {"compressed": 0, "passthrough": 0})[kind] += value
     totals["per_op"] = per_op
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    if error_feedback.tracks(pg):
+        totals["error_feedback_bytes"] = error_feedback.bytes_kept(pg)
     tracking = [b for b in backends if b.track_error]
     if tracking:
         errors = {op: _nothing_measured() for op in per_op}

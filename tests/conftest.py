@@ -7,6 +7,8 @@ specs has its tests parametrized over them, with the specs' ids; a module with
 one spec, no id, is not parametrized. A test module declares, e.g.:
 
     POOLS = PoolSpec.grid(("fp8gloo", "fp8ncclsim"), (2, 3), pg_options={"min_numel": 1024})
+
+A test that needs only some of them names their ids: `@pytest.mark.pools("flat-2")`.
 """
 import pytest
 
@@ -21,6 +23,10 @@ def pytest_generate_tests(metafunc):
     if "pool" not in metafunc.fixturenames:
         return
     specs = _specs(metafunc.module)
+    marker = metafunc.definition.get_closest_marker("pools")
+    if marker is not None:
+        specs = [s for s in specs if s.id in marker.args]
+        assert specs, f"{metafunc.function.__name__}: no pool of {metafunc.module.__name__} has an id in {marker.args}"
     if len(specs) > 1 or specs[0].id is not None:
         metafunc.parametrize("pool", specs, ids=[s.id for s in specs], indirect=True, scope="module")
 

@@ -9,7 +9,12 @@
 // The bytes each sends are counted where they are sent, by its transports
 // (Transport::bytes_sent; stats: route.h). With `error`
 // (Options.track_error) each adds the quantization error of every value this
-// rank quantizes (quantization_error.h); null: nothing is measured.
+// rank quantizes (quantization_error.h); null: nothing is measured. With a
+// defined `residual` (error feedback: float32 or bfloat16, contiguous, laid
+// out like the tensor or the one flat input) all_reduce and reduce_scatter
+// write, for every element, what the wire dropped of it (residual.h): 0
+// where this rank's part was exact. A call that fails may leave it half
+// written.
 #include <ATen/ATen.h>
 
 #include <functional>
@@ -38,13 +43,14 @@ struct ChunkHooks {
 
 // `tensor` <- the reduction of every rank's `tensor`, bitwise the same on every rank.
 void all_reduce(Transport& t, const WireLayout& wire, Workspace& ws, const at::Tensor& tensor, const Reduction& red,
-                QuantizationError* error = nullptr, const ChunkHooks* hooks = nullptr);
+                QuantizationError* error = nullptr, const ChunkHooks* hooks = nullptr,
+                const at::Tensor& residual = {});
 
 // `output` <- the reduction of segment `rank` of every rank's input, given as
 // one flat tensor of P * k elements or as P tensors of k.
 void reduce_scatter(Transport& t, const WireLayout& wire, Workspace& ws, const at::Tensor& output,
                     const std::vector<at::Tensor>& input_segments, const Reduction& red,
-                    QuantizationError* error = nullptr);
+                    QuantizationError* error = nullptr, const at::Tensor& residual = {});
 
 // Segment r of the output <- rank r's input (decoded from FP8 on every rank,
 // its own included), given as one flat tensor of P * k elements or as P of k.
@@ -67,10 +73,10 @@ struct NodeTransports {
 // The same results, with the same contracts, as all_reduce, reduce_scatter
 // and all_gather above.
 void all_reduce_by_node(NodeTransports& g, const WireLayout& wire, Workspace& ws, const at::Tensor& tensor,
-                        const Reduction& red, QuantizationError* error = nullptr);
+                        const Reduction& red, QuantizationError* error = nullptr, const at::Tensor& residual = {});
 void reduce_scatter_by_node(NodeTransports& g, const WireLayout& wire, Workspace& ws, const at::Tensor& output,
                             const std::vector<at::Tensor>& input_segments, const Reduction& red,
-                            QuantizationError* error = nullptr);
+                            QuantizationError* error = nullptr, const at::Tensor& residual = {});
 void all_gather_by_node(NodeTransports& g, const WireLayout& wire, Workspace& ws,
                         const std::vector<at::Tensor>& output_segments, const at::Tensor& input,
                         QuantizationError* error = nullptr);

@@ -60,6 +60,7 @@ void all_gather(Transport& t, const WireLayout& wire, Workspace& ws, const std::
 NodeBytes compressed::run_all_gather(Route& route, const WireLayout& wire, Workspace& ws, const CompressedArgs& a,
                                      QuantizationError* error) {
   const at::Tensor& input = a.inputs.at(0);
+  TORCH_INTERNAL_ASSERT(!a.residual.defined(), "fp8comm all_gather: error feedback is for reductions");
   return route.run([&](Transport& t) { all_gather(t, wire, ws, a.outputs, input, error); },
                    [&](NodeTransports& g) { all_gather_by_node(g, wire, ws, a.outputs, input, error); });
 }

@@ -10,7 +10,7 @@
 namespace fp8comm {
 
 void all_reduce(Transport& t, const WireLayout& wire, Workspace& ws, const at::Tensor& tensor, const Reduction& red,
-                QuantizationError* error, const ChunkHooks* hooks) {
+                QuantizationError* error, const ChunkHooks* hooks, const at::Tensor& residual) {
   const int64_t P = t.size(), rank = t.rank(), n = tensor.numel();
   const at::Tensor flat = tensor.view({-1});  // contiguous, any shape (complex64 arrives as [n, 2] floats)
   const ChunkPlan plan = chunk_plan(t, wire, ChunkOf::kTensor, n);
@@ -21,6 +21,11 @@ void all_reduce(Transport& t, const WireLayout& wire, Workspace& ws, const at::T
   at::Tensor scratch = ws.bytes(Workspace::kGatherScratch, plan.scratch_bytes, tensor);
   auto part = [](const at::Tensor& buffer, int64_t at, int64_t bytes) { return buffer.narrow(0, at, bytes); };
   auto elements = [&](const Chunk& c) { return flat.narrow(0, c.begin, c.numel); };
+  // Error feedback: the chunk's residual, its peers' segments kept as they are
+  // quantized, its own segment once its sum is.
+  auto kept = [&](const Chunk& c) {
+    return residual.defined() ? residual.view({-1}).narrow(0, c.begin, c.numel) : at::Tensor();
+  };
 
   std::vector<Transport::Pending> exchanges, gathers;
   for (size_t i = 0; i < chunks.size(); ++i) {
@@ -28,7 +33,7 @@ void all_reduce(Transport& t, const WireLayout& wire, Workspace& ws, const at::T
     if (hooks) hooks->ready(i);
     at::Tensor chunk_send = part(send, c.exchanged_at, (P - 1) * c.S);
     at::Tensor chunk_recv = part(recv, c.exchanged_at, (P - 1) * c.S);
-    quantize_for_peers(t, wire, elements(c), c.m, red, chunk_send, error);
+    quantize_for_peers(t, wire, elements(c), c.m, red, chunk_send, error, kept(c));
     wire.write_headers(chunk_send, P - 1, c.m, compressed::kAllReduce.phases[0], n);
     exchanges.push_back(t.start_exchange(chunk_recv, chunk_send, c.S));
   }
@@ -44,6 +49,10 @@ void all_reduce(Transport& t, const WireLayout& wire, Workspace& ws, const at::T
     dequant_sum_requantize_into(wire.codes(chunk_recv, P - 1, c.m), own, red.post_div, wire.codes(sum, 1, c.m),
                                 tensor.device());
     if (error) measure_requantized_sum(wire.codes(chunk_recv, P - 1, c.m), own, red.post_div, wire.codes(sum, 1, c.m), *error);
+    if (residual.defined()) {
+      keep_requantized_residual(wire.codes(chunk_recv, P - 1, c.m), own, red.post_div, wire.codes(sum, 1, c.m),
+                                segments_of(kept(c), rank, 1, c.m));
+    }
     wire.write_headers(sum, 1, c.m, compressed::kAllReduce.phases[1], n);
     gathers.push_back(t.start_all_gather(chunk_gathered, c.S, chunk_scratch));
   }
@@ -73,8 +82,8 @@ NodeBytes compressed::run_all_reduce(Route& route, const WireLayout& wire, Works
                                      QuantizationError* error) {
   const at::Tensor& tensor = a.outputs.at(0);
   const Reduction& red = *a.reduction;
-  return route.run([&](Transport& t) { all_reduce(t, wire, ws, tensor, red, error); },
-                   [&](NodeTransports& g) { all_reduce_by_node(g, wire, ws, tensor, red, error); });
+  return route.run([&](Transport& t) { all_reduce(t, wire, ws, tensor, red, error, nullptr, a.residual); },
+                   [&](NodeTransports& g) { all_reduce_by_node(g, wire, ws, tensor, red, error, a.residual); });
 }
 
 }  // namespace fp8comm

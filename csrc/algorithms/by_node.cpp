@@ -59,7 +59,7 @@ at::Tensor local_index_view(const NodeTransports& g, const std::vector<at::Tenso
 }  // namespace
 
 void all_reduce_by_node(NodeTransports& g, const WireLayout& wire, Workspace& ws, const at::Tensor& tensor,
-                        const Reduction& red, QuantizationError* error) {
+                        const Reduction& red, QuantizationError* error, const at::Tensor& residual) {
   const int64_t L = g.intra.size(), n = tensor.numel();
   const int64_t k = (n + L - 1) / L;
   at::Tensor flat = tensor.view({-1});
@@ -107,7 +107,11 @@ void all_reduce_by_node(NodeTransports& g, const WireLayout& wire, Workspace& ws
     gathers.push_back(g.intra.start_all_gather_exact(chunk.narrow(0, c.begin, c.numel), gather_scratch(c)));
   };
   start_sum(0);
-  all_reduce(g.inter, wire, ws, chunk, between_nodes(red), error, &hooks);
+  // Error feedback: only the hop between nodes drops anything, and only of
+  // this rank's chunk of the node sum (elements l * k + i of the tensor).
+  at::Tensor chunk_residual;
+  if (residual.defined()) chunk_residual = at::empty({k}, chunk.options().dtype(at::kFloat));
+  all_reduce(g.inter, wire, ws, chunk, between_nodes(red), error, &hooks, chunk_residual);
   for (const Transport::Pending& work : gathers) g.intra.wait(work, "intra-node all_gather");
   // Each rank's chunk goes straight to its place in the tensor (the last
   // one less its padding), once all have arrived: a failed phase leaves the
@@ -121,11 +125,17 @@ void all_reduce_by_node(NodeTransports& g, const WireLayout& wire, Workspace& ws
         },
         chunk.narrow(0, c.begin, c.numel), gather_scratch(c));
   }
+  if (residual.defined()) {
+    const at::Tensor kept = residual.view({-1});
+    kept.zero_();
+    const int64_t start = std::min(g.intra.rank() * k, n), len = std::min(k, n - start);
+    if (len > 0) unscale_residual_into(chunk_residual.narrow(0, 0, len), red, kept.narrow(0, start, len));
+  }
 }
 
 void reduce_scatter_by_node(NodeTransports& g, const WireLayout& wire, Workspace& ws, const at::Tensor& output,
                             const std::vector<at::Tensor>& input_segments, const Reduction& red,
-                            QuantizationError* error) {
+                            QuantizationError* error, const at::Tensor& residual) {
   const int64_t L = g.intra.size(), N = g.inter.size(), k = output.numel();
   // Local rank l reduces the segments of the ranks with local index l, one
   // per node in node order: read where they lie, else (a list input, ranks
@@ -145,7 +155,18 @@ void reduce_scatter_by_node(NodeTransports& g, const WireLayout& wire, Workspace
   at::Tensor scratch = node_buffer(ws, Workspace::kNodeExchange, g.intra.reduce_scatter_scratch_numel(N * k), output);
   Transport::PendingSum sum = g.intra.start_reduce_scatter_sum(chunk, pieces, scratch);
   g.intra.finish_reduce_scatter_sum(sum, "intra-node reduce_scatter");
-  reduce_scatter(g.inter, wire, ws, output, {chunk}, between_nodes(red), error);
+  // Error feedback: only the hop between nodes drops anything, of the node
+  // sums of the segments of the ranks with this rank's local index.
+  at::Tensor chunk_residual;
+  if (residual.defined()) chunk_residual = at::empty({N * k}, chunk.options().dtype(at::kFloat));
+  reduce_scatter(g.inter, wire, ws, output, {chunk}, between_nodes(red), error, chunk_residual);
+  if (residual.defined()) {
+    residual.zero_();
+    const int64_t l = g.intra.rank();
+    for (int64_t b = 0; b < N; ++b) {
+      unscale_residual_into(chunk_residual.narrow(0, b * k, k), red, segment({residual}, g.rank_at(b, l), k));
+    }
+  }
 }
 
 void all_gather_by_node(NodeTransports& g, const WireLayout& wire, Workspace& ws,

@@ -28,6 +28,10 @@ struct CompressedArgs {
   std::vector<at::Tensor> outputs;
   std::vector<at::Tensor> inputs;        // all_reduce: none; reduce_scatter: P segments; all_gather: one
   const Reduction* reduction = nullptr;  // all_reduce, reduce_scatter
+  // Error feedback (all_reduce, reduce_scatter of one flat input): where the
+  // call keeps what the wire dropped of each input element (algorithms.h);
+  // undefined: nothing kept.
+  at::Tensor residual;
 };
 
 // Runs one algorithm over the call's Route; returns the bytes this rank sent.

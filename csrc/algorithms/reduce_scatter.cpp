@@ -11,8 +11,16 @@
 namespace fp8comm {
 
 void reduce_scatter(Transport& t, const WireLayout& wire, Workspace& ws, const at::Tensor& output,
-                    const std::vector<at::Tensor>& input_segments, const Reduction& red, QuantizationError* error) {
+                    const std::vector<at::Tensor>& input_segments, const Reduction& red, QuantizationError* error,
+                    const at::Tensor& residual) {
   const int64_t P = t.size(), rank = t.rank(), k = output.numel();
+  TORCH_INTERNAL_ASSERT(!residual.defined() || input_segments.size() == 1,
+                        "fp8comm reduce_scatter: error feedback needs one flat input");
+  // Error feedback: the peers' pieces keep what their quantization dropped; the own segment is exact.
+  auto kept = [&](int64_t r, int64_t begin, int64_t n) {
+    return residual.defined() ? residual.view({-1}).narrow(0, r * k + begin, n) : at::Tensor();
+  };
+  if (residual.defined()) kept(rank, 0, k).zero_();
   // Segment r's elements [begin, begin + n): of one flat input of P * k elements, or of the r-th of P tensors.
   auto piece = [&](int64_t r, int64_t begin, int64_t n) {
     return input_segments.size() == 1 ? input_segments[0].view({-1}).narrow(0, r * k + begin, n)
@@ -33,7 +41,7 @@ void reduce_scatter(Transport& t, const WireLayout& wire, Workspace& ws, const a
     int64_t slot = 0;
     for (int64_t r : t.peers()) {
       const BlockCodes codes = wire.codes(chunk_send.narrow(0, slot++ * c.S, c.S), 1, c.m);
-      quantize_measured(piece(r, c.begin, c.numel), red, codes, error);
+      quantize_measured(piece(r, c.begin, c.numel), red, codes, error, kept(r, c.begin, c.numel));
     }
     wire.write_headers(chunk_send, P - 1, c.m, compressed::kReduceScatter.phases[0], k);
     exchanges.push_back(t.start_exchange(chunk_recv, chunk_send, c.S));
@@ -56,8 +64,10 @@ NodeBytes compressed::run_reduce_scatter(Route& route, const WireLayout& wire, W
                                          QuantizationError* error) {
   const at::Tensor& output = a.outputs.at(0);
   const Reduction& red = *a.reduction;
-  return route.run([&](Transport& t) { reduce_scatter(t, wire, ws, output, a.inputs, red, error); },
-                   [&](NodeTransports& g) { reduce_scatter_by_node(g, wire, ws, output, a.inputs, red, error); });
+  return route.run([&](Transport& t) { reduce_scatter(t, wire, ws, output, a.inputs, red, error, a.residual); },
+                   [&](NodeTransports& g) {
+                     reduce_scatter_by_node(g, wire, ws, output, a.inputs, red, error, a.residual);
+                   });
 }
 
 }  // namespace fp8comm

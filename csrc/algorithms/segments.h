@@ -9,6 +9,7 @@
 #include "../codec/codec_tensor.h"
 #include "quantization_error.h"
 #include "reduction.h"
+#include "residual.h"
 #include "transport.h"
 #include "wire_layout.h"
 
@@ -23,27 +24,34 @@ inline at::Tensor segments_of(const at::Tensor& t, int64_t r, int64_t count, int
   return flat.narrow(0, begin, std::min((r + count) * m, n) - begin);
 }
 
-// Quantizes `src` (times the reduction's factor) into `codes`, and adds its
-// error to `error` when there is one (Options.track_error).
+// Quantizes `src` (times the reduction's factor) into `codes`, adds its
+// error to `error` when there is one (Options.track_error) and keeps it per
+// element in `residual` when that is defined (error feedback).
 inline void quantize_measured(const at::Tensor& src, const Reduction& red, const BlockCodes& codes,
-                              QuantizationError* error) {
+                              QuantizationError* error, const at::Tensor& residual = {}) {
   quantize_into(src, red.premul, red.premul_tensor, codes);
   if (error) measure_quantized(src, red.premul, red.premul_tensor, codes, *error);
+  if (residual.defined()) keep_residual(src, red, codes, residual);
 }
 
 // Quantizes every segment of `flat` (P segments of m elements) but this
 // rank's own into `send`: the other ranks' segments in order (the exchange's
-// layout).
+// layout). `residual` (defined: error feedback) is laid out like `flat`.
 inline void quantize_for_peers(const Transport& t, const WireLayout& wire, const at::Tensor& flat, int64_t m,
-                               const Reduction& red, const at::Tensor& send, QuantizationError* error) {
+                               const Reduction& red, const at::Tensor& send, QuantizationError* error,
+                               const at::Tensor& residual = {}) {
   const int64_t rank = t.rank(), P = t.size(), S = wire.segment_bytes(m);
+  auto kept = [&](int64_t r, int64_t count) {
+    return residual.defined() ? segments_of(residual, r, count, m) : at::Tensor();
+  };
   if (rank > 0) {
-    quantize_measured(segments_of(flat, 0, rank, m), red, wire.codes(send.narrow(0, 0, rank * S), rank, m), error);
+    quantize_measured(segments_of(flat, 0, rank, m), red, wire.codes(send.narrow(0, 0, rank * S), rank, m), error,
+                      kept(0, rank));
   }
   if (rank + 1 < P) {
     const int64_t count = P - 1 - rank;
     quantize_measured(segments_of(flat, rank + 1, count, m), red,
-                      wire.codes(send.narrow(0, rank * S, count * S), count, m), error);
+                      wire.codes(send.narrow(0, rank * S, count * S), count, m), error, kept(rank + 1, count));
   }
 }
 

@@ -3,6 +3,7 @@
 // runs the algorithm or passes the call through exactly (DESIGN.md,
 // "Algorithms", exact passthrough).
 #include "../algorithms/algorithms.h"
+#include "../algorithms/residual.h"
 #include "arguments.h"
 #include "emulated_reduce.h"
 #include "process_group_fp8.h"
@@ -53,25 +54,36 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::all_reduce_exact(const Collectiv
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::allreduce(std::vector<at::Tensor>& tensors,
                                                           const c10d::AllreduceOptions& opts) {
+  TORCH_CHECK(tensors.size() == 1, "fp8comm ", collectives::kAllReduce.name, ": expected one tensor per call, got ",
+              tensors.size());
+  return allreduce_keeping_residual(tensors[0], opts, {});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::allreduce_keeping_residual(at::Tensor& tensor,
+                                                                           const c10d::AllreduceOptions& opts,
+                                                                           const at::Tensor& residual) {
   const Collective& c = collectives::kAllReduce;
-  TORCH_CHECK(tensors.size() == 1, "fp8comm ", c.name, ": expected one tensor per call, got ", tensors.size());
-  at::Tensor tensor = tensors[0];
   check_not_fp8_reduction(c.name, tensor);
   check_writable(c.name, tensor, "the tensor");
+  if (residual.defined()) check_residual(c.name, residual, tensor);
   auto inner = inner_for(tensor.device(), c.name);
   const TransportTraits traits = traits_for(tensor.device().type());
   check_reduce_op_supported(c.name, opts.reduceOp, tensor, traits);
   auto red = reduction_for(opts.reduceOp, tensor, size_);
   if (!red || !compresses(c, tensor, tensor.numel())) {
+    if (residual.defined()) residual.zero_();  // exact: nothing dropped
+    std::vector<at::Tensor> tensors{tensor};
     return all_reduce_exact(c, tensors, opts, needs_emulation(opts.reduceOp, tensor, traits),
                             [&](std::vector<at::Tensor>& ts, const c10d::AllreduceOptions& o) {
                               return inner->allreduce(ts, o);
                             });
   }
-  return compressed_call(c, tensor.device(), opts.asyncOp, opts.timeout, with_factor({tensor}, opts.reduceOp, red),
+  std::vector<at::Tensor> user{tensor};
+  if (residual.defined()) user.push_back(residual);
+  return compressed_call(c, tensor.device(), opts.asyncOp, opts.timeout, with_factor(user, opts.reduceOp, red),
                          {tensor}, bytes_of(tensor), [&](auto&& algorithm) {
                            at::Tensor buffer = contiguous_or_self(tensor);
-                           algorithm(CompressedArgs{{buffer}, {}, &*red});
+                           algorithm(CompressedArgs{{buffer}, {}, &*red, residual});
                            write_back(tensor, buffer);
                          });
 }
@@ -147,22 +159,32 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::_reduce_scatter_base(at::Tensor&
   return reduce_scatter_tensor(collectives::kReduceScatterTensor, output, input, opts);
 }
 
+c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::reduce_scatter_keeping_residual(at::Tensor& output, at::Tensor& input,
+                                                                                const c10d::ReduceScatterOptions& opts,
+                                                                                const at::Tensor& residual) {
+  return reduce_scatter_tensor(collectives::kReduceScatterTensor, output, input, opts, residual);
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::reduce_scatter_tensor(const Collective& c, at::Tensor& output,
                                                                       at::Tensor& input,
-                                                                      const c10d::ReduceScatterOptions& opts) {
+                                                                      const c10d::ReduceScatterOptions& opts,
+                                                                      const at::Tensor& residual) {
   check_reduce_scatter_tensor(c, output, input, opts);
+  if (residual.defined()) check_residual(c.name, residual, input);
   auto red = reduction_for(opts.reduceOp, input, size_);
   if (!red || !compresses(c, input, output.numel())) {
+    if (residual.defined()) residual.zero_();  // exact: nothing dropped
     auto work = reduce_scatter_tensor_exact(c, output, input, opts);
     record_passthrough(c, bytes_of(output));
     return work;
   }
   check_dense(c.name, output);
-  return compressed_call(c, input.device(), opts.asyncOp, opts.timeout,
-                         with_factor({input, output}, opts.reduceOp, red), {output}, bytes_of(output),
-                         [&](auto&& algorithm) {
+  std::vector<at::Tensor> user{input, output};
+  if (residual.defined()) user.push_back(residual);
+  return compressed_call(c, input.device(), opts.asyncOp, opts.timeout, with_factor(user, opts.reduceOp, red),
+                         {output}, bytes_of(output), [&](auto&& algorithm) {
                            at::Tensor out = contiguous_or_self(output);
-                           algorithm(CompressedArgs{{out}, {contiguous_or_self(input)}, &*red});
+                           algorithm(CompressedArgs{{out}, {contiguous_or_self(input)}, &*red, residual});
                            write_back(output, out);
                          });
 }

@@ -108,6 +108,16 @@ class ProcessGroupFp8 : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                            std::vector<at::Tensor>& inputs,
                                            const c10d::AllgatherOptions& opts = {}) override;
+
+  // ---- error feedback (fp8comm.functional's residual=): the same calls,
+  // keeping in `residual` (float32 or bfloat16, contiguous, the input's
+  // numel) what the wire dropped of each input element (residual.h); zeros
+  // where the call passes through exactly.
+  c10::intrusive_ptr<c10d::Work> allreduce_keeping_residual(at::Tensor& tensor, const c10d::AllreduceOptions& opts,
+                                                            const at::Tensor& residual);
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_keeping_residual(at::Tensor& output, at::Tensor& input,
+                                                                 const c10d::ReduceScatterOptions& opts,
+                                                                 const at::Tensor& residual);
   c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::AllgatherOptions& opts = {}) override;
@@ -202,7 +212,8 @@ class ProcessGroupFp8 : public c10d::Backend {
 
   // The tensor forms, also run per pair by their coalesced forms (named `c`).
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor(const Collective& c, at::Tensor& output, at::Tensor& input,
-                                                       const c10d::ReduceScatterOptions& opts);
+                                                       const c10d::ReduceScatterOptions& opts,
+                                                       const at::Tensor& residual = {});
   c10::intrusive_ptr<c10d::Work> all_gather_into_tensor(const Collective& c, at::Tensor& output, at::Tensor& input,
                                                         const c10d::AllgatherOptions& opts);
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_exact(const Collective& c, at::Tensor& output,
