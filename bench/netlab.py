@@ -222,7 +222,24 @@ FSDP_CONFIGS = [
     ("fp8gloo", ["--no-fp8-compute"], {}),
     ("fp8gloo, all_gather too", ["--no-fp8-compute"], {"FP8COMM_COMPRESS": "all"}),
     ("fp8gloo + Fp8Linear (the example's default)", [], {}),
+    # The gradients' reduce-scatter through fp8comm.fsdp on the plain group, at
+    # the convergence study's settings, and what error feedback costs there.
+    ("e5m2/512 via fp8comm.fsdp", ["--no-fp8-compute", "--wire", "e5m2", "--comm-block-size", "512"], {}),
+    ("e5m2/512 via fp8comm.fsdp + error feedback",
+     ["--no-fp8-compute", "--wire", "e5m2", "--comm-block-size", "512", "--error-feedback", "fp32"], {}),
 ]
+
+
+def fsdp_configs(args) -> list:
+    """The FSDP_CONFIGS --fsdp-configs names, gloo (the reference) first."""
+    if not args.fsdp_configs:
+        return FSDP_CONFIGS
+    wanted = {name.strip() for name in args.fsdp_configs.split(",")}
+    unknown = wanted - {label for label, _, _ in FSDP_CONFIGS}
+    if unknown:
+        raise SystemExit(f"netlab: --fsdp-configs: no configuration named {sorted(unknown)}; "
+                         f"choose from {[label for label, _, _ in FSDP_CONFIGS]}")
+    return [c for c in FSDP_CONFIGS if c[0] == "gloo" or c[0] in wanted]
 
 
 def fsdp_once(lab, args, label: str, flags: list[str], env: dict) -> float:
@@ -416,6 +433,8 @@ def main(argv=None) -> int:
     p.add_argument("--fsdp", action="store_true", help="also time the FSDP2 example's configurations (FSDP_CONFIGS)")
     p.add_argument("--fsdp-args", default="--dim 512 --layers 2 --heads 8 --seq 128 --batch 2 --steps 13",
                    help="the example's model and run (default: a wide model and a small batch)")
+    p.add_argument("--fsdp-configs", default=None,
+                   help="comma list of FSDP_CONFIGS labels to time (default all; gloo is always timed)")
     p.add_argument("--no-comm", action="store_true", help="skip the comm benchmark (with --fsdp)")
     p.add_argument("--quick", action="store_true", help="10 Gbit/s only, 1 and 4 MiB, 3 reps, 1 run")
     p.add_argument("--json", metavar="PATH")
@@ -456,7 +475,7 @@ def main(argv=None) -> int:
                     if not args.no_comm:
                         by_rate.setdefault(rate, []).append(comm_once(lab, args, rate, tmp, i))
                     if args.fsdp:  # configurations interleaved within each run
-                        for label, flags, env in FSDP_CONFIGS:
+                        for label, flags, env in fsdp_configs(args):
                             fsdp.setdefault(rate, {}).setdefault(label, []).append(
                                 fsdp_once(lab, args, label, flags, env))
                     print(f"netlab: {rate if rate == 'unshaped' else rate + ' Gbit/s'} run {i + 1}/{args.runs} done",

@@ -21,6 +21,11 @@ from torch._C._distributed_c10d import AllgatherOptions
 from . import _C, backend
 from .options import Options
 
+# Under torch.compile each call is a graph break and runs eagerly: dynamo
+# cannot trace into the backend object (it is not one of torch's functional
+# collectives, whose ops it captures).
+_eager = torch.compiler.disable
+
 _COMPRESSORS: "weakref.WeakKeyDictionary[dist.ProcessGroup, dict]" = weakref.WeakKeyDictionary()
 
 
@@ -119,6 +124,7 @@ def _finish(work, async_op: bool):
     return None
 
 
+@_eager
 def all_reduce(tensor: torch.Tensor, op=dist.ReduceOp.SUM, group=None, async_op: bool = False, options=None, *,
                residual: torch.Tensor | None = None):
     """``tensor`` <- the reduction of every rank's ``tensor``, compressed as on
@@ -140,6 +146,7 @@ def all_reduce(tensor: torch.Tensor, op=dist.ReduceOp.SUM, group=None, async_op:
     return _finish(pg._allreduce_keeping_residual(tensor, opts, residual), async_op)
 
 
+@_eager
 def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op=dist.ReduceOp.SUM, group=None,
                           async_op: bool = False, options=None, *, residual: torch.Tensor | None = None):
     """``output`` <- the reduction of this rank's segment of every rank's
@@ -159,6 +166,7 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op=dist.Red
     return _finish(pg._reduce_scatter_keeping_residual(output, input, opts, residual), async_op)
 
 
+@_eager
 def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor, group=None, async_op: bool = False,
                            options=None):
     """Segment r of ``output`` <- rank r's ``input`` (``dist.all_gather_into_tensor``'s

@@ -6,6 +6,10 @@
   compressed both ways (stats count each op as compressed), the compiled
   results equal the eager ones bit for bit, and both differ from plain gloo's
   exact results (FP8 was on the wire).
+- fp8comm.functional on a plain group under torch.compile: a graph break,
+  the call eager between the compiled parts, results equal to eager; FSDP2
+  on a plain mesh with fp8comm.fsdp's reduce-scatter and compiled blocks
+  trains exactly as eager (the comm runs outside the compiled blocks).
 - An FSDP2 + Fp8Linear training step with every block compiled (as torchtitan
   compiles per block) trains with losses equal to the eager run's, the
   gradient reduce-scatters compressed, no graph break. The backend is
@@ -91,10 +95,38 @@ def funcol_eager_and_compiled(backend: str = "inductor"):
             "eager_stats": eager_stats, "compiled_stats": compiled_stats}
 
 
-def fsdp2_compiled_training(steps: int = 3, backend: str = "inductor"):
+def _fp8comm_functional_step(x, group):
+    """fp8comm.functional.all_reduce on a plain group, with exact compute around it."""
+    import fp8comm.functional
+
+    y = x * 2.0
+    fp8comm.functional.all_reduce(y, group=group, options=fp8comm.Options(min_numel=1024))
+    return y + 1.0
+
+
+def fp8comm_functional_compiled(backend: str = "aot_eager"):
+    """fp8comm.functional's all_reduce on the plain gloo group, eagerly and
+    compiled: dynamo does not trace into the backend call (it is not one of
+    torch's functional collectives), so it breaks the graph there and runs
+    the call eagerly between the compiled parts."""
+    import torch._dynamo
+
+    c = ctx()
+    x, _ = _inputs(c.rank)
+    eager = _fp8comm_functional_step(x, c.gloo)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(_fp8comm_functional_step, backend=backend)(x, c.gloo)
+    return {"eager": eager, "compiled": compiled, "graph_breaks": sum(torch._dynamo.utils.counters["graph_break"].values()),
+            "compressed": fp8comm.get_stats(c.gloo)["per_op"]["all_reduce"]["compressed"]}
+
+
+def fsdp2_compiled_training(steps: int = 3, backend: str = "inductor", plain: bool = False):
     """FSDP2 (fully_shard per block, then the root) over the fp8gloo group,
     Fp8Linear block layers, every block compiled with torch.compile
-    (``backend``) as torchtitan does; ``steps`` AdamW steps. Returns the
+    (``backend``) as torchtitan does; ``steps`` AdamW steps. ``plain``: over
+    the plain gloo group with nn.Linear and fp8comm.fsdp's reduce-scatter
+    instead. Returns the
     global mean losses, the eager run's losses for the same data, the group's
     stats of the compiled run and fp8comm.nn's counters."""
     from torch.distributed.device_mesh import DeviceMesh
@@ -106,18 +138,24 @@ def fsdp2_compiled_training(steps: int = 3, backend: str = "inductor"):
     for mode in ("eager", "compiled"):
         torch._dynamo.reset()
         torch._dynamo.utils.counters.clear()
-        model = S.build("fp8")
-        mesh = DeviceMesh.from_group(c.group, "cpu")
+        model = S.build("plain" if plain else "fp8")
+        group = c.gloo if plain else c.group
+        mesh = DeviceMesh.from_group(group, "cpu")
         for i, block in enumerate(model.blocks):
             if mode == "compiled":
                 block.compile(backend=backend)
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
+        if plain:
+            import fp8comm.fsdp
+
+            fp8comm.fsdp.compress_communication(model, options=fp8comm.Options(min_numel=1024))
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-        fp8comm.reset_stats(c.group)
+        if fp8comm.stats.fp8_backends(group):
+            fp8comm.reset_stats(group)
         fp8comm.nn.reset_linear_stats()
         losses = S.train_losses(model, opt, c.rank, steps)
-        out[mode] = {"losses": losses, "stats": fp8comm.get_stats(c.group), "nn": fp8comm.nn.linear_stats(),
+        out[mode] = {"losses": losses, "stats": fp8comm.get_stats(group), "nn": fp8comm.nn.linear_stats(),
                      "frames": dict(torch._dynamo.utils.counters["frames"]),
                      "graph_breaks": dict(torch._dynamo.utils.counters["graph_break"])}
     return out
@@ -169,3 +207,24 @@ def test_fsdp2_fp8_linear_training_step_under_torch_compile(pool):
         assert compiled["stats"] == eager["stats"]
         assert compiled["nn"]["fp8_calls"] == eager["nn"]["fp8_calls"] == 12  # 4 Fp8Linear x 3 steps
         assert compiled["nn"]["fallback_calls"] == 0
+
+
+def test_fp8comm_functional_under_torch_compile_breaks_the_graph_and_equals_eager(pool):
+    for r in pool.run(fp8comm_functional_compiled, timeout=400):
+        assert torch.equal(r["compiled"], r["eager"])
+        assert r["graph_breaks"] >= 1, r["graph_breaks"]  # the call ran eagerly between compiled parts
+        assert r["compressed"] == 2, r  # the eager call and the compiled function's
+
+
+def test_fsdp2_on_a_plain_mesh_with_fp8comm_fsdp_under_torch_compile(pool):
+    # torchtitan's shape: blocks compiled, FSDP2 on a plain mesh, only the
+    # gradients' reduce-scatter compressed. FSDP2 calls the comm outside the
+    # compiled blocks, so nothing breaks their graphs.
+    results = pool.run(fsdp2_compiled_training, steps=3, backend="aot_eager", plain=True, timeout=500)
+    for r in results:
+        eager, compiled = r["eager"], r["compiled"]
+        assert compiled["frames"].get("ok", 0) >= 2, compiled["frames"]
+        assert compiled["graph_breaks"] == {}, compiled["graph_breaks"]
+        assert compiled["losses"] == eager["losses"], (compiled["losses"], eager["losses"])
+        assert compiled["stats"]["per_op"]["reduce_scatter_tensor"]["compressed"] == 9, compiled["stats"]
+        assert compiled["stats"] == eager["stats"]
