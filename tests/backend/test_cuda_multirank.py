@@ -14,7 +14,9 @@ bit), so:
 - all_reduce and all_gather results are bitwise identical on every rank;
 - both groups count the call as compressed, under the same entry point (two
   passthroughs would agree trivially), and the result is close to the FP64
-  reference (both paths wrong in the same way would not be).
+  reference (both paths wrong in the same way would not be);
+- error feedback's residual (computed by tensor ops on the call's stream)
+  equals the CPU path's bit for bit, over two steps.
 """
 import pytest
 import torch
@@ -235,3 +237,42 @@ def test_all_gather_forms(pool, kind, dtype):
                                   "all_gather_into_tensor", "all_gather_list"])
 def test_async_forms(pool, kind):
     check(pool.run(cuda_vs_cpu, kind, 12_345, torch.bfloat16, "sum", True), kind)
+
+
+def residual_cuda_vs_cpu(kind, k, dtype, op, residual_dtype, async_op):
+    """Error feedback (fp8comm.functional's residual=, on the groups' own
+    backends) on CUDA and on the CPU path, two steps: outputs and residuals."""
+    import fp8comm.functional as F
+
+    c = ctx()
+    torch.cuda.set_device(0)
+    result = {}
+    for name, pg, device in (("cuda", c.group, "cuda"), ("cpu", sim_group(), "cpu")):
+        n = k * c.world if kind == "reduce_scatter_tensor" else k
+        residual = torch.zeros(n, dtype=residual_dtype, device=device)
+        outs = []
+        for step in range(2):
+            x = inputs(c.rank, n, dtype, seed=step).to(device)
+            rop = make_op(op, c.rank, device)
+            if kind == "all_reduce":
+                work = F.all_reduce(x, rop, group=pg, async_op=async_op, residual=residual)
+                out = x
+            else:
+                out = torch.empty(k, dtype=dtype, device=device)
+                work = F.reduce_scatter_tensor(out, x, rop, group=pg, async_op=async_op, residual=residual)
+            if async_op:
+                work.wait()
+            outs += [out.cpu(), residual.cpu()]
+        result[name] = outs
+    return result
+
+
+@pytest.mark.pools("3")
+@pytest.mark.parametrize("kind", ["all_reduce", "reduce_scatter_tensor"])
+@pytest.mark.parametrize("op", ["sum", "avg", "premul_tensor"])
+@pytest.mark.parametrize("dtype,residual_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16)])
+def test_error_feedback_residual_on_cuda_equals_cpu(pool, kind, op, dtype, residual_dtype):
+    for rank, r in enumerate(pool.run(residual_cuda_vs_cpu, kind, 30_001, dtype, op, residual_dtype, op == "avg")):
+        for i, (g, c) in enumerate(zip(r["cuda"], r["cpu"])):
+            assert same_bits(g, c), f"rank {rank}, {'residual' if i % 2 else 'output'} of step {i // 2}"
+        assert r["cuda"][1].abs().sum() > 0, rank  # something was kept
