@@ -200,6 +200,33 @@ def _recorded_ddp(model, state, seen, layouts, step_of):
     return ddp
 
 
+def fsdp2_constant_gradient_toy(error_feedback, steps: int = 40) -> dict:
+    """As constant_gradient_toy, through FSDP2 on the plain gloo mesh with
+    fp8comm.fsdp's reduce-scatter: FSDP2's averaged gradients summed over the
+    steps against the exact sum."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    c = ctx()
+    model = _Constant(c.rank)
+    exact = [_gather(g.double()).mean(0) for g in (model.g0, model.g1, model.g2)]
+    fully_shard(model, mesh=DeviceMesh.from_group(c.gloo, "cpu"))
+    fp8comm.fsdp.compress_communication(model, options=fp8comm.Options(min_numel=1024), error_feedback=error_feedback)
+    params = [model.a, model.b, model.c]
+    total = [torch.zeros_like(e) for e in exact]
+    errors = {}
+    for step in range(1, steps + 1):
+        model.zero_grad()
+        model().backward()
+        for t, p in zip(total, params):
+            t += p.grad.full_tensor().double()
+        if step in (5, steps):
+            num = sum((t - step * e).norm() ** 2 for t, e in zip(total, exact)) ** 0.5
+            den = sum((step * e).norm() ** 2 for e in exact) ** 0.5
+            errors[step] = (num / den).item()
+    return {"early": errors[5], "late": errors[steps]}
+
+
 def residual_survives_bucket_rebuild() -> dict:
     """Each parameter's residual at its bucket's first call of step 2 (after
     DDP rebuilt its buckets) is the one step 1 left for that parameter."""
@@ -356,6 +383,15 @@ def test_constant_gradient_error_bounded_with_feedback_grows_without(pool):
         assert r["late"] < 0.25 * r["early"], r
         assert r["late"] < 0.1 * base["late"], (r, base)
         assert r["bytes"] == r["state_bytes"] == 4 * (3000 + 2500 + 3500), r
+
+
+@pytest.mark.pools("flat-2", "flat-3")
+def test_fsdp2_constant_gradient_error_bounded_with_feedback(pool):
+    without = pool.run(fsdp2_constant_gradient_toy, False)
+    with_ef = pool.run(fsdp2_constant_gradient_toy, True)
+    for r, base in zip(with_ef, without):
+        assert base["late"] > 0.5 * base["early"] and base["early"] > 1e-3, base
+        assert r["late"] < 0.25 * r["early"] and r["late"] < 0.1 * base["late"], (r, base)
 
 
 @pytest.mark.pools("flat-2", "flat-3")
