@@ -90,8 +90,9 @@ class Residuals:
             self.keep(key, kept, group)
         return kept
 
-    def items(self):
-        return self._kept.items()
+    def forget(self, key) -> None:
+        """Drops ``key``'s residual without a word (its values live on elsewhere)."""
+        self._kept.pop(key, None)
 
     def clear(self) -> None:
         self._kept.clear()

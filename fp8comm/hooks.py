@@ -31,7 +31,7 @@ class Fp8HookState:
     it by parameter name. Pickles without its group and residuals, as torch's
     hook states do (a restored state takes the default group)."""
 
-    __slots__ = ("group", "options", "error_feedback", "residuals", "_layouts", "_by_param", "_rebuilt")
+    __slots__ = ("group", "options", "error_feedback", "residuals", "_layouts", "_by_param", "_seen")
 
     def __init__(self, group: dist.ProcessGroup | None = None, options: Options | None = None,
                  error_feedback=False):
@@ -43,7 +43,7 @@ class Fp8HookState:
         self.residuals = Residuals(self.error_feedback, _WHERE) if self.error_feedback is not None else None
         self._layouts = {}   # bucket index -> ((parameter id, offset, numel), ...) of its kept residual
         self._by_param = {}  # parameter id -> its part of a kept residual
-        self._rebuilt = False
+        self._seen = set()   # bucket indices of this step so far
 
     def __getstate__(self):
         return {"options": self.options, "error_feedback": self.error_feedback}
@@ -59,6 +59,7 @@ class Fp8HookState:
         buffer = bucket.buffer()
         layout = _layout(bucket)
         index = bucket.index()
+        self._seen.add(index)
         kept = self.residuals.get(index)
         if kept is not None and self._layouts.get(index) == layout:
             return kept
@@ -75,18 +76,19 @@ class Fp8HookState:
             self._by_param[key] = fresh[offset:offset + numel]
         self.residuals.keep(index, fresh, group)
         self._layouts[index] = layout
-        self._rebuilt = True
         return fresh
 
     def _end_of_step(self) -> None:
-        """After the last bucket of a step: after a rebuild, forget the parts
-        of parameters no bucket holds any more (their memory)."""
-        if not self._rebuilt:
-            return
+        """After the last bucket of a step: forget the buckets this step did
+        not have (a rebuild into fewer) and the parts of parameters no bucket
+        holds any more, so that their memory is freed."""
+        for index in [i for i in self._layouts if i not in self._seen]:
+            del self._layouts[index]
+            self.residuals.forget(index)
         live = {key for layout in self._layouts.values() for key, _, _ in layout}
         for key in [k for k in self._by_param if k not in live]:
             del self._by_param[key]
-        self._rebuilt = False
+        self._seen.clear()
 
     def residual_bytes(self) -> int:
         """Bytes of the residuals this state keeps."""
