@@ -38,12 +38,12 @@ inline void quantize_for_peers(const Transport& t, const WireLayout& wire, const
                                const Reduction& red, const at::Tensor& send, QuantizationError* error) {
   const int64_t rank = t.rank(), P = t.size(), S = wire.segment_bytes(m);
   if (rank > 0) {
-    quantize_measured(segments_of(flat, 0, rank, m), red, wire.codes(send.narrow(0, 0, rank * S), rank, m), error);
+    quantize_measured(segments_of(flat, 0, rank, m), red, wire.codes(send.narrow(0, 0, rank * S), rank, m, 0), error);
   }
   if (rank + 1 < P) {
     const int64_t count = P - 1 - rank;
     quantize_measured(segments_of(flat, rank + 1, count, m), red,
-                      wire.codes(send.narrow(0, rank * S, count * S), count, m), error);
+                      wire.codes(send.narrow(0, rank * S, count * S), count, m, rank + 1), error);
   }
 }
 
