@@ -53,11 +53,14 @@ CONFIGS = [
     {"name": "fp8 comm + Fp8Linear tensorwise (fp32 all-gather)",
      "flags": ["--fp8-compute", "--fp8-comm", "--recipe", "tensorwise", "--no-fp8-all-gather"]},
     # Where 8-bit round-to-nearest has less to spare (E5M2: 2 mantissa bits; one
-    # scale per 512 elements), and what error feedback buys there (the
-    # gradients' reduce-scatter through fp8comm.fsdp on the plain group).
+    # scale per 512 elements), and what error feedback and stochastic rounding
+    # buy there (the gradients' reduce-scatter through fp8comm.fsdp on the
+    # plain group).
     {"name": "e5m2/512 comm", "flags": ["--no-fp8-compute", "--fp8-comm", "--wire", "e5m2", "--comm-block-size", "512"]},
     {"name": "e5m2/512 comm + error feedback",
      "flags": ["--no-fp8-compute", "--fp8-comm", "--wire", "e5m2", "--comm-block-size", "512", "--error-feedback", "fp32"]},
+    {"name": "e5m2/512 comm + stochastic rounding",
+     "flags": ["--no-fp8-compute", "--fp8-comm", "--wire", "e5m2", "--comm-block-size", "512", "--rounding", "stochastic"]},
 ]
 GOAL_REL = 0.01  # within 1% of the baseline's mean eval loss
 # What results saved before the schedule options existed trained with.

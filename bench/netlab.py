@@ -223,10 +223,13 @@ FSDP_CONFIGS = [
     ("fp8gloo, all_gather too", ["--no-fp8-compute"], {"FP8COMM_COMPRESS": "all"}),
     ("fp8gloo + Fp8Linear (the example's default)", [], {}),
     # The gradients' reduce-scatter through fp8comm.fsdp on the plain group, at
-    # the convergence study's settings, and what error feedback costs there.
+    # the convergence study's settings, and what error feedback and stochastic
+    # rounding cost there.
     ("e5m2/512 via fp8comm.fsdp", ["--no-fp8-compute", "--wire", "e5m2", "--comm-block-size", "512"], {}),
     ("e5m2/512 via fp8comm.fsdp + error feedback",
      ["--no-fp8-compute", "--wire", "e5m2", "--comm-block-size", "512", "--error-feedback", "fp32"], {}),
+    ("e5m2/512 via fp8comm.fsdp + stochastic rounding",
+     ["--no-fp8-compute", "--wire", "e5m2", "--comm-block-size", "512", "--rounding", "stochastic"], {}),
 ]
 
 

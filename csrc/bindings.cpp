@@ -79,6 +79,19 @@ std::optional<fp8comm::Scope> scope_option(const py::object& v) {
   return found;
 }
 
+// rounding as given: "nearest" or "stochastic".
+std::optional<fp8comm::Rounding> rounding_option(const py::object& v) {
+  if (v.is_none()) return std::nullopt;
+  fp8comm::Rounding found;
+  TORCH_CHECK_VALUE(py::isinstance<py::str>(v) && fp8comm::find_rounding(v.cast<std::string>(), found),
+                    "fp8comm.Options: rounding must be 'nearest' or 'stochastic', got ", py::repr(v).cast<std::string>());
+  return found;
+}
+
+py::object rounding_value(const std::optional<fp8comm::Rounding>& r) {
+  return r ? py::object(py::str(fp8comm::rounding_name(*r))) : py::object(py::none());
+}
+
 // compress as given: a comma-separated string or an iterable of op names.
 std::optional<std::vector<std::string>> compress_items(const py::object& v) {
   if (v.is_none()) return std::nullopt;
@@ -113,6 +126,11 @@ cpu_threads: threads per process for the CPU codec (FP8COMM_CPU_THREADS; unset: 
     process's share of its host's cores). Per process: ranks may differ.
 scope: "all" compresses every link; "inter_node" only the hop between nodes, exact
     inside a node (FP8COMM_SCOPE, all).
+rounding: "nearest" (even) or "stochastic": every quantization of a compressed collective
+    rounds each element up or down at random, unbiased (FP8COMM_ROUNDING, nearest).
+rounding_seed: the integer seed of stochastic rounding's random bits; with the call
+    counter, rank, chunk and segment it keys them, so runs are reproducible
+    (FP8COMM_ROUNDING_SEED, 0).
 track_error: True measures the quantization error of every compressed call on this rank;
     fp8comm.get_stats then reports SQNR per op (FP8COMM_TRACK_ERROR, 0). Per process:
     ranks may differ. CPU groups (fp8gloo) only: a CUDA group refuses it at creation.)";
@@ -195,7 +213,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Options, c10d::Backend::Options, c10::intrusive_ptr<Options>>(m, "Options", options_doc())
       .def(py::init([](const py::object& block_size, const py::object& fp8_dtype, const py::object& min_numel,
                        const py::object& compress, const py::object& cpu_threads, const py::object& scope,
-                       const py::object& track_error) {
+                       const py::object& track_error, const py::object& rounding, const py::object& rounding_seed) {
              auto o = c10::make_intrusive<Options>();
              o->block_size = int_option(block_size, "block_size", FP8C_BLOCK_SIZE_RULE);
              o->fp8_dtype = fp8_dtype_option(fp8_dtype);
@@ -204,11 +222,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              o->cpu_threads = int_option(cpu_threads, "cpu_threads", "an int >= 1");
              o->scope = scope_option(scope);
              o->track_error = bool_option(track_error, "track_error");
+             o->rounding = rounding_option(rounding);
+             o->rounding_seed = int_option(rounding_seed, "rounding_seed", "an int");
              return o;
            }),
            py::arg("block_size") = py::none(), py::arg("fp8_dtype") = py::none(), py::arg("min_numel") = py::none(),
            py::arg("compress") = py::none(), py::arg("cpu_threads") = py::none(), py::arg("scope") = py::none(),
-           py::arg("track_error") = py::none())
+           py::arg("track_error") = py::none(), py::arg("rounding") = py::none(),
+           py::arg("rounding_seed") = py::none())
       .def_property_readonly("block_size", [](const Options& o) { return o.block_size; })
       .def_property_readonly("fp8_dtype", [](const Options& o) { return fp8_dtype_name(o.fp8_dtype); })
       .def_property_readonly("min_numel", [](const Options& o) { return o.min_numel; })
@@ -219,6 +240,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                return py::str(fp8comm::scope_name(*o.scope));
                              })
       .def_property_readonly("track_error", [](const Options& o) { return o.track_error; })
+      .def_property_readonly("rounding", [](const Options& o) { return rounding_value(o.rounding); })
+      .def_property_readonly("rounding_seed", [](const Options& o) { return o.rounding_seed; })
       .def_property_readonly("compress",
                              [](const Options& o) -> py::object {
                                if (!o.compress) return py::none();
@@ -234,17 +257,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                ", min_numel=" + show(o.min_numel) + ", compress=" + show(o.compress) +
                ", cpu_threads=" + show(o.cpu_threads) +
                ", scope=" + (o.scope ? "'" + std::string(fp8comm::scope_name(*o.scope)) + "'" : std::string("None")) +
-               ", track_error=" + show(o.track_error) + ")";
+               ", track_error=" + show(o.track_error) +
+               ", rounding=" + py::repr(rounding_value(o.rounding)).cast<std::string>() +
+               ", rounding_seed=" + show(o.rounding_seed) + ")";
       })
       .def(py::pickle(
           [](const Options& o) {  // copy.deepcopy(parent.options) when torch splits a group
             return py::make_tuple(o.block_size, fp8_dtype_name(o.fp8_dtype), o.min_numel, o.compress, o.timeout.count(),
                                   o.group_name, o.global_ranks_in_group, o.cpu_threads,
                                   o.scope ? py::object(py::str(fp8comm::scope_name(*o.scope))) : py::object(py::none()),
-                                  o.track_error);
+                                  o.track_error, rounding_value(o.rounding), o.rounding_seed);
           },
           [](const py::tuple& t) {
-            TORCH_CHECK_VALUE(t.size() == 10, "fp8comm.Options: cannot unpickle a state of ", t.size(), " fields");
+            TORCH_CHECK_VALUE(t.size() == 12, "fp8comm.Options: cannot unpickle a state of ", t.size(), " fields");
             auto o = c10::make_intrusive<Options>();
             o->block_size = t[0].cast<std::optional<int64_t>>();
             o->fp8_dtype = fp8_dtype_option(t[1]);
@@ -256,12 +281,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
             o->cpu_threads = t[7].cast<std::optional<int64_t>>();
             o->scope = scope_option(t[8]);
             o->track_error = t[9].cast<std::optional<bool>>();
+            o->rounding = rounding_option(t[10]);
+            o->rounding_seed = t[11].cast<std::optional<int64_t>>();
             return o;
           }))
       .def("__eq__", [](const Options& a, const Options& b) {
         return a.block_size == b.block_size && a.fp8_dtype == b.fp8_dtype && a.min_numel == b.min_numel &&
                a.compress == b.compress && a.cpu_threads == b.cpu_threads && a.scope == b.scope &&
-               a.track_error == b.track_error;
+               a.track_error == b.track_error && a.rounding == b.rounding && a.rounding_seed == b.rounding_seed;
       });
 
   py::class_<ProcessGroupFp8, c10d::Backend, c10::intrusive_ptr<ProcessGroupFp8>>(m, "ProcessGroupFp8")

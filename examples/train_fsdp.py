@@ -72,6 +72,8 @@ def parse_args(argv=None):
     p.add_argument("--comm-block-size", type=int, default=None, help="elements per scale on the wire")
     p.add_argument("--error-feedback", default="off", choices=["off", "fp32", "bf16"],
                    help="keep what the wire dropped and add it to the next step's gradients")
+    p.add_argument("--rounding", default=None, choices=["nearest", "stochastic"],
+                   help="how the wire rounds to FP8 (stochastic: unbiased per element)")
     p.add_argument("--recipe", default="tensorwise", choices=["tensorwise", "rowwise"])
     p.add_argument("--fp8-all-gather", action=argparse.BooleanOptionalAction, default=True,
                    help="all-gather Fp8Linear weights as FP8 (FSDP2 extension; tensorwise recipe only, "
@@ -129,7 +131,8 @@ def setup(track_error: bool):
 
 def comm_plugin(args) -> bool:
     """Whether the run compresses through fp8comm.fsdp on the plain group (wire settings, error feedback)."""
-    return args.fp8_comm and (args.wire is not None or args.comm_block_size is not None or args.error_feedback != "off")
+    return args.fp8_comm and (args.wire is not None or args.comm_block_size is not None or args.error_feedback != "off"
+                              or args.rounding is not None)
 
 
 def global_mean(value: torch.Tensor, group) -> float:
@@ -157,8 +160,8 @@ def train(args, device, group, fp8_compute: bool, label: str, plugin: bool = Fal
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)
     if plugin:
-        options = fp8comm.Options(**{k: v for k, v in (("fp8_dtype", args.wire), ("block_size", args.comm_block_size))
-                                     if v is not None})
+        chosen = (("fp8_dtype", args.wire), ("block_size", args.comm_block_size), ("rounding", args.rounding))
+        options = fp8comm.Options(**{k: v for k, v in chosen if v is not None})
         ef = {"off": False, "fp32": torch.float32, "bf16": torch.bfloat16}[args.error_feedback]
         fp8comm.fsdp.compress_communication(model, options=options, error_feedback=ef)
     if fp8_all_gather:  # one all_reduce for all weight amaxes, instead of one per weight per all-gather
@@ -297,8 +300,9 @@ def main(argv=None):
         group = fp8_group if args.fp8_comm and not comm_plugin(args) else plain_group
         label = ("Fp8Linear" if args.fp8_compute else "nn.Linear") + (" + fp8 comm" if args.fp8_comm else " + plain comm")
         if comm_plugin(args):
-            label += f" ({args.wire or 'e4m3'}/{args.comm_block_size or 'default'} blocks" + (
-                f", error feedback {args.error_feedback})" if args.error_feedback != "off" else ")")
+            extras = ([f"error feedback {args.error_feedback}"] if args.error_feedback != "off" else []) + (
+                [f"{args.rounding} rounding"] if args.rounding else [])
+            label += f" ({args.wire or 'e4m3'}/{args.comm_block_size or 'default'} blocks{''.join(', ' + e for e in extras)})"
         runs = [train(args, device, group, fp8_compute=args.fp8_compute, label=label, plugin=comm_plugin(args))]
     if args.json and dist.get_rank() == 0:
         write_json(args.json, args, runs, device)

@@ -4,7 +4,9 @@ A tensor of n elements is cut into blocks of ``block_size`` elements; each block
 has one power-of-two scale stored as one E8M0 byte (``torch.float8_e8m0fnu``,
 value ``2**(byte - 127)``) and ``block_size`` FP8 codes (E4M3 or E5M2). The
 scale is the smallest power of two that keeps the block maximum unsaturated;
-rounding is to nearest even; non-finite inputs decode to non-finite.
+rounding is to nearest even, or stochastic (``rounding="stochastic"``: unbiased,
+the random bits a hash of ``rounding_key``, the segment and the element's index in
+it, DESIGN.md "Stochastic rounding"); non-finite inputs decode to non-finite.
 
 The fused operators below work on *wire segments*: ``[scales][codes]`` runs of
 ``segment_bytes(m, block_size)`` bytes holding m elements each, the unit the
@@ -55,16 +57,30 @@ def segment_bytes(segment_numel: int, block_size: int = 32) -> int:
     return _C.segment_bytes(segment_numel, block_size)
 
 
+def _key(rounding_key: int) -> int:
+    """A 64-bit key as the operators' signed int takes it (the same 64 bits)."""
+    if not 0 <= rounding_key < 1 << 64 and not -(1 << 63) <= rounding_key < 0:
+        raise ValueError(f"fp8comm codec: rounding_key must fit 64 bits, got {rounding_key}")
+    return rounding_key - (1 << 64) if rounding_key >= 1 << 63 else rounding_key
+
+
 def quantize(
-    x: torch.Tensor, *, block_size: int = 32, fp8_dtype: torch.dtype = E4M3
+    x: torch.Tensor,
+    *,
+    block_size: int = 32,
+    fp8_dtype: torch.dtype = E4M3,
+    rounding: str = "nearest",
+    rounding_key: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize ``x`` (float32/bfloat16/float16, any shape) to FP8 blocks.
 
     Returns ``(codes, scales)``: ``codes`` is 1-D ``fp8_dtype`` with ``x.numel()``
     elements; ``scales`` is 1-D ``torch.float8_e8m0fnu`` with one element per block
-    (``scales.view(torch.uint8)`` gives the raw exponent bytes).
+    (``scales.view(torch.uint8)`` gives the raw exponent bytes). ``rounding``:
+    "nearest" (even) or "stochastic", whose random bits ``rounding_key`` (64 bits)
+    selects: the same key gives the same bytes.
     """
-    return torch.ops.fp8comm.quantize(x, block_size, fp8_dtype)
+    return torch.ops.fp8comm.quantize(x, block_size, fp8_dtype, rounding, _key(rounding_key))
 
 
 def dequantize(
@@ -83,13 +99,17 @@ def quantize_segments(
     block_size: int = 32,
     fp8_dtype: torch.dtype = E4M3,
     premul: float | torch.Tensor = 1.0,
+    rounding: str = "nearest",
+    rounding_key: int = 0,
 ) -> None:
     """Quantize ``x * premul`` (flattened; ``numel <= num_segments * segment_numel``)
     into ``out``, a uint8 buffer of ``num_segments`` wire segments. Elements past
-    ``x.numel()`` are written as zeros."""
+    ``x.numel()`` are written as zeros. ``rounding`` and ``rounding_key``: as
+    :func:`quantize` (segment r's bits are keyed by the key and r)."""
     factor = premul if isinstance(premul, torch.Tensor) else None
     scalar = 1.0 if factor is not None else float(premul)
-    torch.ops.fp8comm.quantize_segments(x, out, num_segments, segment_numel, block_size, fp8_dtype, scalar, factor)
+    torch.ops.fp8comm.quantize_segments(x, out, num_segments, segment_numel, block_size, fp8_dtype, scalar, factor,
+                                        rounding, _key(rounding_key))
 
 
 def dequantize_segments(
@@ -106,8 +126,9 @@ def dequantize_segments(
     torch.ops.fp8comm.dequantize_segments(segments, out, num_segments, segment_numel, block_size, fp8_dtype)
 
 
-def _sum_function(op, name: str, doc: str):
-    """dequant_sum and dequant_sum_requantize: the same arguments, another output."""
+def _sum_function(op, name: str, doc: str, quantizes: bool = False):
+    """dequant_sum and dequant_sum_requantize: the same arguments (the latter's
+    rounding too), another output."""
 
     def run(
         pieces: torch.Tensor,
@@ -120,8 +141,14 @@ def _sum_function(op, name: str, doc: str):
         post_div: int = 1,
         own: torch.Tensor | None = None,
         own_premul: float = 1.0,
+        rounding: str = "nearest",
+        rounding_key: int = 0,
     ) -> None:
-        op(pieces, out, num_pieces, segment_numel, block_size, fp8_dtype, post_div, own, own_premul)
+        if not quantizes and (rounding != "nearest" or rounding_key != 0):
+            raise ValueError(f"fp8comm.{name} writes no FP8 codes, so it takes no rounding; got rounding="
+                             f"{rounding!r}, rounding_key={rounding_key} (dequant_sum_requantize takes them)")
+        extra = (rounding, _key(rounding_key)) if quantizes else ()
+        op(pieces, out, num_pieces, segment_numel, block_size, fp8_dtype, post_div, own, own_premul, *extra)
 
     run.__name__ = run.__qualname__ = name
     run.__doc__ = doc
@@ -142,13 +169,15 @@ dequant_sum_requantize = _sum_function(
     torch.ops.fp8comm.dequant_sum_requantize,
     "dequant_sum_requantize",
     """Like :func:`dequant_sum`, but quantizes the float32 sum into ``out``, one
-    wire segment of ``segment_numel`` elements (``own`` may have any codec dtype).""",
+    wire segment of ``segment_numel`` elements (``own`` may have any codec dtype);
+    ``rounding`` and ``rounding_key`` as :func:`quantize`.""",
+    quantizes=True,
 )
 
 
 # ---------------------------------------------------------------- fake kernels
 @torch.library.register_fake("fp8comm::quantize")
-def _quantize_fake(x, block_size, fp8_dtype):
+def _quantize_fake(x, block_size, fp8_dtype, rounding="nearest", rounding_key=0):
     n = x.numel()
     codes = x.new_empty((n,), dtype=fp8_dtype)
     scales = x.new_empty(((n + block_size - 1) // block_size,), dtype=torch.float8_e8m0fnu)

@@ -21,7 +21,8 @@ void all_gather(Transport& t, const WireLayout& wire, Workspace& ws, const std::
   for (const Chunk& c : chunks) {
     at::Tensor chunk_gathered = gathered.narrow(0, c.gathered_at, P * c.S);
     at::Tensor mine = chunk_gathered.narrow(0, t.gather_slot(t.rank()) * c.S, c.S);
-    quantize_measured(in.narrow(0, c.begin, c.numel), Reduction{}, wire.codes(mine, 1, c.m), error);
+    quantize_measured(in.narrow(0, c.begin, c.numel), Reduction{},
+                      wire.at_chunk(c.begin).codes(mine, 1, c.m, t.rank()), error);
     wire.write_headers(mine, 1, c.m, compressed::kAllGather.phases[0], k);
     at::Tensor chunk_scratch = scratch.narrow(0, c.scratch_at, t.gather_scratch_bytes(c.S));
     gathers.push_back(t.start_all_gather(chunk_gathered, c.S, chunk_scratch));

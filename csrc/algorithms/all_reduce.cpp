@@ -33,7 +33,7 @@ void all_reduce(Transport& t, const WireLayout& wire, Workspace& ws, const at::T
     if (hooks) hooks->ready(i);
     at::Tensor chunk_send = part(send, c.exchanged_at, (P - 1) * c.S);
     at::Tensor chunk_recv = part(recv, c.exchanged_at, (P - 1) * c.S);
-    quantize_for_peers(t, wire, elements(c), c.m, red, chunk_send, error, kept(c));
+    quantize_for_peers(t, wire.at_chunk(c.begin), elements(c), c.m, red, chunk_send, error, kept(c));
     wire.write_headers(chunk_send, P - 1, c.m, compressed::kAllReduce.phases[0], n);
     exchanges.push_back(t.start_exchange(chunk_recv, chunk_send, c.S));
   }
@@ -46,8 +46,8 @@ void all_reduce(Transport& t, const WireLayout& wire, Workspace& ws, const at::T
     wire.check_headers(chunk_recv, t.peers(), c.m, compressed::kAllReduce.phases[0], n, t.op());
     at::Tensor sum = chunk_gathered.narrow(0, t.gather_slot(rank) * c.S, c.S);
     const OwnAddendTensor own{segments_of(elements(c), rank, 1, c.m), red.premul, red.premul_tensor};
-    dequant_sum_requantize_into(wire.codes(chunk_recv, P - 1, c.m), own, red.post_div, wire.codes(sum, 1, c.m),
-                                tensor.device());
+    dequant_sum_requantize_into(wire.codes(chunk_recv, P - 1, c.m), own, red.post_div,
+                                wire.at_chunk(c.begin).codes(sum, 1, c.m, rank), tensor.device());
     if (error) measure_requantized_sum(wire.codes(chunk_recv, P - 1, c.m), own, red.post_div, wire.codes(sum, 1, c.m), *error);
     if (residual.defined()) {
       keep_requantized_residual(wire.codes(chunk_recv, P - 1, c.m), own, red.post_div, wire.codes(sum, 1, c.m),

@@ -40,7 +40,7 @@ void reduce_scatter(Transport& t, const WireLayout& wire, Workspace& ws, const a
     at::Tensor chunk_recv = recv.narrow(0, c.exchanged_at, (P - 1) * c.S);
     int64_t slot = 0;
     for (int64_t r : t.peers()) {
-      const BlockCodes codes = wire.codes(chunk_send.narrow(0, slot++ * c.S, c.S), 1, c.m);
+      const BlockCodes codes = wire.at_chunk(c.begin).codes(chunk_send.narrow(0, slot++ * c.S, c.S), 1, c.m, r);
       quantize_measured(piece(r, c.begin, c.numel), red, codes, error, kept(r, c.begin, c.numel));
     }
     wire.write_headers(chunk_send, P - 1, c.m, compressed::kReduceScatter.phases[0], k);

@@ -38,8 +38,8 @@ void keep_residual(const at::Tensor& src, const Reduction& red, const BlockCodes
   store(r, residual);
 }
 
-void keep_requantized_residual(const BlockCodes& pieces, const OwnAddendTensor& own, int post_div, const BlockCodes& out,
-                               const at::Tensor& residual) {
+void keep_requantized_residual(const BlockCodes& pieces, const OwnAddendTensor& own, int post_div,
+                               const BlockCodes& out, const at::Tensor& residual) {
   const int64_t n = own.src.numel();
   if (n == 0) return;
   // The same FP32 sum the codec requantized (the own addend widened exactly,

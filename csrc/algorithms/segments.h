@@ -45,13 +45,14 @@ inline void quantize_for_peers(const Transport& t, const WireLayout& wire, const
     return residual.defined() ? segments_of(residual, r, count, m) : at::Tensor();
   };
   if (rank > 0) {
-    quantize_measured(segments_of(flat, 0, rank, m), red, wire.codes(send.narrow(0, 0, rank * S), rank, m), error,
+    quantize_measured(segments_of(flat, 0, rank, m), red, wire.codes(send.narrow(0, 0, rank * S), rank, m, 0), error,
                       kept(0, rank));
   }
   if (rank + 1 < P) {
     const int64_t count = P - 1 - rank;
     quantize_measured(segments_of(flat, rank + 1, count, m), red,
-                      wire.codes(send.narrow(0, rank * S, count * S), count, m), error, kept(rank + 1, count));
+                      wire.codes(send.narrow(0, rank * S, count * S), count, m, rank + 1), error,
+                      kept(rank + 1, count));
   }
 }
 

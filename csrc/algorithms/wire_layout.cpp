@@ -2,10 +2,25 @@
 
 namespace fp8comm {
 
-BlockCodes WireLayout::codes(const at::Tensor& bytes, int64_t count, int64_t m) const {
+WireLayout WireLayout::for_call(int64_t seed, uint64_t call, int64_t rank) const {
+  WireLayout w = *this;
+  w.rounding_key_ = mix_key(mix_key(mix_key(0, static_cast<uint64_t>(seed)), call), static_cast<uint64_t>(rank));
+  return w;
+}
+
+WireLayout WireLayout::at_chunk(int64_t begin) const {
+  WireLayout w = *this;
+  w.rounding_key_ = mix_key(rounding_key_, static_cast<uint64_t>(begin));
+  return w;
+}
+
+BlockCodes WireLayout::codes(const at::Tensor& bytes, int64_t count, int64_t m, int64_t first_segment) const {
   BlockCodes codes =
       wire_segments(static_cast<uint8_t*>(bytes.data_ptr()) + header_bytes(), count, m, block_size_, fp8_dtype_);
   codes.stride = segment_bytes(m);
+  codes.rounding = rounding_;
+  codes.rounding_key = rounding_key_;
+  codes.first_segment = first_segment;
   return codes;
 }
 

@@ -6,7 +6,9 @@
 // every segment in a buffer of back-to-back segments stay 16-byte aligned.
 // A collective runs in chunks of the traits' chunk_numel elements
 // (chunk_plan.h): the one layout of a call gives the chunk plan of each of
-// its transports.
+// its transports. The layout also says how a call's quantizes round
+// (DESIGN.md, "Stochastic rounding"): for_call keys it by call, at_chunk by
+// chunk, and codes() of a quantize names the segments' numbers.
 #include <ATen/ATen.h>
 
 #include <vector>
@@ -19,11 +21,21 @@ namespace fp8comm {
 
 class WireLayout {
  public:
-  WireLayout(const TransportTraits& traits, int block_size, Fp8Dtype fp8_dtype)
+  WireLayout(const TransportTraits& traits, int block_size, Fp8Dtype fp8_dtype,
+             Rounding rounding = Rounding::kNearest)
       : headers_(traits.segment_headers),
         chunk_numel_(traits.chunk_numel),
         block_size_(block_size),
-        fp8_dtype_(fp8_dtype) {}
+        fp8_dtype_(fp8_dtype),
+        rounding_(rounding) {}
+
+  // This layout for one compressed call: stochastic rounding keyed by the
+  // group's seed, the call's number among the group's compressed calls and
+  // the quantizing rank.
+  WireLayout for_call(int64_t seed, uint64_t call, int64_t rank) const;
+  // This layout for the chunk whose first element is `begin` in its plan.
+  WireLayout at_chunk(int64_t begin) const;
+  Rounding rounding() const { return rounding_; }
 
   int block_size() const { return block_size_; }
   // Elements of one chunk of a collective, all ranks' segments together.
@@ -37,8 +49,10 @@ class WireLayout {
     return ceil_div(ceil_div(n, parts), block_size_) * block_size_;
   }
 
-  // The codec's view of `count` segments of m elements at the start of `bytes`.
-  BlockCodes codes(const at::Tensor& bytes, int64_t count, int64_t m) const;
+  // The codec's view of `count` segments of m elements at the start of
+  // `bytes`; a quantize into them rounds with their numbers in the chunk,
+  // first_segment on (so no two segments of a call on a rank share bits).
+  BlockCodes codes(const at::Tensor& bytes, int64_t count, int64_t m, int64_t first_segment = 0) const;
 
   // Writes the header of `count` segments of m elements at the start of
   // `bytes`: they carry `phase` of a collective of size n. No-op without headers.
@@ -53,6 +67,8 @@ class WireLayout {
   int64_t chunk_numel_;
   int block_size_;
   Fp8Dtype fp8_dtype_;
+  Rounding rounding_;
+  uint64_t rounding_key_ = 0;
 };
 
 }  // namespace fp8comm

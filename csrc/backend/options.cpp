@@ -104,6 +104,14 @@ c10::intrusive_ptr<Options> Options::resolved() const {
                       "' (from FP8COMM_SCOPE)");
     r->scope = *found;
   }
+  if (!rounding) {
+    const std::string name = env::kRounding.value_or_fallback();
+    Rounding found;
+    TORCH_CHECK_VALUE(find_rounding(name, found), "fp8comm.Options: rounding must be 'nearest' or 'stochastic', got '",
+                      name, "' (from FP8COMM_ROUNDING)");
+    r->rounding = found;
+  }
+  r->rounding_seed = rounding_seed ? *rounding_seed : env::kRoundingSeed.as_int();
   return r;
 }
 
@@ -114,13 +122,15 @@ bool Options::compresses(const CompressedAlgorithm* algorithm) const {
 }
 
 std::map<std::string, std::string> Options::fingerprint() const {
-  TORCH_CHECK(block_size && fp8_dtype && min_numel && compress && scope, "fp8comm.Options: fingerprint() of options that "
-              "are not resolved");
+  TORCH_CHECK(block_size && fp8_dtype && min_numel && compress && scope && rounding && rounding_seed,
+              "fp8comm.Options: fingerprint() of options that are not resolved");
   return {{"block_size", std::to_string(*block_size)},
           {"fp8_dtype", fp8_dtype_name(*fp8_dtype)},
           {"min_numel", std::to_string(*min_numel)},
           {"compress", compress->empty() ? "none" : join(*compress)},
-          {"scope", scope_name(*scope)}};
+          {"scope", scope_name(*scope)},
+          {"rounding", rounding_name(*rounding)},
+          {"rounding_seed", std::to_string(*rounding_seed)}};
 }
 
 }  // namespace fp8comm

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "../codec/fp8_dtype_table.h"
+#include "../codec/rounding.h"
 #include "collectives.h"
 
 namespace fp8comm {
@@ -35,6 +36,10 @@ struct Options : c10d::Backend::Options {
   std::optional<int64_t> min_numel;                 // per-rank elements below which calls pass through
   std::optional<std::vector<std::string>> compress;  // a subset of compressible_ops(), in their order
   std::optional<Scope> scope;
+  // How compressed collectives round to FP8 (DESIGN.md, "Stochastic
+  // rounding"), and the seed of stochastic rounding's random bits.
+  std::optional<Rounding> rounding;
+  std::optional<int64_t> rounding_seed;
   // Threads per process for the CPU codec; unset after resolved(): the
   // process's share of its host's cores (backend.py). Per process, so not
   // in the fingerprint.

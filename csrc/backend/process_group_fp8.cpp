@@ -88,7 +88,8 @@ TransportTraits ProcessGroupFp8::traits_for(c10::DeviceType device_type) const {
 }
 
 WireLayout ProcessGroupFp8::wire_layout(c10::DeviceType device_type) const {
-  return WireLayout(traits_for(device_type), static_cast<int>(*options_->block_size), *options_->fp8_dtype);
+  return WireLayout(traits_for(device_type), static_cast<int>(*options_->block_size), *options_->fp8_dtype,
+                    *options_->rounding);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::passed_through(c10::intrusive_ptr<c10d::Work> work, const Collective& c,

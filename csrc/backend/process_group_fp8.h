@@ -243,6 +243,9 @@ class ProcessGroupFp8 : public c10d::Backend {
   std::vector<c10::intrusive_ptr<c10d::Backend>> coalescing_;
   // Held by run(): one compressed call at a time (CPU ones also share the workspace).
   std::recursive_mutex call_mutex_;
+  // Compressed calls issued so far (under call_mutex_): the same count on
+  // every rank, part of stochastic rounding's key.
+  uint64_t compressed_calls_ = 0;
   Workspace workspace_;
   // The last split() and what it made (none: this rank is outside it).
   struct LastSplit {

@@ -82,10 +82,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::compressed_call(const Collective
                                                                 Body&& body) {
   TORCH_INTERNAL_ASSERT(c.compressed, "fp8comm ", c.name, ": the collectives table names no compressed algorithm");
   const CompressedAlgorithm& algorithm = *c.compressed;
-  const WireLayout wire = wire_layout(device.type());
   NodeBytes sent;
   QuantizationError error;
   auto work = run(c, device, async_op, timeout, user_tensors, std::move(outputs), [&](Route& route) {
+    // Numbered under the call lock, in the order every rank issues its calls.
+    const WireLayout wire = wire_layout(device.type()).for_call(*options_->rounding_seed, compressed_calls_++, rank_);
     body([&](const CompressedArgs& args) { sent = algorithm.run(route, wire, workspace_, args, error_if_tracked(error)); });
   });
   record_compressed(c, payload, sent, error);

@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "fp8_block_math.h"
+#include "rounding.h"
 
 namespace fp8comm {
 
@@ -30,6 +31,19 @@ struct BlockCodes {
   int64_t scale_padding = 0;
   int block_size = 32;
   Fp8Dtype fp8_dtype = Fp8Dtype::E4M3;
+  // How a quantize into these segments rounds (rounding.h). Stochastic: the
+  // bits of element i of segment r are rounding_bits(segment_key(rounding_key,
+  // first_segment + r), i), so the bytes depend on neither threads nor SIMD
+  // width, and a call quantizing segments r.. of a chunk names them.
+  Rounding rounding = Rounding::kNearest;
+  uint64_t rounding_key = 0;
+  int64_t first_segment = 0;
+
+  // The stochastic-rounding run of segment r from its element `first`.
+  FP8C_HD StochasticRun stochastic_run(int64_t r, int64_t first) const {
+    const SegmentKey k = segment_key(rounding_key, first_segment + r);
+    return StochasticRun{k.k0, k.k1, static_cast<uint32_t>(first)};
+  }
 };
 
 // A rank's own contribution to a sum, never quantized (DESIGN.md,

@@ -68,16 +68,31 @@ int64_t grain_blocks(int block_size) { return std::max<int64_t>(1, 16384 / block
 // remainder handling) or a run-time count.
 using Full32 = std::integral_constant<int64_t, 32>;
 
+// The encode of element i of a block: to nearest even, or stochastically
+// with the bits of the block's run (rounding.h).
+template <Fp8Dtype F>
+struct NearestEncode {
+  FP8C_HD uint8_t operator()(float v, uint32_t limit, int64_t) const { return encode_fp8<F>(v, limit); }
+};
+
+template <Fp8Dtype F>
+struct StochasticEncode {
+  StochasticRun run;
+  FP8C_HD uint8_t operator()(float v, uint32_t limit, int64_t i) const {
+    return encode_fp8_stochastic<F>(v, limit, run.bits(i));
+  }
+};
+
 // Two passes over the (cache-hot) block: a pure max-reduction, then the
 // encode; gcc vectorizes each, but not a reduction fused with stores.
-template <ElemType E, Fp8Dtype F, typename Count>
-FP8C_HD uint8_t quantize_run(const Storage<E>* s, Count n, float premul, uint8_t* codes) {
+template <ElemType E, Fp8Dtype F, typename Count, typename Encode = NearestEncode<F>>
+FP8C_HD uint8_t quantize_run(const Storage<E>* s, Count n, float premul, uint8_t* codes, Encode encode = {}) {
   uint32_t amax = 0;
   for (int64_t i = 0; i < n; ++i) amax = std::max(amax, finite_abs_bits(Elem<E>::load(s[i]) * premul));
   const uint8_t sb = scale_byte<F>(amax);
   const float inv = inv_scale_from_byte(sb);
   const uint32_t limit = code_limit<F>(sb);
-  for (int64_t i = 0; i < n; ++i) codes[i] = encode_fp8<F>((Elem<E>::load(s[i]) * premul) * inv, limit);
+  for (int64_t i = 0; i < n; ++i) codes[i] = encode((Elem<E>::load(s[i]) * premul) * inv, limit, i);
   return sb;
 }
 
@@ -103,14 +118,14 @@ FP8C_HD void dequantize_run(const uint8_t* codes, float scale, Count n, Storage<
   for (int64_t i = 0; i < n; ++i) d[i] = Elem<E>::store(lut[codes[i]] * scale);
 }
 
-template <Fp8Dtype F, typename Count>
-FP8C_HD uint8_t requantize_run(const float* acc, Count n, uint8_t* codes) {
+template <Fp8Dtype F, typename Count, typename Encode = NearestEncode<F>>
+FP8C_HD uint8_t requantize_run(const float* acc, Count n, uint8_t* codes, Encode encode = {}) {
   uint32_t amax = 0;
   for (int64_t i = 0; i < n; ++i) amax = std::max(amax, finite_abs_bits(acc[i]));
   const uint8_t sb = scale_byte<F>(amax);
   const float inv = inv_scale_from_byte(sb);
   const uint32_t limit = code_limit<F>(sb);
-  for (int64_t i = 0; i < n; ++i) codes[i] = encode_fp8<F>(acc[i] * inv, limit);
+  for (int64_t i = 0; i < n; ++i) codes[i] = encode(acc[i] * inv, limit, i);
   return sb;
 }
 
@@ -132,13 +147,19 @@ FP8C_VECTOR_CLONES void quantize_blocks(const Storage<E>* src, int64_t numel, fl
     uint8_t* codes = dst.codes + r * dst.stride + j * B;
     uint8_t* scales = dst.scales + r * dst.stride + j;
     int64_t run = 1;
+    const bool stochastic = dst.rounding == Rounding::kStochastic;
+    const StochasticRun sr = stochastic ? dst.stochastic_run(r, j * B) : StochasticRun{};
     if (simd != Simd::kOff && valid == B) {
       run = std::min(end - blk, (seg_valid - j * B) / B);  // whole blocks left in this segment
       if (simd == Simd::kAvx512 && B == 32) {
-        avx512::quantize_blocks32(s, E, F, run, premul, codes, scales);
+        avx512::quantize_blocks32(s, E, F, run, premul, codes, scales, stochastic ? &sr : nullptr);
       } else {
-        avx2::quantize_full_blocks(s, E, F, run, static_cast<int>(B), premul, codes, scales);
+        avx2::quantize_full_blocks(s, E, F, run, static_cast<int>(B), premul, codes, scales,
+                                   stochastic ? &sr : nullptr);
       }
+    } else if (stochastic) {
+      *scales = quantize_run<E, F>(s, valid, premul, codes, StochasticEncode<F>{sr});
+      for (int64_t i = valid; i < width; ++i) codes[i] = 0;
     } else {
       *scales = valid == 32 ? quantize_run<E, F>(s, Full32{}, premul, codes)
                             : quantize_run<E, F>(s, valid, premul, codes);
@@ -260,14 +281,16 @@ FP8C_VECTOR_CLONES void dequant_sum_requantize_blocks(const BlockCodes pieces, c
   const int64_t B = pieces.block_size;
   const int64_t total_blocks = ceil_div(out.capacity, B);
   int64_t j = begin;
+  const bool stochastic = out.rounding == Rounding::kStochastic;
   if (simd != Simd::kOff) {
     const int64_t whole = std::min(end - begin, whole_blocks_from(begin, B, out.capacity, own));
+    const StochasticRun sr = stochastic ? out.stochastic_run(0, begin * B) : StochasticRun{};
     if (whole > 0 && simd == Simd::kAvx512 && B == 32) {
       avx512::dequant_sum_requantize_blocks32(pieces, own, post_div, begin, whole, out.codes + begin * B,
-                                              out.scales + begin);
+                                              out.scales + begin, stochastic ? &sr : nullptr);
     } else if (whole > 0) {
       avx2::dequant_sum_requantize_full_blocks(pieces, own, post_div, begin, whole, out.codes + begin * B,
-                                               out.scales + begin);
+                                               out.scales + begin, stochastic ? &sr : nullptr);
     }
     j += std::max<int64_t>(0, whole);
   }
@@ -276,7 +299,11 @@ FP8C_VECTOR_CLONES void dequant_sum_requantize_blocks(const BlockCodes pieces, c
     const int64_t width = std::min(B, out.capacity - j * B);
     sum_block<E, F>(pieces, own, post_div, j, width, acc);
     uint8_t* codes = out.codes + j * B;
-    out.scales[j] = width == 32 ? requantize_run<F>(acc, Full32{}, codes) : requantize_run<F>(acc, width, codes);
+    if (stochastic) {
+      out.scales[j] = requantize_run<F>(acc, width, codes, StochasticEncode<F>{out.stochastic_run(0, j * B)});
+    } else {
+      out.scales[j] = width == 32 ? requantize_run<F>(acc, Full32{}, codes) : requantize_run<F>(acc, width, codes);
+    }
   }
   if (end == total_blocks) {
     for (int64_t k = 0; k < out.scale_padding; ++k) out.scales[total_blocks + k] = 0;

@@ -134,6 +134,49 @@ FP8C_AVX2_INLINE __m256i encode8(__m256 v, __m256i limit) {
   return _mm256_blendv_epi8(code, special, _mm256_cmpgt_epi32(a, splat(0x7F7FFFFF)));
 }
 
+// ---------------------------------------------------------------- stochastic rounding
+// rounding.h's lowbias32 and rounding_bits, eight lanes: the bits of elements
+// run.first + i .. run.first + i + 7 of the run's segment.
+FP8C_AVX2_INLINE __m256i lowbias8(__m256i x) {
+  x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+  x = _mm256_mullo_epi32(x, splat(0x7FEB352Du));
+  x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 15));
+  x = _mm256_mullo_epi32(x, splat(0x846CA68Bu));
+  return _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+}
+
+FP8C_AVX2_INLINE __m256i rounding_bits8(const StochasticRun& run, int64_t i) {
+  const __m256i index =
+      _mm256_add_epi32(splat(run.first + static_cast<uint32_t>(i)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  return lowbias8(_mm256_xor_si256(lowbias8(_mm256_xor_si256(index, splat(run.k0))), splat(run.k1)));
+}
+
+// encode_fp8_stochastic of eight lanes (any lanes), as uint32 codes.
+template <Fp8Dtype F>
+FP8C_AVX2_INLINE __m256i encode8_stochastic(__m256 v, __m256i limit, __m256i rand) {
+  using T = Fp8Traits<F>;
+  constexpr int kDrop = 23 - T::kMantBits;
+  constexpr int kFrac = kSubnormalFraction<F>;
+  const __m256i b = _mm256_castps_si256(v);
+  const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(b, 24), splat(0x80));
+  const __m256i a = _mm256_and_si256(b, splat(0x7FFFFFFF));
+  const __m256i subnormal = _mm256_cmpgt_epi32(splat(T::kMinNormalBits), a);
+  const __m256i normal = _mm256_sub_epi32(
+      _mm256_srli_epi32(_mm256_add_epi32(a, _mm256_srli_epi32(rand, 32 - kDrop)), kDrop), splat(T::kRebias << T::kMantBits));
+  const __m256 scaled =
+      _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(a, subnormal)), _mm256_set1_ps(kSubnormalFixedScale<F>));
+  const __m256i sub =
+      _mm256_srli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(scaled), _mm256_srli_epi32(rand, 32 - kFrac)), kFrac);
+  __m256i code = _mm256_blendv_epi8(normal, sub, subnormal);
+  code = _mm256_or_si256(_mm256_min_epu32(code, limit), sign);
+  __m256i special = splat(T::kNanCode);
+  if constexpr (T::kHasInf) {
+    special = _mm256_blendv_epi8(special, _mm256_or_si256(splat(T::kInfCode), sign),
+                                 _mm256_cmpeq_epi32(a, splat(0x7F800000)));
+  }
+  return _mm256_blendv_epi8(code, special, _mm256_cmpgt_epi32(a, splat(0x7F7FFFFF)));
+}
+
 // Two vectors of eight uint32 codes (< 256) -> sixteen bytes in order.
 FP8C_AVX2_INLINE void store_codes16(uint8_t* p, __m256i lo, __m256i hi) {
   const __m256i w = _mm256_packus_epi32(lo, hi);  // [lo0-3 hi0-3 | lo4-7 hi4-7] as uint16
@@ -262,6 +305,26 @@ FP8C_AVX2_INLINE uint8_t quantize_block(Source x, int64_t vectors, uint8_t* code
   for (int64_t i = 0; i < vectors; ++i) amax = _mm256_max_epu32(amax, finite_abs(x(i)));
   const uint8_t sb = scale_byte<F>(max_lane(amax));
   encode_block<F, Lanes::kAny>(x, vectors, sb, codes);
+  return sb;
+}
+
+// One block quantized with stochastic rounding: the scale from the finite
+// maximum, as quantize_block's, then every lane through the stochastic encode;
+// `at`: the block's first element from the run's start.
+template <Fp8Dtype F, typename Source>
+FP8C_AVX2_INLINE uint8_t quantize_block_stochastic(Source x, int64_t vectors, const StochasticRun& run, int64_t at,
+                                                   uint8_t* codes) {
+  __m256i amax = _mm256_setzero_si256();
+  for (int64_t i = 0; i < vectors; ++i) amax = _mm256_max_epu32(amax, finite_abs(x(i)));
+  const uint8_t sb = scale_byte<F>(max_lane(amax));
+  const __m256 inv = _mm256_set1_ps(inv_scale_from_byte(sb));
+  const __m256i limit = splat(code_limit<F>(sb));
+  for (int64_t i = 0; i < vectors; i += 2) {
+    const __m256i lo = encode8_stochastic<F>(_mm256_mul_ps(x(i), inv), limit, rounding_bits8(run, at + 8 * i));
+    const __m256i hi =
+        encode8_stochastic<F>(_mm256_mul_ps(x(i + 1), inv), limit, rounding_bits8(run, at + 8 * i + 8));
+    store_codes16(codes + 8 * i, lo, hi);
+  }
   return sb;
 }
 
@@ -400,9 +463,16 @@ FP8C_AVX2_INLINE void sum_block(const BlockCodes& pieces, const Storage<E>* own,
 
 template <ElemType E, Fp8Dtype F, bool kPremul, typename Count>
 FP8C_AVX2 void quantize_run(const Storage<E>* src, int64_t blocks, Count B, float premul, uint8_t* codes,
-                            uint8_t* scales) {
+                            uint8_t* scales, const StochasticRun* stochastic) {
   const __m256 pm = _mm256_set1_ps(premul);
   int64_t j = 0;
+  if (stochastic != nullptr) {
+    for (; j < blocks; ++j) {
+      scales[j] = quantize_block_stochastic<F>(ScaledInput<E, kPremul>{src + j * B, pm}, B / 8, *stochastic, j * B,
+                                               codes + j * B);
+    }
+    return;
+  }
   if constexpr (std::is_same_v<Count, Block32>) {
     for (; j + kGroup <= blocks; j += kGroup) {
       if (quantize_group_normal<F>(ScaledInput<E, kPremul>{src + j * B, pm}, codes + j * B, scales + j)) continue;
@@ -459,10 +529,19 @@ FP8C_AVX2 void dequant_sum_run(const BlockCodes& pieces, const Storage<E>* own, 
 
 template <ElemType E, Fp8Dtype F, typename Count>
 FP8C_AVX2 void dequant_sum_requantize_run(const BlockCodes& pieces, const Storage<E>* own, float own_premul, Count B,
-                                          int post_div, int64_t j0, int64_t blocks, uint8_t* codes, uint8_t* scales) {
+                                          int post_div, int64_t j0, int64_t blocks, uint8_t* codes, uint8_t* scales,
+                                          const StochasticRun* stochastic) {
   alignas(32) float acc[kMaxBlockSize];
   const bool daz = denormals_are_zero();
   int64_t j = j0;
+  if (stochastic != nullptr) {
+    for (; j < j0 + blocks; ++j) {
+      sum_block<E, F, false>(pieces, own, own_premul, B, post_div, j, daz, acc);
+      scales[j - j0] =
+          quantize_block_stochastic<F>(Accumulated{acc}, B / 8, *stochastic, (j - j0) * B, codes + (j - j0) * B);
+    }
+    return;
+  }
   if constexpr (std::is_same_v<Count, Block32>) {  // eight blocks summed, then quantized as a group
     for (; j + kGroup <= j0 + blocks; j += kGroup) {
       for (int64_t b = 0; b < kGroup; ++b) {
@@ -488,16 +567,16 @@ bool supported() {
 }
 
 void quantize_full_blocks(const void* src, ElemType type, Fp8Dtype fp8_dtype, int64_t blocks, int block_size,
-                          float premul, uint8_t* codes, uint8_t* scales) {
+                          float premul, uint8_t* codes, uint8_t* scales, const StochasticRun* stochastic) {
   with_codec_types(type, fp8_dtype, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
     constexpr Fp8Dtype F = decltype(f)::value;
     auto* s = static_cast<const Storage<E>*>(src);
     with_block(block_size, [&](auto B) {
       if (premul == 1.0f) {
-        quantize_run<E, F, false>(s, blocks, B, premul, codes, scales);
+        quantize_run<E, F, false>(s, blocks, B, premul, codes, scales, stochastic);
       } else {
-        quantize_run<E, F, true>(s, blocks, B, premul, codes, scales);
+        quantize_run<E, F, true>(s, blocks, B, premul, codes, scales, stochastic);
       }
     });
   });
@@ -526,13 +605,14 @@ void dequant_sum_full_blocks(const BlockCodes& pieces, const OwnAddend& own, int
 }
 
 void dequant_sum_requantize_full_blocks(const BlockCodes& pieces, const OwnAddend& own, int post_div,
-                                        int64_t first_block, int64_t blocks, uint8_t* codes, uint8_t* scales) {
+                                        int64_t first_block, int64_t blocks, uint8_t* codes, uint8_t* scales,
+                                        const StochasticRun* stochastic) {
   with_codec_types(own.type, pieces.fp8_dtype, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
     const auto* o = own.present ? static_cast<const Storage<E>*>(own.src) : nullptr;
     with_block(pieces.block_size, [&](auto B) {
       dequant_sum_requantize_run<E, decltype(f)::value>(pieces, o, own.premul, B, post_div, first_block, blocks,
-                                                        codes, scales);
+                                                        codes, scales, stochastic);
     });
   });
 }

@@ -27,9 +27,11 @@ namespace avx2 {
 bool supported();
 
 // `blocks` whole blocks of `block_size` (a multiple of 16) elements: codes and
-// scales of block j at codes + j * block_size and scales[j].
+// scales of block j at codes + j * block_size and scales[j]. `stochastic`:
+// null rounds to nearest even, else the run's random bits (its `first` is
+// the segment index of the first block's first element; rounding.h).
 void quantize_full_blocks(const void* src, ElemType type, Fp8Dtype fp8_dtype, int64_t blocks, int block_size,
-                          float premul, uint8_t* codes, uint8_t* scales);
+                          float premul, uint8_t* codes, uint8_t* scales, const StochasticRun* stochastic = nullptr);
 // output_bytes: the size of the whole output, the call's or its collective's (streaming stores are chosen by it).
 void dequantize_full_blocks(const uint8_t* codes, const uint8_t* scales, Fp8Dtype fp8_dtype, int64_t blocks,
                             int block_size, void* dst, ElemType type, int64_t output_bytes);
@@ -39,7 +41,8 @@ void dequantize_full_blocks(const uint8_t* codes, const uint8_t* scales, Fp8Dtyp
 void dequant_sum_full_blocks(const BlockCodes& pieces, const OwnAddend& own, int post_div, int64_t first_block,
                              int64_t blocks, void* dst, ElemType type);
 void dequant_sum_requantize_full_blocks(const BlockCodes& pieces, const OwnAddend& own, int post_div,
-                                        int64_t first_block, int64_t blocks, uint8_t* codes, uint8_t* scales);
+                                        int64_t first_block, int64_t blocks, uint8_t* codes, uint8_t* scales,
+                                        const StochasticRun* stochastic = nullptr);
 #else
 // Not x86: supported() is false, so the SIMD switch stays off and these are
 // never called; they exist so the dispatch in codec_cpu.cpp compiles anywhere,
@@ -47,7 +50,8 @@ void dequant_sum_requantize_full_blocks(const BlockCodes& pieces, const OwnAdden
 // unwritten).
 inline bool supported() { return false; }
 [[noreturn]] inline void unreachable() { std::abort(); }
-inline void quantize_full_blocks(const void*, ElemType, Fp8Dtype, int64_t, int, float, uint8_t*, uint8_t*) {
+inline void quantize_full_blocks(const void*, ElemType, Fp8Dtype, int64_t, int, float, uint8_t*, uint8_t*,
+                                 const StochasticRun* = nullptr) {
   unreachable();
 }
 inline void dequantize_full_blocks(const uint8_t*, const uint8_t*, Fp8Dtype, int64_t, int, void*, ElemType, int64_t) {
@@ -57,7 +61,7 @@ inline void dequant_sum_full_blocks(const BlockCodes&, const OwnAddend&, int, in
   unreachable();
 }
 inline void dequant_sum_requantize_full_blocks(const BlockCodes&, const OwnAddend&, int, int64_t, int64_t, uint8_t*,
-                                               uint8_t*) {
+                                               uint8_t*, const StochasticRun* = nullptr) {
   unreachable();
 }
 #endif

@@ -9,6 +9,12 @@
 #include "codec_cpu_avx512.h"
 
 #if FP8C_HAVE_AVX2_KERNELS
+// gcc 12 reports the self-initialized placeholder of its unmasked AVX-512
+// intrinsics (_mm512_undefined_epi32's __Y) as maybe uninitialized where the
+// stochastic kernels inline them (GCC PR 105593, fixed in gcc 13): noise.
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ == 12
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 
 #include "codec_cpu_x86.h"
@@ -66,6 +72,75 @@ FP8C_AVX512_INLINE __m128i encode16(__m512 v) {
   return _mm512_cvtepi32_epi8(_mm512_or_si512(_mm512_max_epi32(normal, _mm512_setzero_si512()), sign));
 }
 
+// ---------------------------------------------------------------- stochastic rounding
+// The AVX2 kernels' rounding_bits8 and encode8_stochastic on sixteen lanes.
+FP8C_AVX512_INLINE __m512i lowbias16(__m512i x) {
+  x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+  x = _mm512_mullo_epi32(x, splat(0x7FEB352Du));
+  x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 15));
+  x = _mm512_mullo_epi32(x, splat(0x846CA68Bu));
+  return _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+}
+
+FP8C_AVX512_INLINE __m512i rounding_bits16(const StochasticRun& run, int64_t i) {
+  const __m512i index = _mm512_add_epi32(splat(run.first + static_cast<uint32_t>(i)),
+                                         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  return lowbias16(_mm512_xor_si512(lowbias16(_mm512_xor_si512(index, splat(run.k0))), splat(run.k1)));
+}
+
+template <Fp8Dtype F>
+FP8C_AVX512_INLINE __m128i encode16_stochastic(__m512 v, __m512i limit, __m512i rand) {
+  using T = Fp8Traits<F>;
+  constexpr int kDrop = 23 - T::kMantBits;
+  constexpr int kFrac = kSubnormalFraction<F>;
+  const __m512i b = _mm512_castps_si512(v);
+  const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(b, 24), splat(0x80));
+  const __m512i a = _mm512_and_si512(b, splat(0x7FFFFFFF));
+  const __mmask16 subnormal = _mm512_cmplt_epu32_mask(a, splat(T::kMinNormalBits));
+  const __m512i normal = _mm512_sub_epi32(
+      _mm512_srli_epi32(_mm512_add_epi32(a, _mm512_srli_epi32(rand, 32 - kDrop)), kDrop), splat(T::kRebias << T::kMantBits));
+  const __m512 scaled =
+      _mm512_mul_ps(_mm512_castsi512_ps(_mm512_mask_blend_epi32(subnormal, _mm512_setzero_si512(), a)),
+                    _mm512_set1_ps(kSubnormalFixedScale<F>));
+  const __m512i sub =
+      _mm512_srli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(scaled), _mm512_srli_epi32(rand, 32 - kFrac)), kFrac);
+  __m512i code = _mm512_mask_blend_epi32(subnormal, normal, sub);
+  code = _mm512_or_si512(_mm512_min_epu32(code, limit), sign);
+  __m512i special = splat(T::kNanCode);
+  if constexpr (T::kHasInf) {
+    special = _mm512_mask_blend_epi32(_mm512_cmpeq_epi32_mask(a, splat(0x7F800000)), special,
+                                      _mm512_or_si512(splat(T::kInfCode), sign));
+  }
+  code = _mm512_mask_blend_epi32(_mm512_cmpgt_epu32_mask(a, splat(0x7F7FFFFF)), code, special);
+  return _mm512_cvtepi32_epi8(code);
+}
+
+// One block of 32 (two vectors) quantized with stochastic rounding: the
+// scale from the finite maximum, every lane through the stochastic encode;
+// `at`: the block's first element from the run's start.
+template <Fp8Dtype F>
+FP8C_AVX512_INLINE uint8_t quantize_block_stochastic(__m512 v0, __m512 v1, const StochasticRun& run, int64_t at,
+                                                     uint8_t* codes) {
+  const __m512i a0 = _mm512_and_si512(_mm512_castps_si512(v0), splat(0x7FFFFFFF));
+  const __m512i a1 = _mm512_and_si512(_mm512_castps_si512(v1), splat(0x7FFFFFFF));
+  const __m512i zero = _mm512_setzero_si512();
+  const __m512i f0 = _mm512_mask_blend_epi32(_mm512_cmplt_epu32_mask(a0, splat(0x7F800000)), zero, a0);
+  const __m512i f1 = _mm512_mask_blend_epi32(_mm512_cmplt_epu32_mask(a1, splat(0x7F800000)), zero, a1);
+  const __m512i both = _mm512_max_epu32(f0, f1);
+  const __m256i half = _mm256_max_epu32(_mm512_castsi512_si256(both), _mm512_extracti64x4_epi64(both, 1));
+  __m128i m = _mm_max_epu32(_mm256_castsi256_si128(half), _mm256_extracti128_si256(half, 1));
+  m = _mm_max_epu32(m, _mm_shuffle_epi32(m, 0x4E));
+  m = _mm_max_epu32(m, _mm_shuffle_epi32(m, 0xB1));
+  const uint8_t sb = scale_byte<F>(static_cast<uint32_t>(_mm_cvtsi128_si32(m)));
+  const __m512 inv = _mm512_set1_ps(inv_scale_from_byte(sb));
+  const __m512i limit = splat(code_limit<F>(sb));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(codes),
+                   encode16_stochastic<F>(_mm512_mul_ps(v0, inv), limit, rounding_bits16(run, at)));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + 16),
+                   encode16_stochastic<F>(_mm512_mul_ps(v1, inv), limit, rounding_bits16(run, at + 16)));
+  return sb;
+}
+
 // The group's sixteen vectors (block b: v[2b], v[2b + 1]) into codes and
 // scales; false (nothing written) unless every block takes the plain encode.
 template <Fp8Dtype F>
@@ -84,9 +159,21 @@ FP8C_AVX512_INLINE bool quantize_group(const __m512* v, uint8_t* codes, uint8_t*
 }
 
 template <ElemType E, Fp8Dtype F, bool kPremul>
-FP8C_AVX512 void quantize_run(const Storage<E>* src, int64_t blocks, float premul, uint8_t* codes, uint8_t* scales) {
+FP8C_AVX512 void quantize_run(const Storage<E>* src, int64_t blocks, float premul, uint8_t* codes, uint8_t* scales,
+                              const StochasticRun* stochastic) {
   const __m512 pm = _mm512_set1_ps(premul);
   int64_t j = 0;
+  if (stochastic != nullptr) {
+    for (; j < blocks; ++j) {
+      __m512 v0 = load16<E>(src + j * kBlock), v1 = load16<E>(src + j * kBlock + 16);
+      if constexpr (kPremul) {
+        v0 = _mm512_mul_ps(v0, pm);
+        v1 = _mm512_mul_ps(v1, pm);
+      }
+      scales[j] = quantize_block_stochastic<F>(v0, v1, *stochastic, j * kBlock, codes + j * kBlock);
+    }
+    return;
+  }
   for (; j + kGroup <= blocks; j += kGroup) {
     __m512 v[kVectors];
     for (int64_t i = 0; i < kVectors; ++i) {
@@ -163,22 +250,41 @@ FP8C_AVX512_INLINE bool sum_group(const BlockCodes& pieces, const Storage<E>* ow
   return true;
 }
 
+// The run from block j on (stochastic rounding's bits continue where they are).
+FP8C_AVX512_INLINE const StochasticRun* run_from(const StochasticRun* run, int64_t blocks_in, StochasticRun& at) {
+  if (run == nullptr) return nullptr;
+  at = *run;
+  at.first += static_cast<uint32_t>(blocks_in * kBlock);
+  return &at;
+}
+
 template <ElemType E, Fp8Dtype F>
 FP8C_AVX512 void sum_requantize_run(const BlockCodes& pieces, const OwnAddend& addend, int post_div, int64_t j0,
-                                    int64_t blocks, uint8_t* codes, uint8_t* scales) {
+                                    int64_t blocks, uint8_t* codes, uint8_t* scales, const StochasticRun* stochastic) {
   const auto* own = addend.present ? static_cast<const Storage<E>*>(addend.src) : nullptr;
   const bool daz = x86::denormals_are_zero();
+  StochasticRun rest;
   int64_t j = j0;
   for (; j + kGroup <= j0 + blocks; j += kGroup) {
     uint8_t* c = codes + (j - j0) * kBlock;
     uint8_t* s = scales + (j - j0);
     __m512 v[kVectors];
-    if (sum_group<E, F>(pieces, own, addend.premul, post_div, j, daz, v) && quantize_group<F>(v, c, s)) continue;
-    avx2::dequant_sum_requantize_full_blocks(pieces, addend, post_div, j, kGroup, c, s);
+    if (sum_group<E, F>(pieces, own, addend.premul, post_div, j, daz, v)) {
+      if (stochastic == nullptr && quantize_group<F>(v, c, s)) continue;
+      if (stochastic != nullptr) {
+        for (int64_t b = 0; b < kGroup; ++b) {
+          s[b] = quantize_block_stochastic<F>(v[2 * b], v[2 * b + 1], *stochastic, (j - j0 + b) * kBlock,
+                                              c + b * kBlock);
+        }
+        continue;
+      }
+    }
+    avx2::dequant_sum_requantize_full_blocks(pieces, addend, post_div, j, kGroup, c, s,
+                                             run_from(stochastic, j - j0, rest));
   }
   if (j < j0 + blocks) {
     avx2::dequant_sum_requantize_full_blocks(pieces, addend, post_div, j, j0 + blocks - j, codes + (j - j0) * kBlock,
-                                             scales + (j - j0));
+                                             scales + (j - j0), run_from(stochastic, j - j0, rest));
   }
 }
 
@@ -191,24 +297,25 @@ bool supported() {
 }
 
 void quantize_blocks32(const void* src, ElemType type, Fp8Dtype fp8_dtype, int64_t blocks, float premul,
-                       uint8_t* codes, uint8_t* scales) {
+                       uint8_t* codes, uint8_t* scales, const StochasticRun* stochastic) {
   with_codec_types(type, fp8_dtype, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
     constexpr Fp8Dtype F = decltype(f)::value;
     auto* s = static_cast<const Storage<E>*>(src);
     if (premul == 1.0f) {
-      quantize_run<E, F, false>(s, blocks, premul, codes, scales);
+      quantize_run<E, F, false>(s, blocks, premul, codes, scales, stochastic);
     } else {
-      quantize_run<E, F, true>(s, blocks, premul, codes, scales);
+      quantize_run<E, F, true>(s, blocks, premul, codes, scales, stochastic);
     }
   });
 }
 
 void dequant_sum_requantize_blocks32(const BlockCodes& pieces, const OwnAddend& own, int post_div,
-                                     int64_t first_block, int64_t blocks, uint8_t* codes, uint8_t* scales) {
+                                     int64_t first_block, int64_t blocks, uint8_t* codes, uint8_t* scales,
+                                     const StochasticRun* stochastic) {
   with_codec_types(own.type, pieces.fp8_dtype, [&](auto e, auto f) {
     sum_requantize_run<decltype(e)::value, decltype(f)::value>(pieces, own, post_div, first_block, blocks, codes,
-                                                               scales);
+                                                               scales, stochastic);
   });
 }
 

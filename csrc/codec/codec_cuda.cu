@@ -129,16 +129,24 @@ struct PiecesSource {
 
 // ------------------------------------------------------------- quantizing
 // Encodes one chunk with its block's scale byte; writes zero codes past the
-// valid elements up to the capacity.
+// valid elements up to the capacity. Elements r, i0 + t of dst's segments,
+// rounded as dst says (rounding.h: stochastic bits of the element's index in
+// its segment).
 template <Fp8Dtype F>
-__device__ __forceinline__ void encode_chunk(const float (&v)[kChunk], int valid, uint8_t sb, uint8_t* codes,
-                                             int count) {
+__device__ __forceinline__ void encode_chunk(const float (&v)[kChunk], int valid, uint8_t sb, const BlockCodes& dst,
+                                             int64_t r, int64_t i0, int count) {
   const float inv = inv_scale_from_byte(sb);
   const uint32_t limit = code_limit<F>(sb);
   uint8_t c[kChunk];
+  if (dst.rounding == Rounding::kStochastic) {
+    const StochasticRun run = dst.stochastic_run(r, i0);
 #pragma unroll
-  for (int t = 0; t < kChunk; ++t) c[t] = t < valid ? encode_fp8<F>(v[t] * inv, limit) : 0;
-  store_codes(codes, count, c);
+    for (int t = 0; t < kChunk; ++t) c[t] = t < valid ? encode_fp8_stochastic<F>(v[t] * inv, limit, run.bits(t)) : 0;
+  } else {
+#pragma unroll
+    for (int t = 0; t < kChunk; ++t) c[t] = t < valid ? encode_fp8<F>(v[t] * inv, limit) : 0;
+  }
+  store_codes(dst.codes + r * dst.stride + i0, count, c);
 }
 
 __device__ __forceinline__ uint32_t chunk_amax(const float (&v)[kChunk], int valid) {
@@ -187,7 +195,7 @@ __global__ void __launch_bounds__(kThreads) quantize_shuffle_kernel(Source sourc
     }
     if (!active || i0 >= dst.capacity) continue;
     const uint8_t sb = scale_byte<F>(amax);
-    encode_chunk<F>(v, valid, sb, dst.codes + r * dst.stride + i0, clamp_chunk(dst.capacity - i0));
+    encode_chunk<F>(v, valid, sb, dst, r, i0, clamp_chunk(dst.capacity - i0));
     if (lane_in_block == 0) write_scale(dst, r, j, blocks_per_segment, sb);
   }
 }
@@ -221,7 +229,7 @@ __global__ void __launch_bounds__(kThreads) quantize_warp_kernel(Source source, 
     for (int64_t i = int64_t{lane} * kChunk; i < width; i += 32 * kChunk) {
       float v[kChunk];
       const int valid = source.load(r, j * B + i, v);
-      encode_chunk<F>(v, valid, sb, dst.codes + r * dst.stride + j * B + i, clamp_chunk(width - i));
+      encode_chunk<F>(v, valid, sb, dst, r, j * B + i, clamp_chunk(width - i));
     }
     if (lane == 0) write_scale(dst, r, j, blocks_per_segment, sb);
   }

@@ -22,6 +22,15 @@ BlockCodes flat_codes(const at::Tensor& scales, const at::Tensor& codes, int64_t
   return c;
 }
 
+// The rounding of a quantizing operator: `rounding` by name, keyed by
+// `rounding_key` (its 64 bits; rounding.h) when stochastic.
+BlockCodes with_rounding(BlockCodes c, const char* op, const std::string& rounding, int64_t rounding_key) {
+  TORCH_CHECK_VALUE(find_rounding(rounding, c.rounding), op, ": rounding must be 'nearest' or 'stochastic', got '",
+                    rounding, "'");
+  c.rounding_key = static_cast<uint64_t>(rounding_key);
+  return c;
+}
+
 void check_wire(const char* op, const char* name, const at::Tensor& t, int64_t num_segments,
                 int64_t segment_numel, int64_t block_size, int64_t min_segments = 1) {
   TORCH_CHECK(num_segments >= min_segments && segment_numel >= 0, op, ": the number of segments must be >= ",
@@ -42,8 +51,8 @@ void check_out(const char* op, const at::Tensor& out, const at::Tensor& like, in
   elem_type_of(out.scalar_type(), op);
 }
 
-std::tuple<at::Tensor, at::Tensor> quantize(const at::Tensor& x, int64_t block_size,
-                                            at::ScalarType fp8_scalar_type) {
+std::tuple<at::Tensor, at::Tensor> quantize(const at::Tensor& x, int64_t block_size, at::ScalarType fp8_scalar_type,
+                                            const std::string& rounding, int64_t rounding_key) {
   const char* op = "fp8comm.quantize";
   check_block_size(block_size, op);
   const Fp8Dtype fp8_dtype = fp8_dtype_of(fp8_scalar_type, op);
@@ -52,7 +61,8 @@ std::tuple<at::Tensor, at::Tensor> quantize(const at::Tensor& x, int64_t block_s
   const int64_t n = src.numel();
   at::Tensor codes = at::empty({n}, src.options().dtype(fp8_scalar_type));
   at::Tensor scales = at::empty({ceil_div(n, block_size)}, src.options().dtype(at::kFloat8_e8m0fnu));
-  if (n > 0) quantize_into(src, 1.0f, std::nullopt, flat_codes(scales, codes, n, block_size, fp8_dtype));
+  const BlockCodes dst = with_rounding(flat_codes(scales, codes, n, block_size, fp8_dtype), op, rounding, rounding_key);
+  if (n > 0) quantize_into(src, 1.0f, std::nullopt, dst);
   return {codes, scales};
 }
 
@@ -78,7 +88,8 @@ at::Tensor dequantize(const at::Tensor& codes, const at::Tensor& scales, int64_t
 
 void quantize_segments(const at::Tensor& x, const at::Tensor& out, int64_t num_segments,
                        int64_t segment_numel, int64_t block_size, at::ScalarType fp8_scalar_type,
-                       double premul, const std::optional<at::Tensor>& premul_tensor) {
+                       double premul, const std::optional<at::Tensor>& premul_tensor, const std::string& rounding,
+                       int64_t rounding_key) {
   const char* op = "fp8comm.quantize_segments";
   check_block_size(block_size, op);
   const Fp8Dtype fp8_dtype = fp8_dtype_of(fp8_scalar_type, op);
@@ -94,8 +105,9 @@ void quantize_segments(const at::Tensor& x, const at::Tensor& out, int64_t num_s
     factor = premul_tensor->to(at::kFloat).contiguous();
   }
   quantize_into(x.contiguous(), static_cast<float>(premul), factor,
-                wire_segments(static_cast<uint8_t*>(out.data_ptr()), num_segments, segment_numel,
-                              static_cast<int>(block_size), fp8_dtype));
+                with_rounding(wire_segments(static_cast<uint8_t*>(out.data_ptr()), num_segments, segment_numel,
+                                            static_cast<int>(block_size), fp8_dtype),
+                              op, rounding, rounding_key));
 }
 
 void dequantize_segments(const at::Tensor& segments, const at::Tensor& out, int64_t num_segments,
@@ -148,7 +160,8 @@ void dequant_sum(const at::Tensor& pieces, const at::Tensor& out, int64_t num_pi
 
 void dequant_sum_requantize(const at::Tensor& pieces, const at::Tensor& out, int64_t num_pieces,
                             int64_t segment_numel, int64_t block_size, at::ScalarType fp8_scalar_type, int64_t post_div,
-                            const std::optional<at::Tensor>& own, double own_premul) {
+                            const std::optional<at::Tensor>& own, double own_premul, const std::string& rounding,
+                            int64_t rounding_key) {
   const char* op = "fp8comm.dequant_sum_requantize";
   check_block_size(block_size, op);
   check_post_div(op, post_div);
@@ -161,17 +174,22 @@ void dequant_sum_requantize(const at::Tensor& pieces, const at::Tensor& out, int
   dequant_sum_requantize_into(
       wire_segments(static_cast<uint8_t*>(pieces.data_ptr()), num_pieces, segment_numel, block, fp8_dtype),
       own_addend(op, own, own_premul, pieces, segment_numel), static_cast<int>(post_div),
-      wire_segments(static_cast<uint8_t*>(out.data_ptr()), 1, segment_numel, block, fp8_dtype), pieces.device());
+      with_rounding(wire_segments(static_cast<uint8_t*>(out.data_ptr()), 1, segment_numel, block, fp8_dtype), op,
+                    rounding, rounding_key),
+      pieces.device());
 }
 
 }  // namespace
 
 TORCH_LIBRARY(fp8comm, m) {
-  m.def("quantize(Tensor x, int block_size, ScalarType fp8_dtype) -> (Tensor codes, Tensor scales)");
+  m.def(
+      "quantize(Tensor x, int block_size, ScalarType fp8_dtype, str rounding=\"nearest\", int rounding_key=0) -> "
+      "(Tensor codes, Tensor scales)");
   m.def("dequantize(Tensor codes, Tensor scales, int block_size, ScalarType dtype) -> Tensor");
   m.def(
       "quantize_segments(Tensor x, Tensor(a!) out, int num_segments, int segment_numel, "
-      "int block_size, ScalarType fp8_dtype, float premul=1.0, Tensor? premul_tensor=None) -> ()");
+      "int block_size, ScalarType fp8_dtype, float premul=1.0, Tensor? premul_tensor=None, "
+      "str rounding=\"nearest\", int rounding_key=0) -> ()");
   m.def(
       "dequantize_segments(Tensor segments, Tensor(a!) out, int num_segments, int segment_numel, "
       "int block_size, ScalarType fp8_dtype) -> ()");
@@ -180,7 +198,8 @@ TORCH_LIBRARY(fp8comm, m) {
       "int block_size, ScalarType fp8_dtype, int post_div=1, Tensor? own=None, float own_premul=1.0) -> ()");
   m.def(
       "dequant_sum_requantize(Tensor pieces, Tensor(a!) out, int num_pieces, int segment_numel, "
-      "int block_size, ScalarType fp8_dtype, int post_div=1, Tensor? own=None, float own_premul=1.0) -> ()");
+      "int block_size, ScalarType fp8_dtype, int post_div=1, Tensor? own=None, float own_premul=1.0, "
+      "str rounding=\"nearest\", int rounding_key=0) -> ()");
 }
 
 #define FP8C_REGISTER_CODEC_IMPLS(m)                        \

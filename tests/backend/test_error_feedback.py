@@ -2,7 +2,8 @@
 all_reduce / reduce_scatter keeps is what the wire dropped of each input
 element, so that result = exact reduction of (input + old residual) minus the
 reduction of the new residuals, flat and in the inter_node scope, for SUM /
-AVG / PREMUL_SUM, FP32 and BF16 tensors and residuals; with a zero residual
+AVG / PREMUL_SUM, FP32 and BF16 tensors and residuals, and under stochastic
+rounding; with a zero residual
 the call is bitwise the call without one; an exact call leaves zeros; bad
 residuals are refused where they enter. Through the DDP hook and FSDP2: on a
 constant-gradient toy the accumulated error stays bounded with it and grows
@@ -348,6 +349,15 @@ def test_residual_is_what_the_wire_dropped(pool, op, reduce, dtype, residual_dty
             assert r[f"nonzero_{step}"], r
             if op == "reduce_scatter_tensor":
                 assert r[f"own_zero_{step}"], r
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "reduce_scatter_tensor"])
+def test_residual_under_stochastic_rounding(pool, op):
+    # The residual decodes the bytes written, whichever way they were rounded.
+    for r in pool.run(residual_is_what_the_wire_dropped, op, "float32", "SUM", "float32",
+                      _options(pool, rounding="stochastic", fp8_dtype="e5m2")):
+        for step in range(2):
+            assert r[f"dropped_{step}"] > 5e-3 and r[f"identity_{step}"] < 1e-5, r
 
 
 @pytest.mark.parametrize("op", ["all_reduce", "reduce_scatter_tensor"])

@@ -29,7 +29,8 @@ def test_unset_fields_stay_unset_until_resolved(monkeypatch):
     assert (r.block_size, r.fp8_dtype, r.min_numel) == (32, "e5m2", 7)
     assert r.compress == ("all_reduce", "reduce_scatter", "all_gather")
     assert r.fingerprint() == {"block_size": "32", "fp8_dtype": "e5m2", "min_numel": "7",
-                               "compress": "all_reduce,reduce_scatter,all_gather", "scope": "all"}
+                               "compress": "all_reduce,reduce_scatter,all_gather", "scope": "all",
+                               "rounding": "nearest", "rounding_seed": "0"}
 
 
 def test_scope_from_the_option_or_the_environment(monkeypatch):
@@ -42,6 +43,40 @@ def test_scope_from_the_option_or_the_environment(monkeypatch):
     monkeypatch.setenv("FP8COMM_SCOPE", "nodes")
     with pytest.raises(ValueError, match="scope must be 'all' or 'inter_node', got 'nodes' \\(from FP8COMM_SCOPE\\)"):
         fp8comm.Options().resolved()
+
+
+def test_rounding_from_the_option_or_the_environment(monkeypatch):
+    monkeypatch.delenv("FP8COMM_ROUNDING", raising=False)
+    monkeypatch.delenv("FP8COMM_ROUNDING_SEED", raising=False)
+    assert fp8comm.Options().rounding is None and fp8comm.Options().rounding_seed is None
+    r = fp8comm.Options().resolved()
+    assert (r.rounding, r.rounding_seed) == ("nearest", 0)
+    r = fp8comm.Options(rounding="stochastic", rounding_seed=-5).resolved()
+    assert r.fingerprint()["rounding"] == "stochastic" and r.fingerprint()["rounding_seed"] == "-5"
+    monkeypatch.setenv("FP8COMM_ROUNDING", "stochastic")
+    monkeypatch.setenv("FP8COMM_ROUNDING_SEED", "42")
+    assert (fp8comm.Options().resolved().rounding, fp8comm.Options().resolved().rounding_seed) == ("stochastic", 42)
+    assert fp8comm.Options(rounding="nearest", rounding_seed=1).resolved().rounding_seed == 1
+    monkeypatch.setenv("FP8COMM_ROUNDING", "random")
+    with pytest.raises(ValueError, match="rounding must be 'nearest' or 'stochastic', got 'random' "
+                                         "\\(from FP8COMM_ROUNDING\\)"):
+        fp8comm.Options().resolved()
+    monkeypatch.setenv("FP8COMM_ROUNDING", "nearest")
+    monkeypatch.setenv("FP8COMM_ROUNDING_SEED", "x")
+    with pytest.raises(ValueError, match="FP8COMM_ROUNDING_SEED must be an integer, got 'x'"):
+        fp8comm.Options().resolved()
+
+
+@pytest.mark.parametrize("value", ["up", 1, True])
+def test_rounding_must_be_a_known_name(value):
+    with pytest.raises(ValueError, match="rounding must be 'nearest' or 'stochastic'"):
+        fp8comm.Options(rounding=value)
+
+
+@pytest.mark.parametrize("value", [1.5, "7", True])
+def test_rounding_seed_must_be_an_int(value):
+    with pytest.raises(ValueError, match="rounding_seed must be an int"):
+        fp8comm.Options(rounding_seed=value)
 
 
 @pytest.mark.parametrize("value", ["inter-node", 1, None.__class__])
@@ -68,10 +103,14 @@ def test_unset_compress_from_environment_none(monkeypatch):
 
 def test_deepcopy_and_pickle_keep_every_field():
     """torch deep-copies a parent group's options when it splits the group."""
-    opts = fp8comm.Options(block_size=64, fp8_dtype="e5m2", compress="all_gather", scope="inter_node")
+    opts = fp8comm.Options(block_size=64, fp8_dtype="e5m2", compress="all_gather", scope="inter_node",
+                           rounding="stochastic", rounding_seed=3)
     for clone in (copy.deepcopy(opts), pickle.loads(pickle.dumps(opts))):
         assert clone == opts and clone is not opts
         assert clone.min_numel is None and clone.compress == ("all_gather",) and clone.scope == "inter_node"
+        assert (clone.rounding, clone.rounding_seed) == ("stochastic", 3)
+    assert fp8comm.Options(rounding="stochastic") != fp8comm.Options(rounding="nearest")
+    assert fp8comm.Options(rounding_seed=1) != fp8comm.Options(rounding_seed=2)
     assert fp8comm.Options(scope="all") != fp8comm.Options(scope="inter_node")
     assert fp8comm.Options(block_size=64) != fp8comm.Options(block_size=32)
 

@@ -26,7 +26,7 @@ def options_disagree(backend: str, option: str, env_rank0: dict | None = None):
     kw = {"min_numel": 1024, "compress": "all_reduce,reduce_scatter", "block_size": 32, "fp8_dtype": "e4m3"}
     if differs and option:
         kw[option] = {"min_numel": 2048, "compress": "all", "block_size": 64, "fp8_dtype": "e5m2",
-                      "scope": "inter_node"}[option]
+                      "scope": "inter_node", "rounding": "stochastic", "rounding_seed": 7}[option]
     for name in env_rank0 or {}:  # an option the environment sets is left unset on every rank
         kw.pop(name.removeprefix("FP8COMM_").lower(), None)
     saved = dict(os.environ)
@@ -52,6 +52,9 @@ CASES = [
     ("fp8_dtype", None, "fp8_dtype: rank 0 has 'e5m2', rank 1 has 'e4m3'"),
     ("compress", None, "compress: rank 0 has 'all_reduce,reduce_scatter,all_gather', rank 1 has"),
     ("scope", None, "scope: rank 0 has 'inter_node', rank 1 has 'all'"),
+    ("rounding", None, "rounding: rank 0 has 'stochastic', rank 1 has 'nearest'"),
+    ("rounding_seed", None, "rounding_seed: rank 0 has 7, rank 1 has 0"),
+    ("", {"FP8COMM_ROUNDING_SEED": "3"}, "rounding_seed: rank 0 has 3, rank 1 has 0"),
     ("", {"FP8COMM_MIN_NUMEL": "4096"}, "min_numel: rank 0 has 4096, rank 1 has 16384"),
 ]
 

@@ -107,7 +107,8 @@ class Codes(ctypes.Structure):
     """codec_host.cpp's HostCodes: fp8comm::BlockCodes with 64-bit fields."""
     _fields_ = [("scales", ctypes.c_void_p), ("codes", ctypes.c_void_p)] + [
         (name, ctypes.c_int64)
-        for name in ("stride", "num_segments", "segment_numel", "capacity", "scale_padding", "block_size", "format")]
+        for name in ("stride", "num_segments", "segment_numel", "capacity", "scale_padding", "block_size", "format",
+                     "rounding")] + [("rounding_key", ctypes.c_uint64), ("first_segment", ctypes.c_int64)]
 
 
 @pytest.fixture(scope="module")
@@ -511,3 +512,46 @@ def test_emulator_aborts_on_broken_rules(lib_path, name, message):
             "f(sys.argv[2].encode(), p, p + 1024, None, None, 0)\n")
     run = subprocess.run([sys.executable, "-c", code, str(lib_path), name], capture_output=True, text=True, timeout=60)
     assert run.returncode != 0 and message in run.stderr, (run.returncode, run.stderr)
+
+
+# ------------------------------------------------------------------ stochastic rounding
+def stochastic(layout, key):
+    """The layout quantizing with stochastic rounding keyed `key` (rounding.h)."""
+    layout.rounding, layout.rounding_key = 1, key
+    return layout
+
+
+@pytest.mark.parametrize("c", codec_cases("stochastic quantize")[::2])
+def test_quantize_segments_stochastic(lib, c):
+    """Stochastic rounding's bits are a hash of the key, the segment and the
+    element's index in it: the kernels' threads and chunks draw the CPU's bits."""
+    gen = torch.Generator().manual_seed(c["seed"])
+    B, P, m, n, fp8, dtype = c["block_size"], c["P"], c["m"], c["n"], c["fp8"], c["dtype"]
+    x = embed(nasty(n, dtype, gen), c["src_off"])
+    S = fp8comm.segment_bytes(m, B)
+    cpu, cpu_view, emu, emu_view = outers(P * S, torch.uint8, c["dst_off"])
+    premul = torch.tensor(c["premul"]) if c["on_device"] else c["premul"]
+    key = c["seed"] * 0x9E3779B97F4A7C15 % (1 << 64)
+    fp8comm.quantize_segments(x, cpu_view, P, m, block_size=B, fp8_dtype=fp8, premul=premul, rounding="stochastic",
+                              rounding_key=key)
+    scalar, pointer, _keep = premul_args(c["premul"], c["on_device"])
+    layout = stochastic(wire(lib, emu_view, P, m, B, fp8), key)
+    assert lib.simt_quantize(x.data_ptr(), ELEM[dtype], n, scalar, pointer, ctypes.byref(layout)) == 0
+    assert_same_bits(emu, cpu, "wire segments")
+
+
+@pytest.mark.parametrize("c", codec_cases("stochastic requantize")[::2])
+def test_dequant_sum_requantize_stochastic(lib, c):
+    gen = torch.Generator().manual_seed(c["seed"])
+    B, m, fp8, num = c["block_size"], c["m"], c["fp8"], c["pieces"]
+    segs = pieces_for(c, gen, num)
+    own, own_c, _keep = own_args(c, gen)
+    S = fp8comm.segment_bytes(m, B)
+    cpu, cpu_view, emu, emu_view = outers(S, torch.uint8, 3 - c["dst_off"])
+    key = (c["seed"] << 20) + 12345
+    fp8comm.dequant_sum_requantize(segs, cpu_view, num, m, block_size=B, fp8_dtype=fp8, post_div=c["post_div"],
+                                   own=own, own_premul=c["premul"], rounding="stochastic", rounding_key=key)
+    rc = lib.simt_dequant_sum_requantize(ctypes.byref(wire(lib, segs, num, m, B, fp8)), *own_c, c["post_div"],
+                                         ctypes.byref(stochastic(wire(lib, emu_view, 1, m, B, fp8), key)))
+    assert rc == 0
+    assert_same_bits(emu, cpu, "re-quantized segment")

@@ -10,6 +10,9 @@ struct HostCodes {
   uint8_t* scales;
   uint8_t* codes;
   int64_t stride, num_segments, segment_numel, capacity, scale_padding, block_size, format;
+  int64_t rounding;
+  uint64_t rounding_key;
+  int64_t first_segment;
 };
 
 fp8comm::BlockCodes to_codes(const HostCodes& h) {
@@ -23,6 +26,9 @@ fp8comm::BlockCodes to_codes(const HostCodes& h) {
   c.scale_padding = h.scale_padding;
   c.block_size = static_cast<int>(h.block_size);
   c.fp8_dtype = static_cast<fp8comm::Fp8Dtype>(h.format);
+  c.rounding = static_cast<fp8comm::Rounding>(h.rounding);
+  c.rounding_key = h.rounding_key;
+  c.first_segment = h.first_segment;
   return c;
 }
 
@@ -48,7 +54,8 @@ void simt_wire_segments(uint8_t* base, int64_t num_segments, int64_t m, int64_t 
   const fp8comm::BlockCodes c =
       fp8comm::wire_segments(base, num_segments, m, static_cast<int>(block), static_cast<fp8comm::Fp8Dtype>(format));
   *out = HostCodes{c.scales, c.codes, c.stride, c.num_segments, c.segment_numel, c.capacity, c.scale_padding,
-                   c.block_size, static_cast<int64_t>(c.fp8_dtype)};
+                   c.block_size, static_cast<int64_t>(c.fp8_dtype), static_cast<int64_t>(c.rounding),
+                   c.rounding_key, c.first_segment};
 }
 
 int simt_quantize(const void* src, int64_t type, int64_t numel, float premul, const float* premul_device,
