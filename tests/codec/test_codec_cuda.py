@@ -213,3 +213,26 @@ def test_nan_outputs_are_the_canonical_nan(dtype, fp8_dtype):
     for values in out["cuda"][:2]:
         nan = torch.isnan(values.cpu())
         assert nan.any() and (bits(values)[nan] == CANONICAL_NAN[dtype]).all()
+
+
+@pytest.mark.parametrize("fp8_dtype", FP8)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block_size", [32, 48, 512])
+@pytest.mark.parametrize("n,P", [(1000, 4), (100_003, 3), (1 << 20, 2)])
+def test_stochastic_rounding_cuda_equals_cpu(n, P, block_size, dtype, fp8_dtype):
+    """Stochastic rounding's keyed bits and encode: the CUDA kernels write the
+    CPU codec's bytes (quantize, segments, requantized sums), for two keys."""
+    x = nasty(n, dtype, seed=2)
+    m = math.ceil(n / P)
+    for key in (1, 0xDEADBEEF12345678):
+        kw = dict(block_size=block_size, fp8_dtype=fp8_dtype, rounding="stochastic", rounding_key=key)
+        out = {}
+        for device in ("cpu", "cuda"):
+            codes, scales = fp8comm.quantize(x.to(device), **kw)
+            buf = wire(P, m, block_size, device)
+            fp8comm.quantize_segments(x.to(device), buf, P, m, premul=0.75, **kw)
+            req = wire(1, m, block_size, device)
+            fp8comm.dequant_sum_requantize(buf, req, P, m, post_div=3, **kw)
+            out[device] = (codes, scales, buf, req)
+        for a, b in zip(out["cpu"], out["cuda"]):
+            assert torch.equal(bits(a), bits(b))
