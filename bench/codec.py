@@ -1,12 +1,14 @@
 """Throughput of the FP8 block codec, next to a measured copy of the same bytes.
 
-    python bench/codec.py [--device cpu|cuda] [--sizes 1M,4M,...] [--json PATH] [--quick]
+    python bench/codec.py [--device cpu|cuda] [--sizes 1M,4M,...] [--json PATH] [--quick] [--stochastic]
 
 GB/s counts bytes read + bytes written by each op (as a memory-bound kernel
 would move them). The copy baseline is `dst.copy_(src)` of an fp32 tensor of
 the same element count (read + write bytes). On CUDA, times are CUDA events
 around many repetitions after warm-up; on the CPU, wall time with all threads,
 plus quantize with one thread (the per-core figure the goal is stated in).
+--stochastic adds quantize and dequant_sum_requantize rounding stochastically
+(Options.rounding), beside their round-to-nearest rows.
 
 Goals reported (not asserted): CUDA quantize and dequantize >= 85% of copy
 bandwidth at >= 64M elements; CPU quantize >= 1 GB/s of fp32 input per core.
@@ -56,7 +58,7 @@ def timer(device: str, reps: int):
     return run
 
 
-def bench_size(n: int, dtype: torch.dtype, device: str, reps: int) -> list[dict]:
+def bench_size(n: int, dtype: torch.dtype, device: str, reps: int, stochastic: bool = False) -> list[dict]:
     es = torch.tensor([], dtype=dtype).element_size()
     x = torch.randn(n, device=device).to(dtype)
     S1 = fp8comm.segment_bytes(n, 32)
@@ -83,6 +85,11 @@ def bench_size(n: int, dtype: torch.dtype, device: str, reps: int) -> list[dict]
     add("dequantize", t(lambda: fp8comm.dequantize_segments(wire1, out, 1, n)), S1 + es * n)
     add(f"dequant_sum_{P}", t(lambda: fp8comm.dequant_sum(wireP, out_m, P, m)), P * Sp + es * m)
     add(f"dequant_sum_requantize_{P}", t(lambda: fp8comm.dequant_sum_requantize(wireP, seg, P, m)), P * Sp + Sp)
+    if stochastic:  # the same calls rounding stochastically (Options.rounding)
+        sr = dict(rounding="stochastic", rounding_key=1)
+        add("quantize_stochastic", t(lambda: fp8comm.quantize_segments(x, wire1, 1, n, **sr)), es * n + S1)
+        add(f"dequant_sum_requantize_{P}_stochastic",
+            t(lambda: fp8comm.dequant_sum_requantize(wireP, seg, P, m, **sr)), P * Sp + Sp)
     if device == "cpu":
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
@@ -101,6 +108,8 @@ def main(argv=None):
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--reps", type=int, default=0, help="0: pick by size")
     p.add_argument("--quick", action="store_true", help="tiny sizes, few reps (a smoke test)")
+    p.add_argument("--stochastic", action="store_true",
+                   help="also time quantize and dequant_sum_requantize with stochastic rounding")
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
     sizes = [4096, 65536] if args.quick else [parse_size(s) for s in args.sizes.split(",")]
@@ -109,12 +118,12 @@ def main(argv=None):
         dtype = getattr(torch, dtype_name)
         for n in sizes:
             reps = args.reps or (2 if args.quick else max(3, min(100, (64 << 20) // n)))
-            rows += bench_size(n, dtype, args.device, reps)
+            rows += bench_size(n, dtype, args.device, reps, args.stochastic)
             print(f"done {dtype_name} {n}", file=sys.stderr, flush=True)
 
-    print(f"{'op':28s} {'dtype':9s} {'numel':>11s} {'GB/s':>9s} {'of copy':>8s}")
+    print(f"{'op':36s} {'dtype':9s} {'numel':>11s} {'GB/s':>9s} {'of copy':>8s}")
     for r in rows:
-        print(f"{r['op']:28s} {r['dtype']:9s} {r['numel']:11d} {r['gb_per_s']:9.2f} {r['fraction_of_copy']:8.2f}")
+        print(f"{r['op']:36s} {r['dtype']:9s} {r['numel']:11d} {r['gb_per_s']:9.2f} {r['fraction_of_copy']:8.2f}")
     result = {
         "benchmark": "codec",
         "date": datetime.date.today().isoformat(),

@@ -20,11 +20,12 @@ def run_script(*args, timeout=300, cwd=ROOT, env=None):
 
 def test_codec_bench_quick(tmp_path):
     path = tmp_path / "codec.json"
-    run_script("bench/codec.py", "--quick", "--device", "cpu", "--json", str(path))
+    run_script("bench/codec.py", "--quick", "--device", "cpu", "--stochastic", "--json", str(path))
     result = json.loads(path.read_text())
     assert result["benchmark"] == "codec" and result["torch"] and result["device"] and result["command"]
     ops = {r["op"] for r in result["rows"]}
-    assert {"copy_fp32", "quantize", "dequantize", "dequant_sum_4", "dequant_sum_requantize_4", "quantize_1_thread"} <= ops
+    assert {"copy_fp32", "quantize", "dequantize", "dequant_sum_4", "dequant_sum_requantize_4", "quantize_1_thread",
+            "quantize_stochastic", "dequant_sum_requantize_4_stochastic"} <= ops
     assert {r["dtype"] for r in result["rows"]} == {"float32", "bfloat16"}
     for r in result["rows"]:
         assert r["gb_per_s"] > 0 and r["seconds"] > 0
