@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 import fp8comm
+import fp8comm.fsdp
 from tests.support.harness import PoolSpec, ctx
 from tests.support.scenarios import fsdp as S
 from tests.support.torch_features import torch_release
@@ -147,8 +148,6 @@ def fsdp2_compiled_training(steps: int = 3, backend: str = "inductor", plain: bo
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
         if plain:
-            import fp8comm.fsdp
-
             fp8comm.fsdp.compress_communication(model, options=fp8comm.Options(min_numel=1024))
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
         if fp8comm.stats.fp8_backends(group):
