@@ -28,31 +28,45 @@ void check_cpu(const at::Tensor& t) {
 
 }  // namespace
 
+QuantizedValues quantized_values(const at::Tensor& src, float premul, const std::optional<at::Tensor>& premul_tensor,
+                                 const BlockCodes& codes) {
+  // The codec multiplies in FP32 (float times float), as this does.
+  at::Tensor values = src.reshape({-1}).to(at::kFloat);
+  if (premul_tensor) {
+    values = values.mul(*premul_tensor);
+  } else if (premul != 1.0f) {
+    values = values.mul(static_cast<double>(premul));
+  }
+  at::Tensor decoded = at::empty({src.numel()}, values.options());
+  dequantize_into(codes, decoded);
+  return {values, decoded};
+}
+
+QuantizedValues requantized_sum(const BlockCodes& pieces, const OwnAddendTensor& own, int post_div,
+                                const BlockCodes& out) {
+  // The same sum in FP32 (the own addend widened exactly, so the codec adds
+  // the same floats in the same order), then the decoded bytes it became.
+  at::Tensor sum = at::empty({own.src.numel()}, own.src.options().dtype(at::kFloat));
+  dequant_sum_into(pieces, OwnAddendTensor{own.src.to(at::kFloat), own.premul, own.premul_tensor}, post_div, sum);
+  at::Tensor decoded = at::empty_like(sum);
+  dequantize_into(out, decoded);
+  return {sum, decoded};
+}
+
 void measure_quantized(const at::Tensor& src, float premul, const std::optional<at::Tensor>& premul_tensor,
                        const BlockCodes& codes, QuantizationError& error) {
   check_cpu(src);
   if (src.numel() == 0) return;
-  if (premul_tensor) premul = premul_tensor->item<float>();
-  // The codec multiplies in FP32 (float times float), as this does.
-  at::Tensor values = src.reshape({-1}).to(at::kFloat);
-  if (premul != 1.0f) values = values.mul(premul);
-  at::Tensor decoded = at::empty_like(values);
-  dequantize_into(codes, decoded);
-  add_energies(values, decoded, error);
+  const QuantizedValues q = quantized_values(src, premul, premul_tensor, codes);
+  add_energies(q.values, q.decoded, error);
 }
 
 void measure_requantized_sum(const BlockCodes& pieces, const OwnAddendTensor& own, int post_div,
                              const BlockCodes& out, QuantizationError& error) {
   check_cpu(own.src);
-  const int64_t n = own.src.numel();
-  if (n == 0) return;
-  // The same sum in FP32 (the own addend widened exactly, so the codec adds
-  // the same floats in the same order), then the decoded bytes it became.
-  at::Tensor sum = at::empty({n}, own.src.options().dtype(at::kFloat));
-  dequant_sum_into(pieces, OwnAddendTensor{own.src.to(at::kFloat), own.premul, own.premul_tensor}, post_div, sum);
-  at::Tensor decoded = at::empty_like(sum);
-  dequantize_into(out, decoded);
-  add_energies(sum, decoded, error);
+  if (own.src.numel() == 0) return;
+  const QuantizedValues q = requantized_sum(pieces, own, post_div, out);
+  add_energies(q.values, q.decoded, error);
 }
 
 }  // namespace fp8comm

@@ -24,6 +24,24 @@ struct QuantizationError {
   QuantizationError& operator+=(const QuantizationError& other);
 };
 
+// What the codec quantized, and what its bytes decode to, both float32 on
+// the tensors' device: the measurement below and error feedback's residual
+// (residual.h) compare the two.
+struct QuantizedValues {
+  at::Tensor values;   // may be `src` itself (float32, no factor): read only
+  at::Tensor decoded;
+};
+
+// `src` times the factor (as the codec multiplied it: in FP32), which the
+// codec quantized into the first src.numel() elements of `codes`.
+QuantizedValues quantized_values(const at::Tensor& src, float premul, const std::optional<at::Tensor>& premul_tensor,
+                                 const BlockCodes& codes);
+
+// The FP32 sum of `own` and the decoded `pieces`, divided by post_div, that
+// dequant_sum_requantize wrote into `out`, over own.src.numel() elements.
+QuantizedValues requantized_sum(const BlockCodes& pieces, const OwnAddendTensor& own, int post_div,
+                                const BlockCodes& out);
+
 // Adds `src` times the factor (as the codec multiplied it: in FP32), which
 // the codec quantized into the first src.numel() elements of `codes`.
 void measure_quantized(const at::Tensor& src, float premul, const std::optional<at::Tensor>& premul_tensor,

@@ -2,6 +2,8 @@
 
 #include <ATen/MemoryOverlap.h>
 
+#include "quantization_error.h"
+
 namespace fp8comm {
 
 namespace {
@@ -24,31 +26,17 @@ void store(const at::Tensor& r, const at::Tensor& residual) {
 
 void keep_residual(const at::Tensor& src, const Reduction& red, const BlockCodes& codes, const at::Tensor& residual) {
   if (src.numel() == 0) return;
-  // The values as the codec quantized them: multiplied in FP32 (float times float).
-  at::Tensor values = src.reshape({-1}).to(at::kFloat);
-  if (red.premul_tensor) {
-    values = values.mul(*red.premul_tensor);
-  } else if (red.premul != 1.0f) {
-    values = values.mul(static_cast<double>(red.premul));
-  }
-  at::Tensor decoded = at::empty({src.numel()}, values.options());
-  dequantize_into(codes, decoded);
-  at::Tensor r = values - decoded;  // a new tensor: `values` may be the caller's input itself
+  const QuantizedValues q = quantized_values(src, red.premul, red.premul_tensor, codes);
+  at::Tensor r = q.values - q.decoded;  // a new tensor: `values` may be the caller's input itself
   divide_by_factor(r, red.premul, red.premul_tensor);
   store(r, residual);
 }
 
 void keep_requantized_residual(const BlockCodes& pieces, const OwnAddendTensor& own, int post_div,
                                const BlockCodes& out, const at::Tensor& residual) {
-  const int64_t n = own.src.numel();
-  if (n == 0) return;
-  // The same FP32 sum the codec requantized (the own addend widened exactly,
-  // so the same floats are added in the same order), then what it became.
-  at::Tensor sum = at::empty({n}, own.src.options().dtype(at::kFloat));
-  dequant_sum_into(pieces, OwnAddendTensor{own.src.to(at::kFloat), own.premul, own.premul_tensor}, post_div, sum);
-  at::Tensor decoded = at::empty_like(sum);
-  dequantize_into(out, decoded);
-  at::Tensor r = sum.sub_(decoded);
+  if (own.src.numel() == 0) return;
+  const QuantizedValues q = requantized_sum(pieces, own, post_div, out);
+  at::Tensor r = q.values.sub_(q.decoded);  // the sum is this call's own tensor
   if (post_div != 1) r.mul_(post_div);
   divide_by_factor(r, own.premul, own.premul_tensor);
   store(r, residual);
