@@ -48,7 +48,7 @@ def main(argv=None):
     n = n // (world * 9) * world * 9
     rows = []
     for fmt in ("e4m3", "e5m2"):
-        g = dist.new_group(backend="fp8gloo", pg_options=fp8comm.Options(min_numel=0, compress="all", fp8_dtype=fmt))
+        g = dist.new_group(backend="fp8gloo", pg_options=fp8comm.Options(min_numel=0, compress="all", wire_format=fmt))
         for dtype in (torch.float32, torch.bfloat16):
             for kind in ("randn", "bucket"):
                 x = inputs(kind, n, rank).to(dtype)

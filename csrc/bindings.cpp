@@ -31,8 +31,19 @@ c10::DeviceType device_type_of(const std::string& device) {
   TORCH_CHECK(false, "fp8comm: transports exist for \"cpu\" and \"cuda\", got \"", device, "\"");
 }
 
-// fp8_dtype as given: a name ("e4m3") or a torch dtype (torch.float8_e4m3fn).
-std::optional<fp8comm::Fp8Dtype> fp8_dtype_option(const py::object& v) {
+// wire_format as given: a name ("mxfp4").
+std::optional<fp8comm::WireFormat> wire_format_option(const py::object& v) {
+  if (v.is_none()) return std::nullopt;
+  std::optional<fp8comm::WireFormat> found;
+  if (py::isinstance<py::str>(v)) found = fp8comm::find_wire_format(v.cast<std::string>());
+  TORCH_CHECK_VALUE(found, "fp8comm.Options: wire_format must be ", fp8comm::wire_format_choices(), ", got ",
+                    py::repr(v).cast<std::string>());
+  return found;
+}
+
+// The deprecated fp8_dtype as given: a name ("e4m3") or a torch dtype
+// (torch.float8_e4m3fn); a DeprecationWarning points to wire_format.
+std::optional<fp8comm::WireFormat> fp8_dtype_option(const py::object& v) {
   if (v.is_none()) return std::nullopt;
   std::optional<fp8comm::Fp8Dtype> found;
   if (THPDtype_Check(v.ptr())) {
@@ -41,13 +52,16 @@ std::optional<fp8comm::Fp8Dtype> fp8_dtype_option(const py::object& v) {
     found = fp8comm::find_fp8_dtype(v.cast<std::string>());
   }
   TORCH_CHECK_VALUE(found, "fp8comm.Options: fp8_dtype must be ", fp8comm::fp8_dtype_choices(true), ", got ",
-                    py::repr(v).cast<std::string>());
-  return found;
+                    py::repr(v).cast<std::string>(), " (fp8_dtype is deprecated: use wire_format)");
+  const std::string name = fp8comm::fp8_dtype_name(*found);
+  const std::string msg = "fp8comm.Options(fp8_dtype=...) is deprecated; use wire_format='" + name + "'";
+  if (PyErr_WarnEx(PyExc_DeprecationWarning, msg.c_str(), 1) != 0) throw py::error_already_set();
+  return fp8comm::find_wire_format(name);
 }
 
-std::optional<std::string> fp8_dtype_name(const std::optional<fp8comm::Fp8Dtype>& f) {
+std::optional<std::string> wire_format_name(const std::optional<fp8comm::WireFormat>& f) {
   if (!f) return std::nullopt;
-  return std::string(fp8comm::fp8_dtype_name(*f));
+  return std::string(fp8comm::wire_format_name(*f));
 }
 
 std::optional<bool> bool_option(const py::object& v, const char* name) {
@@ -115,7 +129,12 @@ Options of one fp8nccl / fp8gloo process group; pass as ``pg_options`` to
 FP8COMM_* environment variable when the group is created, then the default.
 
 block_size: elements per FP8 block, )" FP8C_BLOCK_SIZE_RULE R"( (FP8COMM_BLOCK_SIZE, 32).
-fp8_dtype: "e4m3" / torch.float8_e4m3fn or "e5m2" / torch.float8_e5m2 (FP8COMM_FP8_DTYPE, e4m3).
+wire_format: the element format of every compressed hop: "e4m3" or "e5m2" (8-bit FP8
+    codes) or "mxfp4" (OCP MX FP4: 4-bit E2M1 codes, two per byte; use block_size=32
+    for the MX format's blocks) (FP8COMM_WIRE_FORMAT, e4m3). In the "inter_node" scope
+    it is the hop between nodes; inside a node stays exact.
+fp8_dtype: deprecated spelling of wire_format for the FP8 formats ("e4m3" /
+    torch.float8_e4m3fn, "e5m2" / torch.float8_e5m2).
 min_numel: per-rank element count below which a collective passes through exactly
     (FP8COMM_MIN_NUMEL, 16384: scalars such as the loss or a grad norm stay exact).
 )") +
@@ -148,8 +167,32 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #else
   m.attr("has_cuda") = false;
 #endif
-  m.def("segment_bytes", &fp8comm::segment_bytes, py::arg("segment_numel"), py::arg("block_size"),
-        "Bytes of one wire segment [scales][codes] holding segment_numel elements.");
+  m.def(
+      "segment_bytes",
+      [](int64_t segment_numel, int64_t block_size, const std::string& wire_format) {
+        return fp8comm::segment_bytes(segment_numel, block_size,
+                                      fp8comm::wire_format_of(wire_format, "fp8comm.segment_bytes"));
+      },
+      py::arg("segment_numel"), py::arg("block_size"), py::arg("wire_format") = "e4m3",
+      "Bytes of one wire segment [scales][codes] holding segment_numel elements.");
+
+  m.def(
+      "wire_formats",
+      [] {
+        std::vector<std::tuple<std::string, py::object, int, float>> rows;
+        for (const auto& row : fp8comm::kWireFormatTable) {
+          const auto [bits, max] = fp8comm::dispatch_wire_format(row.format, [](auto c) {
+            using T = fp8comm::WireTraits<decltype(c)::value>;
+            return std::pair<int, float>(T::kCodeBits, T::kMax);
+          });
+          auto dtype =
+              py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(row.codes_type)));
+          rows.emplace_back(fp8comm::wire_format_name(row.format), dtype, bits, max);
+        }
+        return rows;
+      },
+      "(name, torch dtype of its codes, bits per code, largest finite value) of every wire format "
+      "(csrc/codec/fp8_block_math.h, fp8_dtype_table.h).");
 
   m.def(
       "fp8_dtypes",
@@ -213,10 +256,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Options, c10d::Backend::Options, c10::intrusive_ptr<Options>>(m, "Options", options_doc())
       .def(py::init([](const py::object& block_size, const py::object& fp8_dtype, const py::object& min_numel,
                        const py::object& compress, const py::object& cpu_threads, const py::object& scope,
-                       const py::object& track_error, const py::object& rounding, const py::object& rounding_seed) {
+                       const py::object& track_error, const py::object& rounding, const py::object& rounding_seed,
+                       const py::object& wire_format) {
              auto o = c10::make_intrusive<Options>();
              o->block_size = int_option(block_size, "block_size", FP8C_BLOCK_SIZE_RULE);
-             o->fp8_dtype = fp8_dtype_option(fp8_dtype);
+             o->wire_format = wire_format_option(wire_format);
+             const auto old = fp8_dtype_option(fp8_dtype);
+             TORCH_CHECK_VALUE(!old || !o->wire_format || *old == *o->wire_format, "fp8comm.Options: fp8_dtype=",
+                               py::repr(fp8_dtype).cast<std::string>(), " and wire_format=",
+                               py::repr(wire_format).cast<std::string>(),
+                               " disagree; give wire_format alone (fp8_dtype is its deprecated spelling)");
+             if (old) o->wire_format = old;
              o->min_numel = int_option(min_numel, "min_numel", "an int >= 0");
              o->compress = compress_items(compress);
              o->cpu_threads = int_option(cpu_threads, "cpu_threads", "an int >= 1");
@@ -229,9 +279,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("block_size") = py::none(), py::arg("fp8_dtype") = py::none(), py::arg("min_numel") = py::none(),
            py::arg("compress") = py::none(), py::arg("cpu_threads") = py::none(), py::arg("scope") = py::none(),
            py::arg("track_error") = py::none(), py::arg("rounding") = py::none(),
-           py::arg("rounding_seed") = py::none())
+           py::arg("rounding_seed") = py::none(), py::arg("wire_format") = py::none())
       .def_property_readonly("block_size", [](const Options& o) { return o.block_size; })
-      .def_property_readonly("fp8_dtype", [](const Options& o) { return fp8_dtype_name(o.fp8_dtype); })
+      .def_property_readonly("wire_format", [](const Options& o) { return wire_format_name(o.wire_format); })
+      .def_property_readonly("fp8_dtype", [](const Options& o) { return wire_format_name(o.wire_format); },
+                             "Deprecated: wire_format.")
       .def_property_readonly("min_numel", [](const Options& o) { return o.min_numel; })
       .def_property_readonly("cpu_threads", [](const Options& o) { return o.cpu_threads; })
       .def_property_readonly("scope",
@@ -253,7 +305,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            "Of resolved options: what every rank of a group must agree on, by name.")
       .def("__repr__", [](const Options& o) {
         auto show = [](const auto& v) { return v ? py::repr(py::cast(*v)).template cast<std::string>() : std::string("None"); };
-        return "fp8comm.Options(block_size=" + show(o.block_size) + ", fp8_dtype=" + show(fp8_dtype_name(o.fp8_dtype)) +
+        return "fp8comm.Options(block_size=" + show(o.block_size) + ", wire_format=" + show(wire_format_name(o.wire_format)) +
                ", min_numel=" + show(o.min_numel) + ", compress=" + show(o.compress) +
                ", cpu_threads=" + show(o.cpu_threads) +
                ", scope=" + (o.scope ? "'" + std::string(fp8comm::scope_name(*o.scope)) + "'" : std::string("None")) +
@@ -263,7 +315,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       })
       .def(py::pickle(
           [](const Options& o) {  // copy.deepcopy(parent.options) when torch splits a group
-            return py::make_tuple(o.block_size, fp8_dtype_name(o.fp8_dtype), o.min_numel, o.compress, o.timeout.count(),
+            return py::make_tuple(o.block_size, wire_format_name(o.wire_format), o.min_numel, o.compress, o.timeout.count(),
                                   o.group_name, o.global_ranks_in_group, o.cpu_threads,
                                   o.scope ? py::object(py::str(fp8comm::scope_name(*o.scope))) : py::object(py::none()),
                                   o.track_error, rounding_value(o.rounding), o.rounding_seed);
@@ -272,7 +324,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
             TORCH_CHECK_VALUE(t.size() == 12, "fp8comm.Options: cannot unpickle a state of ", t.size(), " fields");
             auto o = c10::make_intrusive<Options>();
             o->block_size = t[0].cast<std::optional<int64_t>>();
-            o->fp8_dtype = fp8_dtype_option(t[1]);
+            o->wire_format = wire_format_option(t[1]);
             o->min_numel = t[2].cast<std::optional<int64_t>>();
             o->compress = t[3].cast<std::optional<std::vector<std::string>>>();
             o->timeout = std::chrono::milliseconds(t[4].cast<int64_t>());
@@ -286,7 +338,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
             return o;
           }))
       .def("__eq__", [](const Options& a, const Options& b) {
-        return a.block_size == b.block_size && a.fp8_dtype == b.fp8_dtype && a.min_numel == b.min_numel &&
+        return a.block_size == b.block_size && a.wire_format == b.wire_format && a.min_numel == b.min_numel &&
                a.compress == b.compress && a.cpu_threads == b.cpu_threads && a.scope == b.scope &&
                a.track_error == b.track_error && a.rounding == b.rounding && a.rounding_seed == b.rounding_seed;
       });
@@ -381,7 +433,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                              "The group's resolved fp8comm.Options.")
       // The resolved options' fields, as the group uses them.
       .def_property_readonly("block_size", [](ProcessGroupFp8& pg) { return *pg.options().block_size; })
-      .def_property_readonly("fp8_dtype", [](ProcessGroupFp8& pg) { return fp8comm::fp8_dtype_name(*pg.options().fp8_dtype); })
+      .def_property_readonly("wire_format",
+                             [](ProcessGroupFp8& pg) { return fp8comm::wire_format_name(*pg.options().wire_format); })
+      .def_property_readonly("fp8_dtype",
+                             [](ProcessGroupFp8& pg) { return fp8comm::wire_format_name(*pg.options().wire_format); },
+                             "Deprecated: wire_format.")
       .def_property_readonly("min_numel", [](ProcessGroupFp8& pg) { return *pg.options().min_numel; })
       .def_property_readonly("compressed_ops", [](ProcessGroupFp8& pg) { return *pg.options().compress; });
 

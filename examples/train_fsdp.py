@@ -65,8 +65,8 @@ def parse_args(argv=None):
                    help="convert the model's nn.Linear layers to fp8comm Fp8Linear")
     p.add_argument("--fp8-comm", action=argparse.BooleanOptionalAction, default=True,
                    help="communicate through fp8nccl / fp8gloo (else plain nccl / gloo)")
-    p.add_argument("--wire", default=None, choices=["e4m3", "e5m2"],
-                   help="the compressed gradients' FP8 format (with --comm-block-size, --error-feedback: the "
+    p.add_argument("--wire", default=None, choices=["e4m3", "e5m2", "mxfp4"],
+                   help="the compressed gradients' wire format (with --comm-block-size, --error-feedback: the "
                         "reduce-scatter is compressed over the plain group by fp8comm.fsdp.compress_communication, "
                         "which equals the fp8 group bitwise)")
     p.add_argument("--comm-block-size", type=int, default=None, help="elements per scale on the wire")
@@ -160,7 +160,7 @@ def train(args, device, group, fp8_compute: bool, label: str, plugin: bool = Fal
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)
     if plugin:
-        chosen = (("fp8_dtype", args.wire), ("block_size", args.comm_block_size), ("rounding", args.rounding))
+        chosen = (("wire_format", args.wire), ("block_size", args.comm_block_size), ("rounding", args.rounding))
         options = fp8comm.Options(**{k: v for k, v in chosen if v is not None})
         ef = {"off": False, "fp32": torch.float32, "bf16": torch.bfloat16}[args.error_feedback]
         fp8comm.fsdp.compress_communication(model, options=options, error_feedback=ef)

@@ -19,6 +19,7 @@ except ImportError as e:
 from . import functional  # noqa: F401  (compressed collectives on any group)
 from .backend import register as _register_backends
 from .codec import (  # noqa: F401
+    WIRE_FORMATS,
     dequant_sum,
     dequant_sum_requantize,
     dequantize,

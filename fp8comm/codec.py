@@ -1,12 +1,16 @@
-"""The FP8 block codec (DESIGN.md, "Wire format").
+"""The block codec (DESIGN.md, "Wire format").
 
 A tensor of n elements is cut into blocks of ``block_size`` elements; each block
 has one power-of-two scale stored as one E8M0 byte (``torch.float8_e8m0fnu``,
-value ``2**(byte - 127)``) and ``block_size`` FP8 codes (E4M3 or E5M2). The
-scale is the smallest power of two that keeps the block maximum unsaturated;
-rounding is to nearest even, or stochastic (``rounding="stochastic"``: unbiased,
-the random bits a hash of ``rounding_key``, the segment and the element's index in
-it, DESIGN.md "Stochastic rounding"); non-finite inputs decode to non-finite.
+value ``2**(byte - 127)``) and ``block_size`` codes of the wire format:
+``"e4m3"`` or ``"e5m2"`` (one FP8 byte each) or ``"mxfp4"`` (OCP MX FP4: E2M1
+codes, two per byte, element 2i in the low nibble). The scale is the smallest
+power of two that keeps the block maximum unsaturated; rounding is to nearest
+even, or stochastic (``rounding="stochastic"``: unbiased, the random bits a hash
+of ``rounding_key``, the segment and the element's index in it, DESIGN.md
+"Stochastic rounding"); non-finite inputs decode to non-finite (MXFP4 has no
+NaN code: such a block gets the E8M0 NaN scale, 0xFF, and all of it decodes to
+NaN).
 
 The fused operators below work on *wire segments*: ``[scales][codes]`` runs of
 ``segment_bytes(m, block_size)`` bytes holding m elements each, the unit the
@@ -20,6 +24,7 @@ import torch
 from . import _C
 
 __all__ = [
+    "WIRE_FORMATS",
     "quantize",
     "dequantize",
     "segment_bytes",
@@ -39,6 +44,41 @@ E4M3 = FP8_DTYPE_BY_NAME["e4m3"]
 E5M2 = FP8_DTYPE_BY_NAME["e5m2"]
 CODEC_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
+# The wire formats, from the one registry (WireTraits in fp8_block_math.h):
+# name -> (torch dtype of its codes, bits per code, largest finite value).
+_WIRE_REGISTRY = {name: (dtype, bits, vmax) for name, dtype, bits, vmax in _C.wire_formats()}
+WIRE_FORMATS = tuple(_WIRE_REGISTRY)  # ("e4m3", "e5m2", "mxfp4")
+_FORMAT_OF_CODES = {dtype: name for name, (dtype, _, _) in _WIRE_REGISTRY.items()}
+
+
+def wire_format_max(wire_format: str) -> float:
+    """The largest finite code value of a wire format (6 for MXFP4)."""
+    return _WIRE_REGISTRY[_wire_format(wire_format, None)][2]
+
+
+def wire_format_code_bits(wire_format: str) -> int:
+    """Bits per code of a wire format (8, or 4 for MXFP4)."""
+    return _WIRE_REGISTRY[_wire_format(wire_format, None)][1]
+
+
+def _wire_format(wire_format: str | None, fp8_dtype: torch.dtype | None, default: str = "e4m3") -> str:
+    """The wire format a codec call names: ``wire_format`` by name, or the older
+    ``fp8_dtype`` (an FP8 torch dtype, the dtype of the codes); not both."""
+    if fp8_dtype is not None:
+        name = _FORMAT_OF_CODES.get(fp8_dtype)
+        if name is None or fp8_dtype not in FP8_DTYPES:
+            raise ValueError(f"fp8comm codec: fp8_dtype must be {fp8_dtype_choices()}, got {fp8_dtype}; "
+                             f"name the format with wire_format= (one of {', '.join(WIRE_FORMATS)})")
+        if wire_format is not None and wire_format.lower() != name:
+            raise ValueError(f"fp8comm codec: fp8_dtype={fp8_dtype} and wire_format={wire_format!r} disagree; "
+                             "give wire_format alone")
+        return name
+    name = default if wire_format is None else str(wire_format).lower()
+    if name not in _WIRE_REGISTRY:
+        raise ValueError(f"fp8comm codec: wire_format must be one of {', '.join(map(repr, WIRE_FORMATS))}, "
+                         f"got {wire_format!r}")
+    return name
+
 
 def fp8_max(fp8_dtype: torch.dtype) -> float:
     """The largest finite value of an FP8 dtype (448 for E4M3)."""
@@ -51,10 +91,10 @@ def fp8_dtype_choices() -> str:
     return ", ".join(names[:-1]) + " or " + names[-1]
 
 
-def segment_bytes(segment_numel: int, block_size: int = 32) -> int:
+def segment_bytes(segment_numel: int, block_size: int = 32, wire_format: str = "e4m3") -> int:
     """Bytes of one wire segment of ``segment_numel`` elements: the scale bytes
     padded to 16, then the codes padded to a whole block."""
-    return _C.segment_bytes(segment_numel, block_size)
+    return _C.segment_bytes(segment_numel, block_size, _wire_format(wire_format, None))
 
 
 def _key(rounding_key: int) -> int:
@@ -68,26 +108,39 @@ def quantize(
     x: torch.Tensor,
     *,
     block_size: int = 32,
-    fp8_dtype: torch.dtype = E4M3,
+    wire_format: str | None = None,
+    fp8_dtype: torch.dtype | None = None,
     rounding: str = "nearest",
     rounding_key: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Quantize ``x`` (float32/bfloat16/float16, any shape) to FP8 blocks.
+    """Quantize ``x`` (float32/bfloat16/float16, any shape) to blocks of
+    ``wire_format`` ("e4m3" unless given; ``fp8_dtype``, an FP8 torch dtype, is
+    the older spelling of the FP8 formats).
 
-    Returns ``(codes, scales)``: ``codes`` is 1-D ``fp8_dtype`` with ``x.numel()``
-    elements; ``scales`` is 1-D ``torch.float8_e8m0fnu`` with one element per block
-    (``scales.view(torch.uint8)`` gives the raw exponent bytes). ``rounding``:
-    "nearest" (even) or "stochastic", whose random bits ``rounding_key`` (64 bits)
-    selects: the same key gives the same bytes.
+    Returns ``(codes, scales)``: ``codes`` is 1-D, ``x.numel()`` elements of
+    ``torch.float8_e4m3fn`` / ``torch.float8_e5m2``, or for "mxfp4"
+    ``ceil(x.numel() / 2)`` elements of ``torch.float4_e2m1fn_x2`` (two codes
+    each, the first in the low nibble); ``scales`` is 1-D ``torch.float8_e8m0fnu``
+    with one element per block (``scales.view(torch.uint8)`` gives the raw exponent
+    bytes). ``rounding``: "nearest" (even) or "stochastic", whose random bits
+    ``rounding_key`` (64 bits) selects: the same key gives the same bytes.
     """
-    return torch.ops.fp8comm.quantize(x, block_size, fp8_dtype, rounding, _key(rounding_key))
+    fmt = _wire_format(wire_format, fp8_dtype)
+    return torch.ops.fp8comm.quantize(x, block_size, fmt, rounding, _key(rounding_key))
 
 
 def dequantize(
-    codes: torch.Tensor, scales: torch.Tensor, *, block_size: int = 32, dtype: torch.dtype = torch.float32
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    *,
+    block_size: int = 32,
+    dtype: torch.dtype = torch.float32,
+    numel: int | None = None,
 ) -> torch.Tensor:
-    """Decode ``(codes, scales)`` from :func:`quantize` into a 1-D ``dtype`` tensor."""
-    return torch.ops.fp8comm.dequantize(codes, scales, block_size, dtype)
+    """Decode ``(codes, scales)`` from :func:`quantize` into a 1-D ``dtype`` tensor.
+    The format is the codes' dtype; ``numel`` (default: every code) gives an odd
+    element count of MXFP4 codes, whose last byte holds one."""
+    return torch.ops.fp8comm.dequantize(codes, scales, block_size, dtype, -1 if numel is None else numel)
 
 
 def quantize_segments(
@@ -97,7 +150,8 @@ def quantize_segments(
     segment_numel: int,
     *,
     block_size: int = 32,
-    fp8_dtype: torch.dtype = E4M3,
+    wire_format: str | None = None,
+    fp8_dtype: torch.dtype | None = None,
     premul: float | torch.Tensor = 1.0,
     rounding: str = "nearest",
     rounding_key: int = 0,
@@ -108,8 +162,9 @@ def quantize_segments(
     :func:`quantize` (segment r's bits are keyed by the key and r)."""
     factor = premul if isinstance(premul, torch.Tensor) else None
     scalar = 1.0 if factor is not None else float(premul)
-    torch.ops.fp8comm.quantize_segments(x, out, num_segments, segment_numel, block_size, fp8_dtype, scalar, factor,
-                                        rounding, _key(rounding_key))
+    torch.ops.fp8comm.quantize_segments(x, out, num_segments, segment_numel, block_size,
+                                        _wire_format(wire_format, fp8_dtype), scalar, factor, rounding,
+                                        _key(rounding_key))
 
 
 def dequantize_segments(
@@ -119,11 +174,13 @@ def dequantize_segments(
     segment_numel: int,
     *,
     block_size: int = 32,
-    fp8_dtype: torch.dtype = E4M3,
+    wire_format: str | None = None,
+    fp8_dtype: torch.dtype | None = None,
 ) -> None:
     """Decode ``num_segments`` wire segments into the first ``out.numel()`` elements
     of the flat ``out`` (contiguous, float32/bfloat16/float16)."""
-    torch.ops.fp8comm.dequantize_segments(segments, out, num_segments, segment_numel, block_size, fp8_dtype)
+    torch.ops.fp8comm.dequantize_segments(segments, out, num_segments, segment_numel, block_size,
+                                          _wire_format(wire_format, fp8_dtype))
 
 
 def _sum_function(op, name: str, doc: str, quantizes: bool = False):
@@ -137,7 +194,8 @@ def _sum_function(op, name: str, doc: str, quantizes: bool = False):
         segment_numel: int,
         *,
         block_size: int = 32,
-        fp8_dtype: torch.dtype = E4M3,
+        wire_format: str | None = None,
+        fp8_dtype: torch.dtype | None = None,
         post_div: int = 1,
         own: torch.Tensor | None = None,
         own_premul: float = 1.0,
@@ -148,7 +206,8 @@ def _sum_function(op, name: str, doc: str, quantizes: bool = False):
             raise ValueError(f"fp8comm.{name} writes no FP8 codes, so it takes no rounding; got rounding="
                              f"{rounding!r}, rounding_key={rounding_key} (dequant_sum_requantize takes them)")
         extra = (rounding, _key(rounding_key)) if quantizes else ()
-        op(pieces, out, num_pieces, segment_numel, block_size, fp8_dtype, post_div, own, own_premul, *extra)
+        op(pieces, out, num_pieces, segment_numel, block_size, _wire_format(wire_format, fp8_dtype), post_div, own,
+           own_premul, *extra)
 
     run.__name__ = run.__qualname__ = name
     run.__doc__ = doc
@@ -177,16 +236,19 @@ dequant_sum_requantize = _sum_function(
 
 # ---------------------------------------------------------------- fake kernels
 @torch.library.register_fake("fp8comm::quantize")
-def _quantize_fake(x, block_size, fp8_dtype, rounding="nearest", rounding_key=0):
+def _quantize_fake(x, block_size, wire_format, rounding="nearest", rounding_key=0):
     n = x.numel()
-    codes = x.new_empty((n,), dtype=fp8_dtype)
+    dtype, bits, _ = _WIRE_REGISTRY[wire_format]
+    per_element = 8 // bits
+    codes = x.new_empty(((n + per_element - 1) // per_element,), dtype=dtype)
     scales = x.new_empty(((n + block_size - 1) // block_size,), dtype=torch.float8_e8m0fnu)
     return codes, scales
 
 
 @torch.library.register_fake("fp8comm::dequantize")
-def _dequantize_fake(codes, scales, block_size, dtype):
-    return codes.new_empty((codes.numel(),), dtype=dtype)
+def _dequantize_fake(codes, scales, block_size, dtype, numel=-1):
+    per_element = 8 // _WIRE_REGISTRY[_FORMAT_OF_CODES[codes.dtype]][1]
+    return codes.new_empty((codes.numel() * per_element if numel < 0 else numel,), dtype=dtype)
 
 
 def _writes_out(*args, **kwargs):

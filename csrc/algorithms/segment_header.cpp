@@ -10,10 +10,10 @@
 namespace fp8comm {
 namespace {
 
-// A peer's header byte may hold any value: name it only when it is a dtype.
-std::string fp8_dtype_label(uint8_t v) {
-  for (const auto& row : kFp8DtypeTable) {
-    if (static_cast<uint8_t>(row.fp8_dtype) == v) return fp8_dtype_name(row.fp8_dtype);
+// A peer's header byte may hold any value: name it only when it is a format.
+std::string wire_format_label(uint8_t v) {
+  for (const auto& row : kWireFormatTable) {
+    if (static_cast<uint8_t>(row.format) == v) return wire_format_name(row.format);
   }
   return "unknown (" + std::to_string(v) + ")";
 }
@@ -37,8 +37,8 @@ void check_headers(const uint8_t* base, int64_t stride, const std::vector<int64_
                 ": the ranks did not call the same collective; every rank must issue the same collectives in "
                 "the same order (TORCH_DISTRIBUTED_DEBUG=DETAIL names the mismatched call)");
     TORCH_CHECK(false, "fp8comm ", op, ": rank ", r, " called it with ", got.numel, " elements, block_size ",
-                got.block_size, " and fp8_dtype ", fp8_dtype_label(got.fp8_dtype), ", but this rank with ", expected.numel,
-                ", ", expected.block_size, " and ", fp8_dtype_label(expected.fp8_dtype),
+                got.block_size, " and wire_format ", wire_format_label(got.wire_format), ", but this rank with ", expected.numel,
+                ", ", expected.block_size, " and ", wire_format_label(expected.wire_format),
                 "; every rank must call a collective with the same sizes and the same fp8comm.Options");
   }
 }

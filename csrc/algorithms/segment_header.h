@@ -25,12 +25,12 @@ struct SegmentHeader {
   static constexpr uint32_t kMagic = 0x38435046u;  // "FPC8"
   uint32_t magic = kMagic;
   uint8_t phase;        // Phase::wire
-  uint8_t fp8_dtype;    // Fp8Dtype
+  uint8_t wire_format;  // WireFormat
   uint16_t block_size;  // <= 4096
   int64_t numel;        // the collective's size: all_reduce n, reduce_scatter / all_gather per-rank numel
 
-  SegmentHeader(const Phase& p, Fp8Dtype f, int block, int64_t n)
-      : phase(p.wire), fp8_dtype(static_cast<uint8_t>(f)), block_size(static_cast<uint16_t>(block)), numel(n) {}
+  SegmentHeader(const Phase& p, WireFormat f, int block, int64_t n)
+      : phase(p.wire), wire_format(static_cast<uint8_t>(f)), block_size(static_cast<uint16_t>(block)), numel(n) {}
 };
 static_assert(sizeof(SegmentHeader) == 16, "the header is 16 bytes on the wire");
 

@@ -16,7 +16,7 @@ WireLayout WireLayout::at_chunk(int64_t begin) const {
 
 BlockCodes WireLayout::codes(const at::Tensor& bytes, int64_t count, int64_t m, int64_t first_segment) const {
   BlockCodes codes =
-      wire_segments(static_cast<uint8_t*>(bytes.data_ptr()) + header_bytes(), count, m, block_size_, fp8_dtype_);
+      wire_segments(static_cast<uint8_t*>(bytes.data_ptr()) + header_bytes(), count, m, block_size_, format_);
   codes.stride = segment_bytes(m);
   codes.rounding = rounding_;
   codes.rounding_key = rounding_key_;
@@ -27,14 +27,14 @@ BlockCodes WireLayout::codes(const at::Tensor& bytes, int64_t count, int64_t m, 
 void WireLayout::write_headers(const at::Tensor& bytes, int64_t count, int64_t m, const Phase& phase, int64_t n) const {
   if (!headers_) return;
   fp8comm::write_headers(static_cast<uint8_t*>(bytes.data_ptr()), count, segment_bytes(m),
-                         SegmentHeader(phase, fp8_dtype_, block_size_, n));
+                         SegmentHeader(phase, format_, block_size_, n));
 }
 
 void WireLayout::check_headers(const at::Tensor& bytes, const std::vector<int64_t>& senders, int64_t m, const Phase& phase,
                                int64_t n, const char* op) const {
   if (!headers_) return;
   fp8comm::check_headers(static_cast<const uint8_t*>(bytes.data_ptr()), segment_bytes(m), senders, phase,
-                         SegmentHeader(phase, fp8_dtype_, block_size_, n), op);
+                         SegmentHeader(phase, format_, block_size_, n), op);
 }
 
 }  // namespace fp8comm

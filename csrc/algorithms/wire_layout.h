@@ -1,5 +1,5 @@
 #pragma once
-// How the compressed algorithms lay out FP8 data on one transport. A wire
+// How the compressed algorithms lay out quantized data on one transport. A wire
 // segment of m elements is [header][scales][codes]: the header only where the
 // transport's traits want one (segment_header.h), then the codec's block
 // layout (codec.h). Every part is a multiple of 16 bytes, so the codes of
@@ -21,12 +21,12 @@ namespace fp8comm {
 
 class WireLayout {
  public:
-  WireLayout(const TransportTraits& traits, int block_size, Fp8Dtype fp8_dtype,
+  WireLayout(const TransportTraits& traits, int block_size, WireFormat format,
              Rounding rounding = Rounding::kNearest)
       : headers_(traits.segment_headers),
         chunk_numel_(traits.chunk_numel),
         block_size_(block_size),
-        fp8_dtype_(fp8_dtype),
+        format_(format),
         rounding_(rounding) {}
 
   // This layout for one compressed call: stochastic rounding keyed by the
@@ -40,10 +40,10 @@ class WireLayout {
   int block_size() const { return block_size_; }
   // Elements of one chunk of a collective, all ranks' segments together.
   int64_t chunk_numel() const { return chunk_numel_; }
-  Fp8Dtype fp8_dtype() const { return fp8_dtype_; }
+  WireFormat format() const { return format_; }
   int64_t header_bytes() const { return headers_ ? int64_t{sizeof(SegmentHeader)} : 0; }
   // S: the bytes of one wire segment of m elements.
-  int64_t segment_bytes(int64_t m) const { return header_bytes() + fp8comm::segment_bytes(m, block_size_); }
+  int64_t segment_bytes(int64_t m) const { return header_bytes() + fp8comm::segment_bytes(m, block_size_, format_); }
   // Elements per segment when n elements are cut into `parts` segments of whole blocks.
   int64_t segment_numel(int64_t n, int64_t parts) const {
     return ceil_div(ceil_div(n, parts), block_size_) * block_size_;
@@ -66,7 +66,7 @@ class WireLayout {
   bool headers_;
   int64_t chunk_numel_;
   int block_size_;
-  Fp8Dtype fp8_dtype_;
+  WireFormat format_;
   Rounding rounding_;
   uint64_t rounding_key_ = 0;
 };

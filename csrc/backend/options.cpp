@@ -81,12 +81,18 @@ c10::intrusive_ptr<Options> Options::resolved() const {
   auto r = c10::make_intrusive<Options>(*this);
   r->block_size = block_size ? *block_size : env::kBlockSize.as_int();
   check_block_size(*r->block_size, block_size ? "fp8comm.Options" : "fp8comm.Options (FP8COMM_BLOCK_SIZE)");
-  if (!fp8_dtype) {
-    const std::string name = env::kFp8Dtype.value_or_fallback();
-    const auto found = find_fp8_dtype(name);
-    TORCH_CHECK_VALUE(found, "fp8comm.Options: fp8_dtype must be ", fp8_dtype_choices(true), ", got '", name,
-                      "' (from FP8COMM_FP8_DTYPE)");
-    r->fp8_dtype = *found;
+  if (!wire_format) {
+    // FP8COMM_FP8_DTYPE: the deprecated spelling, read when FP8COMM_WIRE_FORMAT is unset.
+    const bool old_name = !env::kWireFormat.read() && env::kFp8Dtype.read();
+    const EnvVar& var = old_name ? env::kFp8Dtype : env::kWireFormat;
+    const std::string name = old_name ? *env::kFp8Dtype.read() : env::kWireFormat.value_or_fallback();
+    const auto found = find_wire_format(name);
+    TORCH_CHECK_VALUE(found, "fp8comm.Options: wire_format must be ", wire_format_choices(), ", got '", name,
+                      "' (from ", var.name, ")");
+    if (old_name) {
+      TORCH_WARN_ONCE("fp8comm: FP8COMM_FP8_DTYPE is deprecated; set FP8COMM_WIRE_FORMAT=", name, " instead");
+    }
+    r->wire_format = *found;
   }
   r->min_numel = min_numel ? *min_numel : env::kMinNumel.as_int();
   TORCH_CHECK_VALUE(*r->min_numel >= 0, "fp8comm.Options: min_numel must be an int >= 0, got ", *r->min_numel,
@@ -122,10 +128,10 @@ bool Options::compresses(const CompressedAlgorithm* algorithm) const {
 }
 
 std::map<std::string, std::string> Options::fingerprint() const {
-  TORCH_CHECK(block_size && fp8_dtype && min_numel && compress && scope && rounding && rounding_seed,
+  TORCH_CHECK(block_size && wire_format && min_numel && compress && scope && rounding && rounding_seed,
               "fp8comm.Options: fingerprint() of options that are not resolved");
   return {{"block_size", std::to_string(*block_size)},
-          {"fp8_dtype", fp8_dtype_name(*fp8_dtype)},
+          {"wire_format", wire_format_name(*wire_format)},
           {"min_numel", std::to_string(*min_numel)},
           {"compress", compress->empty() ? "none" : join(*compress)},
           {"scope", scope_name(*scope)},

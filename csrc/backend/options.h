@@ -32,7 +32,8 @@ struct Options : c10d::Backend::Options {
   Options() : c10d::Backend::Options(kBackendName) {}
 
   std::optional<int64_t> block_size;
-  std::optional<Fp8Dtype> fp8_dtype;
+  // The element format of every compressed hop (fp8_block_math.h, WireTraits).
+  std::optional<WireFormat> wire_format;
   std::optional<int64_t> min_numel;                 // per-rank elements below which calls pass through
   std::optional<std::vector<std::string>> compress;  // a subset of compressible_ops(), in their order
   std::optional<Scope> scope;

@@ -14,7 +14,7 @@ namespace fp8comm {
 ProcessGroupFp8::ProcessGroupFp8(int rank, int size, c10::intrusive_ptr<fp8comm::Options> options,
                                  c10::intrusive_ptr<c10d::Store> store)
     : c10d::Backend(rank, size), options_(std::move(options)), uncompressed_(std::move(store), rank, size) {
-  TORCH_CHECK(options_ && options_->block_size && options_->fp8_dtype && options_->min_numel && options_->compress &&
+  TORCH_CHECK(options_ && options_->block_size && options_->wire_format && options_->min_numel && options_->compress &&
                   options_->scope && options_->track_error,
               "fp8comm: ProcessGroupFp8 needs resolved options (fp8comm.Options(...).resolved())");
   check_block_size(*options_->block_size, "fp8comm.Options");
@@ -88,7 +88,7 @@ TransportTraits ProcessGroupFp8::traits_for(c10::DeviceType device_type) const {
 }
 
 WireLayout ProcessGroupFp8::wire_layout(c10::DeviceType device_type) const {
-  return WireLayout(traits_for(device_type), static_cast<int>(*options_->block_size), *options_->fp8_dtype,
+  return WireLayout(traits_for(device_type), static_cast<int>(*options_->block_size), *options_->wire_format,
                     *options_->rounding);
 }
 

@@ -1,5 +1,5 @@
 #pragma once
-// The FP8 block codec over raw pointers: the CPU entry points and the CUDA
+// The block codec over raw pointers: the CPU entry points and the CUDA
 // launchers share these signatures. Torch-free, so the .cu files compile with a
 // bare `nvcc -c` (DESIGN.md, "The codec is torch-free where it must be").
 #include <stdint.h>
@@ -30,7 +30,7 @@ struct BlockCodes {
   // uninitialized memory ever goes on the wire.
   int64_t scale_padding = 0;
   int block_size = 32;
-  Fp8Dtype fp8_dtype = Fp8Dtype::E4M3;
+  WireFormat format = WireFormat::E4M3;
   // How a quantize into these segments rounds (rounding.h). Stochastic: the
   // bits of element i of segment r are rounding_bits(segment_key(rounding_key,
   // first_segment + r), i), so the bytes depend on neither threads nor SIMD
@@ -65,24 +65,29 @@ inline int64_t align16(int64_t a) { return (a + 15) & ~int64_t{15}; }
 // Scale bytes of a wire segment of m elements, padded so its codes start on a
 // 16-byte boundary (vector loads and stores).
 inline int64_t segment_scale_bytes(int64_t m, int64_t block) { return align16(ceil_div(m, block)); }
-inline int64_t segment_code_bytes(int64_t m, int64_t block) { return ceil_div(m, block) * block; }
-inline int64_t segment_bytes(int64_t m, int64_t block) {
-  return segment_scale_bytes(m, block) + segment_code_bytes(m, block);
+// Code bytes of a wire segment of m elements: whole blocks of codes (blocks
+// are a multiple of 16 elements, so 4-bit codes fill whole bytes and every
+// block's codes start on an 8-byte boundary).
+inline int64_t segment_code_bytes(int64_t m, int64_t block, WireFormat format) {
+  return ceil_div(m, block) * block * code_bits(format) / 8;
+}
+inline int64_t segment_bytes(int64_t m, int64_t block, WireFormat format) {
+  return segment_scale_bytes(m, block) + segment_code_bytes(m, block, format);
 }
 
 // The layout of P wire segments of m elements each, back to back from `base`.
 inline BlockCodes wire_segments(uint8_t* base, int64_t num_segments, int64_t m, int block,
-                                Fp8Dtype fp8_dtype) {
+                                WireFormat format) {
   BlockCodes c;
   c.scales = base;
   c.codes = base + segment_scale_bytes(m, block);
-  c.stride = segment_bytes(m, block);
+  c.stride = segment_bytes(m, block, format);
   c.num_segments = num_segments;
   c.segment_numel = m;
-  c.capacity = segment_code_bytes(m, block);
+  c.capacity = ceil_div(m, block) * block;
   c.scale_padding = segment_scale_bytes(m, block) - ceil_div(m, block);
   c.block_size = block;
-  c.fp8_dtype = fp8_dtype;
+  c.format = format;
   return c;
 }
 

@@ -1,4 +1,4 @@
-// The FP8 block codec on the CPU: blocks spread over the codec's own threads
+// The block codec on the CPU: blocks spread over the codec's own threads
 // (cpu_threads.h); runs of whole blocks go to the hand-written AVX2 kernels
 // (codec_cpu_avx2.cpp) when the CPU has them, and for block size 32's
 // quantize and sum + re-quantize to the AVX-512 ones (codec_cpu_avx512.cpp)
@@ -55,8 +55,8 @@ std::atomic<bool>& avx512_flag() {
 // Which kernels take whole blocks: read once per call.
 enum class Simd { kOff, kAvx2, kAvx512 };
 
-Simd simd_level() {
-  if (!simd_flag().load(std::memory_order_relaxed)) return Simd::kOff;
+Simd simd_level(WireFormat format) {
+  if (!simd_flag().load(std::memory_order_relaxed) || !avx2::takes_format(format)) return Simd::kOff;
   return avx512_flag().load(std::memory_order_relaxed) ? Simd::kAvx512 : Simd::kAvx2;
 }
 
@@ -70,68 +70,85 @@ using Full32 = std::integral_constant<int64_t, 32>;
 
 // The encode of element i of a block: to nearest even, or stochastically
 // with the bits of the block's run (rounding.h).
-template <Fp8Dtype F>
+template <WireFormat F>
 struct NearestEncode {
-  FP8C_HD uint8_t operator()(float v, uint32_t limit, int64_t) const { return encode_fp8<F>(v, limit); }
+  FP8C_HD uint8_t operator()(float v, uint32_t limit, int64_t) const { return encode_code<F>(v, limit); }
 };
 
-template <Fp8Dtype F>
+template <WireFormat F>
 struct StochasticEncode {
   StochasticRun run;
   FP8C_HD uint8_t operator()(float v, uint32_t limit, int64_t i) const {
-    return encode_fp8_stochastic<F>(v, limit, run.bits(i));
+    return encode_code_stochastic<F>(v, limit, run.bits(i));
   }
 };
 
+// Whether any of n values is non-finite, for a format without NaN codes
+// (stored_scale_byte); 0 without reading them otherwise.
+template <WireFormat F, typename Count, typename Value>
+FP8C_HD uint32_t any_nonfinite(Count n, Value value) {
+  uint32_t nonfinite = 0;
+  if constexpr (!WireTraits<F>::kHasNanCode) {
+    for (int64_t i = 0; i < n; ++i) nonfinite |= nonfinite_bit(value(i));
+  }
+  return nonfinite;
+}
+
 // Two passes over the (cache-hot) block: a pure max-reduction, then the
 // encode; gcc vectorizes each, but not a reduction fused with stores.
-template <ElemType E, Fp8Dtype F, typename Count, typename Encode = NearestEncode<F>>
+template <ElemType E, WireFormat F, typename Count, typename Encode = NearestEncode<F>>
 FP8C_HD uint8_t quantize_run(const Storage<E>* s, Count n, float premul, uint8_t* codes, Encode encode = {}) {
   uint32_t amax = 0;
   for (int64_t i = 0; i < n; ++i) amax = std::max(amax, finite_abs_bits(Elem<E>::load(s[i]) * premul));
   const uint8_t sb = scale_byte<F>(amax);
   const float inv = inv_scale_from_byte(sb);
   const uint32_t limit = code_limit<F>(sb);
-  for (int64_t i = 0; i < n; ++i) codes[i] = encode((Elem<E>::load(s[i]) * premul) * inv, limit, i);
-  return sb;
+  for (int64_t i = 0; i < n; ++i) store_code<F>(codes, i, encode((Elem<E>::load(s[i]) * premul) * inv, limit, i));
+  return stored_scale_byte<F>(sb, any_nonfinite<F>(n, [&](int64_t i) { return Elem<E>::load(s[i]) * premul; }));
 }
 
-// decode_fp8 of every byte: on the CPU a table lookup (an AVX2 gather) is
+// Codes i in [from, to) of a block written as zeros (padding).
+template <WireFormat F>
+FP8C_HD void zero_codes(uint8_t* codes, int64_t from, int64_t to) {
+  for (int64_t i = from; i < to; ++i) store_code<F>(codes, i, 0);
+}
+
+// decode_code of every code: on the CPU a table lookup (an AVX2 gather) is
 // cheaper than the branch-free bit math, and gives the same floats.
-template <Fp8Dtype F>
+template <WireFormat F>
 struct DecodeTable {
-  float value[256];
+  float value[1 << WireTraits<F>::kCodeBits];
   DecodeTable() {
-    for (int c = 0; c < 256; ++c) value[c] = decode_fp8<F>(static_cast<uint8_t>(c));
+    for (int c = 0; c < (1 << WireTraits<F>::kCodeBits); ++c) value[c] = decode_code<F>(static_cast<uint8_t>(c));
   }
 };
 
-template <Fp8Dtype F>
+template <WireFormat F>
 const float* decode_table() {
   static const DecodeTable<F> table;
   return table.value;
 }
 
-template <ElemType E, Fp8Dtype F, typename Count>
+template <ElemType E, WireFormat F, typename Count>
 FP8C_HD void dequantize_run(const uint8_t* codes, float scale, Count n, Storage<E>* d) {
   const float* lut = decode_table<F>();
-  for (int64_t i = 0; i < n; ++i) d[i] = Elem<E>::store(lut[codes[i]] * scale);
+  for (int64_t i = 0; i < n; ++i) d[i] = Elem<E>::store(lut[load_code<F>(codes, i)] * scale);
 }
 
-template <Fp8Dtype F, typename Count, typename Encode = NearestEncode<F>>
+template <WireFormat F, typename Count, typename Encode = NearestEncode<F>>
 FP8C_HD uint8_t requantize_run(const float* acc, Count n, uint8_t* codes, Encode encode = {}) {
   uint32_t amax = 0;
   for (int64_t i = 0; i < n; ++i) amax = std::max(amax, finite_abs_bits(acc[i]));
   const uint8_t sb = scale_byte<F>(amax);
   const float inv = inv_scale_from_byte(sb);
   const uint32_t limit = code_limit<F>(sb);
-  for (int64_t i = 0; i < n; ++i) codes[i] = encode(acc[i] * inv, limit, i);
-  return sb;
+  for (int64_t i = 0; i < n; ++i) store_code<F>(codes, i, encode(acc[i] * inv, limit, i));
+  return stored_scale_byte<F>(sb, any_nonfinite<F>(n, [&](int64_t i) { return acc[i]; }));
 }
 
 // Blocks [begin, end) of all segments, numbered segment-major; with `simd`,
 // each run of whole blocks goes to a SIMD kernel in one call.
-template <ElemType E, Fp8Dtype F>
+template <ElemType E, WireFormat F>
 FP8C_VECTOR_CLONES void quantize_blocks(const Storage<E>* src, int64_t numel, float premul,
                                         const BlockCodes dst, int64_t begin, int64_t end, Simd simd) {
   const int64_t B = dst.block_size;
@@ -144,7 +161,7 @@ FP8C_VECTOR_CLONES void quantize_blocks(const Storage<E>* src, int64_t numel, fl
     const int64_t seg_valid = std::min(dst.segment_numel, numel - r * dst.segment_numel);
     const int64_t valid = std::max<int64_t>(0, std::min(width, seg_valid - j * B));
     const Storage<E>* s = src + first;
-    uint8_t* codes = dst.codes + r * dst.stride + j * B;
+    uint8_t* codes = dst.codes + r * dst.stride + code_bytes<F>(j * B);
     uint8_t* scales = dst.scales + r * dst.stride + j;
     int64_t run = 1;
     const bool stochastic = dst.rounding == Rounding::kStochastic;
@@ -159,11 +176,11 @@ FP8C_VECTOR_CLONES void quantize_blocks(const Storage<E>* src, int64_t numel, fl
       }
     } else if (stochastic) {
       *scales = quantize_run<E, F>(s, valid, premul, codes, StochasticEncode<F>{sr});
-      for (int64_t i = valid; i < width; ++i) codes[i] = 0;
+      zero_codes<F>(codes, valid, width);
     } else {
       *scales = valid == 32 ? quantize_run<E, F>(s, Full32{}, premul, codes)
                             : quantize_run<E, F>(s, valid, premul, codes);
-      for (int64_t i = valid; i < width; ++i) codes[i] = 0;
+      zero_codes<F>(codes, valid, width);
     }
     if (j + run == blocks_per_segment) {
       for (int64_t k = 0; k < dst.scale_padding; ++k) scales[run + k] = 0;
@@ -172,7 +189,7 @@ FP8C_VECTOR_CLONES void quantize_blocks(const Storage<E>* src, int64_t numel, fl
   }
 }
 
-template <ElemType E, Fp8Dtype F>
+template <ElemType E, WireFormat F>
 FP8C_VECTOR_CLONES void dequantize_blocks(const BlockCodes src, Storage<E>* dst, int64_t numel,
                                           int64_t begin, int64_t end, bool simd, int64_t output_bytes) {
   const int64_t B = src.block_size;
@@ -184,7 +201,7 @@ FP8C_VECTOR_CLONES void dequantize_blocks(const BlockCodes src, Storage<E>* dst,
     const int64_t width = std::min(B, src.segment_numel - j * B);
     const int64_t valid = std::max<int64_t>(0, std::min(width, numel - first));
     const uint8_t* scales = src.scales + r * src.stride + j;
-    const uint8_t* codes = src.codes + r * src.stride + j * B;
+    const uint8_t* codes = src.codes + r * src.stride + code_bytes<F>(j * B);
     if (simd && valid == B) {
       const int64_t run = std::min(end - blk, std::min(src.segment_numel - j * B, numel - first) / B);
       avx2::dequantize_full_blocks(codes, scales, F, run, static_cast<int>(B), dst + first, E, output_bytes);
@@ -203,7 +220,7 @@ FP8C_VECTOR_CLONES void dequantize_blocks(const BlockCodes src, Storage<E>* dst,
 
 // acc[0, width) <- (own + the pieces' block j, added in order) / post_div. E is
 // the own addend's element type (unused without one).
-template <ElemType E, Fp8Dtype F, typename Count>
+template <ElemType E, WireFormat F, typename Count>
 FP8C_HD void sum_run(const BlockCodes& pieces, const OwnAddend& own, int post_div, int64_t j, Count width,
                      float* acc) {
   const int64_t B = pieces.block_size;
@@ -220,21 +237,21 @@ FP8C_HD void sum_run(const BlockCodes& pieces, const OwnAddend& own, int post_di
     }
   } else {
     const float scale = scale_from_byte(pieces.scales[j]);
-    const uint8_t* codes = pieces.codes + j * B;
-    for (int64_t i = 0; i < width; ++i) acc[i] = lut[codes[i]] * scale;
+    const uint8_t* codes = pieces.codes + code_bytes<F>(j * B);
+    for (int64_t i = 0; i < width; ++i) acc[i] = lut[load_code<F>(codes, i)] * scale;
     first_piece = 1;
   }
   for (int64_t r = first_piece; r < pieces.num_segments; ++r) {
     const float scale = scale_from_byte(pieces.scales[r * pieces.stride + j]);
-    const uint8_t* codes = pieces.codes + r * pieces.stride + j * B;
-    for (int64_t i = 0; i < width; ++i) acc[i] += lut[codes[i]] * scale;
+    const uint8_t* codes = pieces.codes + r * pieces.stride + code_bytes<F>(j * B);
+    for (int64_t i = 0; i < width; ++i) acc[i] += lut[load_code<F>(codes, i)] * scale;
   }
   if (post_div != 1) {
     for (int64_t i = 0; i < width; ++i) acc[i] = sum_finish(acc[i], post_div);
   }
 }
 
-template <ElemType E, Fp8Dtype F>
+template <ElemType E, WireFormat F>
 FP8C_HD void sum_block(const BlockCodes& pieces, const OwnAddend& own, int post_div, int64_t j, int64_t width,
                        float* acc) {
   if (width == 32) {
@@ -253,7 +270,7 @@ int64_t whole_blocks_from(int64_t j, int64_t B, int64_t numel, const OwnAddend& 
 }
 
 // E is the output's element type and the own addend's.
-template <ElemType E, Fp8Dtype F>
+template <ElemType E, WireFormat F>
 FP8C_VECTOR_CLONES void dequant_sum_blocks(const BlockCodes pieces, const OwnAddend own, int post_div,
                                            Storage<E>* dst, int64_t numel, int64_t begin, int64_t end, bool simd) {
   const int64_t B = pieces.block_size;
@@ -274,7 +291,7 @@ FP8C_VECTOR_CLONES void dequant_sum_blocks(const BlockCodes pieces, const OwnAdd
 
 // The output capacity is whole blocks, so every block here is a full one; E
 // is the own addend's element type.
-template <ElemType E, Fp8Dtype F>
+template <ElemType E, WireFormat F>
 FP8C_VECTOR_CLONES void dequant_sum_requantize_blocks(const BlockCodes pieces, const OwnAddend own, int post_div,
                                                       const BlockCodes out, int64_t begin, int64_t end,
                                                       Simd simd) {
@@ -298,7 +315,7 @@ FP8C_VECTOR_CLONES void dequant_sum_requantize_blocks(const BlockCodes pieces, c
   for (; j < end; ++j) {
     const int64_t width = std::min(B, out.capacity - j * B);
     sum_block<E, F>(pieces, own, post_div, j, width, acc);
-    uint8_t* codes = out.codes + j * B;
+    uint8_t* codes = out.codes + code_bytes<F>(j * B);
     if (stochastic) {
       out.scales[j] = requantize_run<F>(acc, width, codes, StochasticEncode<F>{out.stochastic_run(0, j * B)});
     } else {
@@ -341,11 +358,11 @@ bool set_cpu_avx512(bool enabled) {
 void quantize_cpu(const void* src, ElemType type, int64_t numel, float premul, const BlockCodes& dst) {
   check_block_size(dst.block_size, "fp8comm codec");
   const int64_t total = dst.num_segments * ceil_div(dst.capacity, dst.block_size);
-  with_codec_types(type, dst.fp8_dtype, [&](auto e, auto f) {
+  with_codec_types(type, dst.format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
-    constexpr Fp8Dtype F = decltype(f)::value;
+    constexpr WireFormat F = decltype(f)::value;
     auto* s = static_cast<const Storage<E>*>(src);
-    const Simd simd = simd_level();
+    const Simd simd = simd_level(F);
     parallel_blocks(total, grain_blocks(dst.block_size), [&](int64_t b, int64_t end) {
       quantize_blocks<E, F>(s, numel, premul, dst, b, end, simd);
     });
@@ -355,11 +372,11 @@ void quantize_cpu(const void* src, ElemType type, int64_t numel, float premul, c
 void dequantize_cpu(const BlockCodes& src, void* dst, ElemType type, int64_t numel, int64_t whole_output_bytes) {
   check_block_size(src.block_size, "fp8comm codec");
   const int64_t total = src.num_segments * ceil_div(src.segment_numel, src.block_size);
-  with_codec_types(type, src.fp8_dtype, [&](auto e, auto f) {
+  with_codec_types(type, src.format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
-    constexpr Fp8Dtype F = decltype(f)::value;
+    constexpr WireFormat F = decltype(f)::value;
     auto* d = static_cast<Storage<E>*>(dst);
-    const bool simd = cpu_simd_enabled();
+    const bool simd = simd_level(F) != Simd::kOff;
     const int64_t output_bytes = std::max(numel * static_cast<int64_t>(sizeof(Storage<E>)), whole_output_bytes);
     parallel_blocks(total, grain_blocks(src.block_size), [&](int64_t b, int64_t end) {
       dequantize_blocks<E, F>(src, d, numel, b, end, simd, output_bytes);
@@ -374,13 +391,13 @@ void dequant_sum_cpu(const BlockCodes& pieces, const OwnAddend& own, int post_di
   TORCH_CHECK(!own.present || own.type == type, "fp8comm codec: dequant_sum's own addend must have the output's dtype");
   TORCH_CHECK(own.present || pieces.num_segments >= 1, "fp8comm codec: dequant_sum of no pieces and no own addend");
   const int64_t total = ceil_div(numel, pieces.block_size);
-  with_codec_types(type, pieces.fp8_dtype, [&](auto e, auto f) {
+  with_codec_types(type, pieces.format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
-    constexpr Fp8Dtype F = decltype(f)::value;
+    constexpr WireFormat F = decltype(f)::value;
     auto* d = static_cast<Storage<E>*>(dst);
     const int64_t addends = pieces.num_segments + (own.present ? 1 : 0);
     const int64_t grain = std::max<int64_t>(1, grain_blocks(pieces.block_size) / addends);
-    const bool simd = cpu_simd_enabled();
+    const bool simd = simd_level(F) != Simd::kOff;
     parallel_blocks(total, grain, [&](int64_t b, int64_t end) {
       dequant_sum_blocks<E, F>(pieces, own, post_div, d, numel, b, end, simd);
     });
@@ -389,7 +406,7 @@ void dequant_sum_cpu(const BlockCodes& pieces, const OwnAddend& own, int post_di
 
 void dequant_sum_requantize_cpu(const BlockCodes& pieces, const OwnAddend& own, int post_div, const BlockCodes& out) {
   check_block_size(pieces.block_size, "fp8comm codec");
-  TORCH_CHECK(out.block_size == pieces.block_size && out.fp8_dtype == pieces.fp8_dtype &&
+  TORCH_CHECK(out.block_size == pieces.block_size && out.format == pieces.format &&
                   out.capacity <= pieces.capacity,
               "fp8comm codec: dequant_sum_requantize output layout does not match its pieces");
   TORCH_CHECK(own.present || pieces.num_segments >= 1,
@@ -397,10 +414,10 @@ void dequant_sum_requantize_cpu(const BlockCodes& pieces, const OwnAddend& own, 
   const int64_t total = ceil_div(out.capacity, out.block_size);
   const int64_t addends = pieces.num_segments + (own.present ? 1 : 0);
   const int64_t grain = std::max<int64_t>(1, grain_blocks(pieces.block_size) / addends);
-  const Simd simd = simd_level();
-  with_codec_types(own.type, pieces.fp8_dtype, [&](auto e, auto f) {
+  const Simd simd = simd_level(pieces.format);
+  with_codec_types(own.type, pieces.format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
-    constexpr Fp8Dtype F = decltype(f)::value;
+    constexpr WireFormat F = decltype(f)::value;
     parallel_blocks(total, grain, [&](int64_t b, int64_t end) {
       dequant_sum_requantize_blocks<E, F>(pieces, own, post_div, out, b, end, simd);
     });

@@ -107,10 +107,10 @@ FP8C_AVX2_INLINE uint32_t min_lane(__m256i v) {
 // (subnormals possible); kAny: anything (Inf/NaN, or an amax near FLT_MAX).
 enum class Lanes { kNormal, kFinite, kAny };
 
-// encode_fp8 of eight lanes, as uint32 codes; the cases `L` excludes skipped.
-template <Fp8Dtype F, Lanes L>
+// encode_code of eight lanes, as uint32 codes; the cases `L` excludes skipped.
+template <WireFormat F, Lanes L>
 FP8C_AVX2_INLINE __m256i encode8(__m256 v, __m256i limit) {
-  using T = Fp8Traits<F>;
+  using T = WireTraits<F>;
   constexpr int kDrop = 23 - T::kMantBits;
   const __m256i b = _mm256_castps_si256(v);
   const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(b, 24), splat(0x80));
@@ -151,10 +151,10 @@ FP8C_AVX2_INLINE __m256i rounding_bits8(const StochasticRun& run, int64_t i) {
   return lowbias8(_mm256_xor_si256(lowbias8(_mm256_xor_si256(index, splat(run.k0))), splat(run.k1)));
 }
 
-// encode_fp8_stochastic of eight lanes (any lanes), as uint32 codes.
-template <Fp8Dtype F>
+// encode_code_stochastic of eight lanes (any lanes), as uint32 codes.
+template <WireFormat F>
 FP8C_AVX2_INLINE __m256i encode8_stochastic(__m256 v, __m256i limit, __m256i rand) {
-  using T = Fp8Traits<F>;
+  using T = WireTraits<F>;
   constexpr int kDrop = 23 - T::kMantBits;
   constexpr int kFrac = kSubnormalFraction<F>;
   const __m256i b = _mm256_castps_si256(v);
@@ -185,10 +185,10 @@ FP8C_AVX2_INLINE void store_codes16(uint8_t* p, __m256i lo, __m256i hi) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(ordered));
 }
 
-// decode_fp8 of eight codes, any codes.
-template <Fp8Dtype F>
+// decode_code of eight codes, any codes.
+template <WireFormat F>
 FP8C_AVX2_INLINE __m256 decode8(const uint8_t* p) {
-  using T = Fp8Traits<F>;
+  using T = WireTraits<F>;
   const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
   const __m256i em = _mm256_and_si256(c, splat(0x7F));
   const __m256i normal = _mm256_add_epi32(_mm256_slli_epi32(em, 23 - T::kMantBits), splat(T::kRebias << 23));
@@ -204,13 +204,13 @@ FP8C_AVX2_INLINE __m256 decode8(const uint8_t* p) {
 }
 
 // The fast decode: eight codes placed as the top bits of fp32 lanes, so that
-// lane = decode_fp8(code) * 2^-kRebias exactly (FP8 subnormals land on fp32
+// lane = decode_code(code) * 2^-kRebias exactly (FP8 subnormals land on fp32
 // subnormals). One multiply by 2^(kRebias + e) then gives decode * 2^e with
 // the same single rounding as the scalar `decode * scale`. Valid when no code
 // is Inf/NaN, 2^(kRebias + e) is a float, and denormals are not treated as zero.
-template <Fp8Dtype F>
+template <WireFormat F>
 FP8C_AVX2_INLINE __m256 decode8_raw(const uint8_t* p) {
-  using T = Fp8Traits<F>;
+  using T = WireTraits<F>;
   int64_t eight;
   memcpy(&eight, p, 8);
   // code i to the top byte of lane i: each 128-bit half of the shuffle sees all eight codes
@@ -224,9 +224,9 @@ FP8C_AVX2_INLINE __m256 decode8_raw(const uint8_t* p) {
 }
 
 // decode8_raw of sixteen codes, as two vectors: one 16-byte load, two shuffles.
-template <Fp8Dtype F>
+template <WireFormat F>
 FP8C_AVX2_INLINE void decode16_raw(const uint8_t* p, __m256& lo, __m256& hi) {
-  using T = Fp8Traits<F>;
+  using T = WireTraits<F>;
   const __m256i c = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   const __m256i to_lo = _mm256_setr_epi8(-1, -1, -1, 0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3,  //
                                          -1, -1, -1, 4, -1, -1, -1, 5, -1, -1, -1, 6, -1, -1, -1, 7);
@@ -262,7 +262,7 @@ struct Accumulated {
 
 // One block of B (a multiple of 16) float lanes `x(i)` (i counts vectors of
 // eight) quantized into codes; returns the scale byte.
-template <Fp8Dtype F, Lanes L, typename Source>
+template <WireFormat F, Lanes L, typename Source>
 FP8C_AVX2_INLINE void encode_scaled(Source x, int64_t vectors, __m256 inv, __m256i limit, uint8_t* codes) {
   for (int64_t i = 0; i < vectors; i += 2) {
     store_codes16(codes + 8 * i, encode8<F, L>(_mm256_mul_ps(x(i), inv), limit),
@@ -270,12 +270,12 @@ FP8C_AVX2_INLINE void encode_scaled(Source x, int64_t vectors, __m256 inv, __m25
   }
 }
 
-template <Fp8Dtype F, Lanes L, typename Source>
+template <WireFormat F, Lanes L, typename Source>
 FP8C_AVX2_INLINE void encode_block(Source x, int64_t vectors, uint8_t sb, uint8_t* codes) {
   encode_scaled<F, L>(x, vectors, _mm256_set1_ps(inv_scale_from_byte(sb)), splat(code_limit<F>(sb)), codes);
 }
 
-template <Fp8Dtype F, typename Source>
+template <WireFormat F, typename Source>
 FP8C_AVX2_INLINE uint8_t quantize_block(Source x, int64_t vectors, uint8_t* codes) {
   // First the max of |x| over all lanes, non-finite ones included (when it is
   // finite it is the block amax), and the smallest non-zero |x| (a - 1 wraps
@@ -290,10 +290,10 @@ FP8C_AVX2_INLINE uint8_t quantize_block(Source x, int64_t vectors, uint8_t* code
   const uint32_t raw_max = max_lane(raw);
   if (raw_max < 0x7F800000u) {
     const uint8_t sb = scale_byte<F>(raw_max);
-    if (code_limit<F>(sb) == Fp8Traits<F>::kMaxCode) {
+    if (code_limit<F>(sb) == WireTraits<F>::kMaxCode) {
       // the smallest non-zero lane, scaled as encode_block scales it (monotonic)
       const uint32_t lowest = min_lane(low) + 1u;
-      if (lowest == 0 || float_bits(bits_float(lowest) * inv_scale_from_byte(sb)) >= Fp8Traits<F>::kMinNormalBits) {
+      if (lowest == 0 || float_bits(bits_float(lowest) * inv_scale_from_byte(sb)) >= WireTraits<F>::kMinNormalBits) {
         encode_block<F, Lanes::kNormal>(x, vectors, sb, codes);
       } else {
         encode_block<F, Lanes::kFinite>(x, vectors, sb, codes);
@@ -311,7 +311,7 @@ FP8C_AVX2_INLINE uint8_t quantize_block(Source x, int64_t vectors, uint8_t* code
 // One block quantized with stochastic rounding: the scale from the finite
 // maximum, as quantize_block's, then every lane through the stochastic encode;
 // `at`: the block's first element from the run's start.
-template <Fp8Dtype F, typename Source>
+template <WireFormat F, typename Source>
 FP8C_AVX2_INLINE uint8_t quantize_block_stochastic(Source x, int64_t vectors, const StochasticRun& run, int64_t at,
                                                    uint8_t* codes) {
   __m256i amax = _mm256_setzero_si256();
@@ -346,9 +346,9 @@ struct Shifted {
 
 // Eight blocks of 32 lanes x(0..31) (block b: x(4b..4b+3)) into codes and
 // scales; false (nothing written) when a block needs quantize_block.
-template <Fp8Dtype F, typename Source>
+template <WireFormat F, typename Source>
 FP8C_AVX2_INLINE bool quantize_group_normal(Source x, uint8_t* codes, uint8_t* scales) {
-  using T = Fp8Traits<F>;
+  using T = WireTraits<F>;
   __m256i raw[kGroup], low[kGroup];
   for (int64_t b = 0; b < kGroup; ++b) {  // quantize_block's first pass, per block
     raw[b] = _mm256_setzero_si256();
@@ -392,7 +392,7 @@ FP8C_AVX2_INLINE void store_f32(float* p, __m256 v, bool stream) {
 // acc[0, B) <- (own + the pieces' block j, added in rank order) / post_div;
 // `own` (element type E) is null or holds the whole block. kOutput: acc is a
 // float32 output, so its NaNs are written as Elem<F32>::store writes them.
-template <ElemType E, Fp8Dtype F, bool kOutput, typename Count>
+template <ElemType E, WireFormat F, bool kOutput, typename Count>
 FP8C_AVX2_INLINE void sum_block(const BlockCodes& pieces, const Storage<E>* own, float own_premul, Count B,
                                 int post_div, int64_t j, bool daz, float* acc) {
   const __m256 div = _mm256_set1_ps(static_cast<float>(post_div));
@@ -461,7 +461,7 @@ FP8C_AVX2_INLINE void sum_block(const BlockCodes& pieces, const Storage<E>* own,
   }
 }
 
-template <ElemType E, Fp8Dtype F, bool kPremul, typename Count>
+template <ElemType E, WireFormat F, bool kPremul, typename Count>
 FP8C_AVX2 void quantize_run(const Storage<E>* src, int64_t blocks, Count B, float premul, uint8_t* codes,
                             uint8_t* scales, const StochasticRun* stochastic) {
   const __m256 pm = _mm256_set1_ps(premul);
@@ -486,7 +486,7 @@ FP8C_AVX2 void quantize_run(const Storage<E>* src, int64_t blocks, Count B, floa
   }
 }
 
-template <ElemType E, Fp8Dtype F, typename Count>
+template <ElemType E, WireFormat F, typename Count>
 FP8C_AVX2 void dequantize_run(const uint8_t* codes, const uint8_t* scales, int64_t blocks, Count B, Storage<E>* dst,
                               int64_t output_bytes) {
   const bool daz = denormals_are_zero();
@@ -510,7 +510,7 @@ FP8C_AVX2 void dequantize_run(const uint8_t* codes, const uint8_t* scales, int64
   if (stream) _mm_sfence();
 }
 
-template <ElemType E, Fp8Dtype F, typename Count>
+template <ElemType E, WireFormat F, typename Count>
 FP8C_AVX2 void dequant_sum_run(const BlockCodes& pieces, const Storage<E>* own, float own_premul, Count B,
                                int post_div, int64_t j0, int64_t blocks, Storage<E>* dst) {
   alignas(32) float acc[kMaxBlockSize];
@@ -527,7 +527,7 @@ FP8C_AVX2 void dequant_sum_run(const BlockCodes& pieces, const Storage<E>* own, 
   }
 }
 
-template <ElemType E, Fp8Dtype F, typename Count>
+template <ElemType E, WireFormat F, typename Count>
 FP8C_AVX2 void dequant_sum_requantize_run(const BlockCodes& pieces, const Storage<E>* own, float own_premul, Count B,
                                           int post_div, int64_t j0, int64_t blocks, uint8_t* codes, uint8_t* scales,
                                           const StochasticRun* stochastic) {
@@ -566,11 +566,11 @@ bool supported() {
   return ok;
 }
 
-void quantize_full_blocks(const void* src, ElemType type, Fp8Dtype fp8_dtype, int64_t blocks, int block_size,
+void quantize_full_blocks(const void* src, ElemType type, WireFormat format, int64_t blocks, int block_size,
                           float premul, uint8_t* codes, uint8_t* scales, const StochasticRun* stochastic) {
-  with_codec_types(type, fp8_dtype, [&](auto e, auto f) {
+  x86::with_kernel_types(type, format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
-    constexpr Fp8Dtype F = decltype(f)::value;
+    constexpr WireFormat F = decltype(f)::value;
     auto* s = static_cast<const Storage<E>*>(src);
     with_block(block_size, [&](auto B) {
       if (premul == 1.0f) {
@@ -582,9 +582,9 @@ void quantize_full_blocks(const void* src, ElemType type, Fp8Dtype fp8_dtype, in
   });
 }
 
-void dequantize_full_blocks(const uint8_t* codes, const uint8_t* scales, Fp8Dtype fp8_dtype, int64_t blocks,
+void dequantize_full_blocks(const uint8_t* codes, const uint8_t* scales, WireFormat format, int64_t blocks,
                             int block_size, void* dst, ElemType type, int64_t output_bytes) {
-  with_codec_types(type, fp8_dtype, [&](auto e, auto f) {
+  x86::with_kernel_types(type, format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
     with_block(block_size, [&](auto B) {
       dequantize_run<E, decltype(f)::value>(codes, scales, blocks, B, static_cast<Storage<E>*>(dst), output_bytes);
@@ -594,7 +594,7 @@ void dequantize_full_blocks(const uint8_t* codes, const uint8_t* scales, Fp8Dtyp
 
 void dequant_sum_full_blocks(const BlockCodes& pieces, const OwnAddend& own, int post_div, int64_t first_block,
                              int64_t blocks, void* dst, ElemType type) {
-  with_codec_types(type, pieces.fp8_dtype, [&](auto e, auto f) {
+  x86::with_kernel_types(type, pieces.format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
     const auto* o = own.present ? static_cast<const Storage<E>*>(own.src) : nullptr;
     with_block(pieces.block_size, [&](auto B) {
@@ -607,7 +607,7 @@ void dequant_sum_full_blocks(const BlockCodes& pieces, const OwnAddend& own, int
 void dequant_sum_requantize_full_blocks(const BlockCodes& pieces, const OwnAddend& own, int post_div,
                                         int64_t first_block, int64_t blocks, uint8_t* codes, uint8_t* scales,
                                         const StochasticRun* stochastic) {
-  with_codec_types(own.type, pieces.fp8_dtype, [&](auto e, auto f) {
+  x86::with_kernel_types(own.type, pieces.format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
     const auto* o = own.present ? static_cast<const Storage<E>*>(own.src) : nullptr;
     with_block(pieces.block_size, [&](auto B) {

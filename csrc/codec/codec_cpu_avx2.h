@@ -22,6 +22,10 @@ namespace fp8comm {
 
 namespace avx2 {
 
+// Whether the kernels below take blocks of this wire format (the scalar
+// loops take every format).
+constexpr bool takes_format(WireFormat format) { return format != WireFormat::MXFP4; }
+
 #if FP8C_HAVE_AVX2_KERNELS
 // Whether this CPU runs them (AVX2 and F16C).
 bool supported();
@@ -30,10 +34,10 @@ bool supported();
 // scales of block j at codes + j * block_size and scales[j]. `stochastic`:
 // null rounds to nearest even, else the run's random bits (its `first` is
 // the segment index of the first block's first element; rounding.h).
-void quantize_full_blocks(const void* src, ElemType type, Fp8Dtype fp8_dtype, int64_t blocks, int block_size,
+void quantize_full_blocks(const void* src, ElemType type, WireFormat format, int64_t blocks, int block_size,
                           float premul, uint8_t* codes, uint8_t* scales, const StochasticRun* stochastic = nullptr);
 // output_bytes: the size of the whole output, the call's or its collective's (streaming stores are chosen by it).
-void dequantize_full_blocks(const uint8_t* codes, const uint8_t* scales, Fp8Dtype fp8_dtype, int64_t blocks,
+void dequantize_full_blocks(const uint8_t* codes, const uint8_t* scales, WireFormat format, int64_t blocks,
                             int block_size, void* dst, ElemType type, int64_t output_bytes);
 // Blocks [first_block, first_block + blocks) of the pieces, summed as
 // dequant_sum_cpu sums them; dst / codes / scales point at the first one's
@@ -50,11 +54,11 @@ void dequant_sum_requantize_full_blocks(const BlockCodes& pieces, const OwnAdden
 // unwritten).
 inline bool supported() { return false; }
 [[noreturn]] inline void unreachable() { std::abort(); }
-inline void quantize_full_blocks(const void*, ElemType, Fp8Dtype, int64_t, int, float, uint8_t*, uint8_t*,
+inline void quantize_full_blocks(const void*, ElemType, WireFormat, int64_t, int, float, uint8_t*, uint8_t*,
                                  const StochasticRun* = nullptr) {
   unreachable();
 }
-inline void dequantize_full_blocks(const uint8_t*, const uint8_t*, Fp8Dtype, int64_t, int, void*, ElemType, int64_t) {
+inline void dequantize_full_blocks(const uint8_t*, const uint8_t*, WireFormat, int64_t, int, void*, ElemType, int64_t) {
   unreachable();
 }
 inline void dequant_sum_full_blocks(const BlockCodes&, const OwnAddend&, int, int64_t, int64_t, void*, ElemType) {

@@ -55,12 +55,12 @@ FP8C_AVX512_INLINE void block_extremes(__m512 v0, __m512 v1, __m256i& raw, __m25
   low = _mm256_min_epu32(_mm512_castsi512_si256(l), _mm512_extracti64x4_epi64(l, 1));
 }
 
-// encode_fp8 of sixteen scaled lanes that are finite and each zero or an FP8
+// encode_code of sixteen scaled lanes that are finite and each zero or an FP8
 // normal (the AVX2 kernels' Lanes::kNormal case): round to nearest even by
 // integer arithmetic on the bits, sign to bit 7, one byte per lane.
-template <Fp8Dtype F>
+template <WireFormat F>
 FP8C_AVX512_INLINE __m128i encode16(__m512 v) {
-  using T = Fp8Traits<F>;
+  using T = WireTraits<F>;
   constexpr int kDrop = 23 - T::kMantBits;
   const __m512i b = _mm512_castps_si512(v);
   const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(b, 24), splat(0x80));
@@ -88,9 +88,9 @@ FP8C_AVX512_INLINE __m512i rounding_bits16(const StochasticRun& run, int64_t i) 
   return lowbias16(_mm512_xor_si512(lowbias16(_mm512_xor_si512(index, splat(run.k0))), splat(run.k1)));
 }
 
-template <Fp8Dtype F>
+template <WireFormat F>
 FP8C_AVX512_INLINE __m128i encode16_stochastic(__m512 v, __m512i limit, __m512i rand) {
-  using T = Fp8Traits<F>;
+  using T = WireTraits<F>;
   constexpr int kDrop = 23 - T::kMantBits;
   constexpr int kFrac = kSubnormalFraction<F>;
   const __m512i b = _mm512_castps_si512(v);
@@ -118,7 +118,7 @@ FP8C_AVX512_INLINE __m128i encode16_stochastic(__m512 v, __m512i limit, __m512i 
 // One block of 32 (two vectors) quantized with stochastic rounding: the
 // scale from the finite maximum, every lane through the stochastic encode;
 // `at`: the block's first element from the run's start.
-template <Fp8Dtype F>
+template <WireFormat F>
 FP8C_AVX512_INLINE uint8_t quantize_block_stochastic(__m512 v0, __m512 v1, const StochasticRun& run, int64_t at,
                                                      uint8_t* codes) {
   const __m512i a0 = _mm512_and_si512(_mm512_castps_si512(v0), splat(0x7FFFFFFF));
@@ -143,7 +143,7 @@ FP8C_AVX512_INLINE uint8_t quantize_block_stochastic(__m512 v0, __m512 v1, const
 
 // The group's sixteen vectors (block b: v[2b], v[2b + 1]) into codes and
 // scales; false (nothing written) unless every block takes the plain encode.
-template <Fp8Dtype F>
+template <WireFormat F>
 FP8C_AVX512_INLINE bool quantize_group(const __m512* v, uint8_t* codes, uint8_t* scales) {
   __m256i raw[kGroup], low[kGroup];
   for (int64_t b = 0; b < kGroup; ++b) block_extremes(v[2 * b], v[2 * b + 1], raw[b], low[b]);
@@ -158,7 +158,7 @@ FP8C_AVX512_INLINE bool quantize_group(const __m512* v, uint8_t* codes, uint8_t*
   return true;
 }
 
-template <ElemType E, Fp8Dtype F, bool kPremul>
+template <ElemType E, WireFormat F, bool kPremul>
 FP8C_AVX512 void quantize_run(const Storage<E>* src, int64_t blocks, float premul, uint8_t* codes, uint8_t* scales,
                               const StochasticRun* stochastic) {
   const __m512 pm = _mm512_set1_ps(premul);
@@ -190,11 +190,11 @@ FP8C_AVX512 void quantize_run(const Storage<E>* src, int64_t blocks, float premu
 
 // ---------------------------------------------------------------- sums
 // The fast decode of sixteen codes (the AVX2 kernels' decode16_raw): code i
-// placed as the top bits of an fp32 lane, so lane = decode_fp8(code) *
+// placed as the top bits of an fp32 lane, so lane = decode_code(code) *
 // 2^-kRebias exactly.
-template <Fp8Dtype F>
+template <WireFormat F>
 FP8C_AVX512_INLINE __m512 decode16_raw(const uint8_t* p) {
-  using T = Fp8Traits<F>;
+  using T = WireTraits<F>;
   constexpr int kShift = T::kMantBits + 1;
   const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   const __m512i keep = splat(0x80000000u | (0x7Fu << (23 - T::kMantBits)));
@@ -205,7 +205,7 @@ FP8C_AVX512_INLINE __m512 decode16_raw(const uint8_t* p) {
 // (the own addend times its factor, or else piece 0; then the other pieces in
 // rank order; then the division), into v; false when a piece's block needs
 // the exact decode (then the AVX2 kernels take the group).
-template <ElemType E, Fp8Dtype F>
+template <ElemType E, WireFormat F>
 FP8C_AVX512_INLINE bool sum_group(const BlockCodes& pieces, const Storage<E>* own, float own_premul, int post_div,
                                   int64_t j, bool daz, __m512* v) {
   constexpr int64_t kMaxFastPieces = 64;  // as the AVX2 kernels
@@ -258,7 +258,7 @@ FP8C_AVX512_INLINE const StochasticRun* run_from(const StochasticRun* run, int64
   return &at;
 }
 
-template <ElemType E, Fp8Dtype F>
+template <ElemType E, WireFormat F>
 FP8C_AVX512 void sum_requantize_run(const BlockCodes& pieces, const OwnAddend& addend, int post_div, int64_t j0,
                                     int64_t blocks, uint8_t* codes, uint8_t* scales, const StochasticRun* stochastic) {
   const auto* own = addend.present ? static_cast<const Storage<E>*>(addend.src) : nullptr;
@@ -296,11 +296,11 @@ bool supported() {
   return ok;
 }
 
-void quantize_blocks32(const void* src, ElemType type, Fp8Dtype fp8_dtype, int64_t blocks, float premul,
+void quantize_blocks32(const void* src, ElemType type, WireFormat format, int64_t blocks, float premul,
                        uint8_t* codes, uint8_t* scales, const StochasticRun* stochastic) {
-  with_codec_types(type, fp8_dtype, [&](auto e, auto f) {
+  x86::with_kernel_types(type, format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
-    constexpr Fp8Dtype F = decltype(f)::value;
+    constexpr WireFormat F = decltype(f)::value;
     auto* s = static_cast<const Storage<E>*>(src);
     if (premul == 1.0f) {
       quantize_run<E, F, false>(s, blocks, premul, codes, scales, stochastic);
@@ -313,7 +313,7 @@ void quantize_blocks32(const void* src, ElemType type, Fp8Dtype fp8_dtype, int64
 void dequant_sum_requantize_blocks32(const BlockCodes& pieces, const OwnAddend& own, int post_div,
                                      int64_t first_block, int64_t blocks, uint8_t* codes, uint8_t* scales,
                                      const StochasticRun* stochastic) {
-  with_codec_types(own.type, pieces.fp8_dtype, [&](auto e, auto f) {
+  x86::with_kernel_types(own.type, pieces.format, [&](auto e, auto f) {
     sum_requantize_run<decltype(e)::value, decltype(f)::value>(pieces, own, post_div, first_block, blocks, codes,
                                                                scales, stochastic);
   });

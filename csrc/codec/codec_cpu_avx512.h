@@ -19,7 +19,7 @@ namespace avx512 {
 bool supported();
 
 // As avx2::quantize_full_blocks with block_size 32.
-void quantize_blocks32(const void* src, ElemType type, Fp8Dtype fp8_dtype, int64_t blocks, float premul,
+void quantize_blocks32(const void* src, ElemType type, WireFormat format, int64_t blocks, float premul,
                        uint8_t* codes, uint8_t* scales, const StochasticRun* stochastic = nullptr);
 // As avx2::dequant_sum_requantize_full_blocks with pieces.block_size 32.
 void dequant_sum_requantize_blocks32(const BlockCodes& pieces, const OwnAddend& own, int post_div,
@@ -28,7 +28,7 @@ void dequant_sum_requantize_blocks32(const BlockCodes& pieces, const OwnAddend& 
 #else
 // Not x86: never called (supported() is false); see codec_cpu_avx2.h.
 inline bool supported() { return false; }
-inline void quantize_blocks32(const void*, ElemType, Fp8Dtype, int64_t, float, uint8_t*, uint8_t*,
+inline void quantize_blocks32(const void*, ElemType, WireFormat, int64_t, float, uint8_t*, uint8_t*,
                               const StochasticRun* = nullptr) {
   avx2::unreachable();
 }

@@ -7,6 +7,9 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#include <cstdlib>
+
+#include "codec_cpu_avx2.h"
 #include "fp8_block_math.h"
 
 namespace fp8comm {
@@ -37,9 +40,9 @@ FP8C_GROUP_INLINE __m256i reduce_8x8(const __m256i* v) {
 }
 
 // The largest scale exponent whose code_limit is the format's largest code.
-template <Fp8Dtype F>
+template <WireFormat F>
 constexpr int largest_unlimited_exp() {
-  using T = Fp8Traits<F>;
+  using T = WireTraits<F>;
   int e = 127;
   for (;; --e) {  // code_limit's arithmetic, for the exponent e
     const int top = 127 - e + static_cast<int>(127 - T::kRebias);
@@ -54,9 +57,9 @@ constexpr int largest_unlimited_exp() {
 // block takes the plain encode: finite, no code limit, and its smallest
 // non-zero |x| (if any) an FP8 normal after scaling. Otherwise false, and
 // nothing written.
-template <Fp8Dtype F>
+template <WireFormat F>
 FP8C_GROUP_INLINE bool plain_scales(const __m256i* raw, const __m256i* low, uint8_t* scales, float* inv) {
-  using T = Fp8Traits<F>;
+  using T = WireTraits<F>;
   const __m256i amax = reduce_8x8<true>(raw);
   const __m256i lowest = _mm256_add_epi32(reduce_8x8<false>(low), splat(1));
   // scale_exponent, eight lanes (abs bits compare as signed)
@@ -84,26 +87,39 @@ FP8C_GROUP_INLINE bool plain_scales(const __m256i* raw, const __m256i* low, uint
 }
 
 // The multiplier of the fast decode (codes placed as the top bits of fp32
-// lanes, so lane = decode_fp8(code) * 2^-kRebias) for a block scale byte, or 0
+// lanes, so lane = decode_code(code) * 2^-kRebias) for a block scale byte, or 0
 // when the block must take the exact decode (scale too large, or DAZ set in
 // this thread).
-template <Fp8Dtype F>
+template <WireFormat F>
 FP8C_GROUP_INLINE float raw_decode_factor(uint8_t scale_byte, bool daz) {
-  const int exp = static_cast<int>(Fp8Traits<F>::kRebias) + static_cast<int>(scale_byte) - kScaleBias;
+  const int exp = static_cast<int>(WireTraits<F>::kRebias) + static_cast<int>(scale_byte) - kScaleBias;
   return daz || exp > 127 ? 0.0f : pow2f(exp);
 }
 
 // Whether a block's codes hold no Inf/NaN code (so the fast decode applies).
-template <Fp8Dtype F, typename Count>
+template <WireFormat F, typename Count>
 FP8C_GROUP_INLINE bool plain_codes(const uint8_t* codes, Count B) {
   __m128i special = _mm_setzero_si128();
   for (int64_t i = 0; i < B; i += 16) {
     const __m128i em = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i)), _mm_set1_epi8(0x7F));
     // em >= kFirstNonFinite, unsigned
-    const __m128i first = _mm_set1_epi8(static_cast<char>(Fp8Traits<F>::kFirstNonFinite));
+    const __m128i first = _mm_set1_epi8(static_cast<char>(WireTraits<F>::kFirstNonFinite));
     special = _mm_or_si128(special, _mm_cmpeq_epi8(_mm_max_epu8(em, first), em));
   }
   return _mm_testz_si128(special, special);
+}
+
+// with_codec_types over the formats the kernels take (avx2::takes_format);
+// the dispatch in codec_cpu.cpp never sends another here.
+template <typename Fn>
+void with_kernel_types(ElemType type, WireFormat format, Fn&& fn) {
+  with_codec_types(type, format, [&](auto e, auto f) {
+    if constexpr (avx2::takes_format(decltype(f)::value)) {
+      fn(e, f);
+    } else {
+      std::abort();
+    }
+  });
 }
 
 FP8C_GROUP_INLINE bool denormals_are_zero() { return (_mm_getcsr() & 0x0040u) != 0; }

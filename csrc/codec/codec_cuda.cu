@@ -1,10 +1,10 @@
-// The FP8 block codec on CUDA: plain kernels over raw pointers (torch-free, so a
+// The block codec on CUDA: plain kernels over raw pointers (torch-free, so a
 // bare `nvcc -c` builds them), one kernel per operation, the element math from
 // fp8_block_math.h so the bytes equal the CPU codec's bit for bit.
 //
 // Work unit: a *chunk* of 16 consecutive elements per thread — 64 bytes of
 // fp32 / 32 bytes of bf16 read with 16-byte loads, 16 codes written with one
-// 16-byte store — whenever the pointers are 16-byte aligned and the chunk is
+// 16-byte store (8-byte for 4-bit codes) — whenever the pointers are 16-byte aligned and the chunk is
 // whole; otherwise the same thread falls back to element accesses (source
 // views and segment starts need not be aligned).
 //
@@ -48,13 +48,54 @@ __device__ __forceinline__ void store_chunk(Storage<E>* p, int valid, const floa
   }
 }
 
+__device__ __forceinline__ bool aligned8(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 7u) == 0; }
+
+// c[0, valid) <- the codes of a chunk's elements [0, valid), zeros past valid;
+// `p` points at the chunk's first code byte.
+template <WireFormat F>
 __device__ __forceinline__ void load_codes(const uint8_t* p, int valid, uint8_t (&c)[kChunk]) {
-  if (valid == kChunk && aligned16(p)) {
-    const uint4 w = __ldg(reinterpret_cast<const uint4*>(p));
-    memcpy(c, &w, 16);
-  } else {
+  if constexpr (WireTraits<F>::kCodeBits == 8) {
+    if (valid == kChunk && aligned16(p)) {
+      const uint4 w = __ldg(reinterpret_cast<const uint4*>(p));
+      memcpy(c, &w, 16);
+    } else {
 #pragma unroll
-    for (int t = 0; t < kChunk; ++t) c[t] = t < valid ? p[t] : 0;
+      for (int t = 0; t < kChunk; ++t) c[t] = t < valid ? p[t] : 0;
+    }
+  } else {
+    uint8_t packed[kChunk / 2];
+    if (valid == kChunk && aligned8(p)) {
+      const uint2 w = __ldg(reinterpret_cast<const uint2*>(p));
+      memcpy(packed, &w, 8);
+    } else {
+#pragma unroll
+      for (int t = 0; t < kChunk / 2; ++t) packed[t] = 2 * t < valid ? p[t] : 0;
+    }
+#pragma unroll
+    for (int t = 0; t < kChunk; ++t) c[t] = t < valid ? load_code<F>(packed, t) : 0;
+  }
+}
+
+// The codes c[0, count) of a chunk to `p`, its first code byte (4-bit codes:
+// two per byte, an odd count's last byte with its high nibble zero).
+template <WireFormat F>
+__device__ __forceinline__ void store_wire_codes(uint8_t* p, int count, const uint8_t (&c)[kChunk]) {
+  if constexpr (WireTraits<F>::kCodeBits == 8) {
+    store_codes(p, count, c);
+  } else {
+    uint8_t packed[kChunk / 2];
+#pragma unroll
+    for (int t = 0; t < kChunk / 2; ++t) packed[t] = static_cast<uint8_t>(c[2 * t] | (c[2 * t + 1] << 4));
+    if (count == kChunk && aligned8(p)) {
+      uint2 w;
+      memcpy(&w, packed, 8);
+      *reinterpret_cast<uint2*>(p) = w;
+    } else {
+#pragma unroll
+      for (int t = 0; t < kChunk / 2; ++t) {
+        if (2 * t < count) p[t] = packed[t];  // c is zero past count, so the last high nibble is too
+      }
+    }
   }
 }
 
@@ -85,7 +126,7 @@ struct TensorSource {
 // (own + the pieces, in piece order) / post_div (dequant-sum-requantize and
 // dequant-sum); E is the own addend's element type. Padding codes are zeros,
 // so the whole capacity is summed.
-template <ElemType E, Fp8Dtype F>
+template <ElemType E, WireFormat F>
 __device__ __forceinline__ void sum_pieces(const BlockCodes& pieces, const OwnAddend& own, int post_div, int64_t i0,
                                            int valid, float (&acc)[kChunk]) {
   const int64_t j = i0 / pieces.block_size;
@@ -100,11 +141,11 @@ __device__ __forceinline__ void sum_pieces(const BlockCodes& pieces, const OwnAd
   for (int64_t r = 0; r < pieces.num_segments; ++r) {
     const float scale = scale_from_byte(pieces.scales[r * pieces.stride + j]);
     uint8_t c[kChunk];
-    load_codes(pieces.codes + r * pieces.stride + i0, valid, c);
+    load_codes<F>(pieces.codes + r * pieces.stride + code_bytes<F>(i0), valid, c);
     const bool first = r == 0 && !own.present;
 #pragma unroll
     for (int t = 0; t < kChunk; ++t) {
-      const float d = decode_fp8<F>(c[t]) * scale;
+      const float d = decode_code<F>(c[t]) * scale;
       acc[t] = first ? d : acc[t] + d;
     }
   }
@@ -114,7 +155,7 @@ __device__ __forceinline__ void sum_pieces(const BlockCodes& pieces, const OwnAd
   }
 }
 
-template <ElemType E, Fp8Dtype F>
+template <ElemType E, WireFormat F>
 struct PiecesSource {
   BlockCodes pieces;
   OwnAddend own;
@@ -132,7 +173,7 @@ struct PiecesSource {
 // valid elements up to the capacity. Elements r, i0 + t of dst's segments,
 // rounded as dst says (rounding.h: stochastic bits of the element's index in
 // its segment).
-template <Fp8Dtype F>
+template <WireFormat F>
 __device__ __forceinline__ void encode_chunk(const float (&v)[kChunk], int valid, uint8_t sb, const BlockCodes& dst,
                                              int64_t r, int64_t i0, int count) {
   const float inv = inv_scale_from_byte(sb);
@@ -141,12 +182,12 @@ __device__ __forceinline__ void encode_chunk(const float (&v)[kChunk], int valid
   if (dst.rounding == Rounding::kStochastic) {
     const StochasticRun run = dst.stochastic_run(r, i0);
 #pragma unroll
-    for (int t = 0; t < kChunk; ++t) c[t] = t < valid ? encode_fp8_stochastic<F>(v[t] * inv, limit, run.bits(t)) : 0;
+    for (int t = 0; t < kChunk; ++t) c[t] = t < valid ? encode_code_stochastic<F>(v[t] * inv, limit, run.bits(t)) : 0;
   } else {
 #pragma unroll
-    for (int t = 0; t < kChunk; ++t) c[t] = t < valid ? encode_fp8<F>(v[t] * inv, limit) : 0;
+    for (int t = 0; t < kChunk; ++t) c[t] = t < valid ? encode_code<F>(v[t] * inv, limit) : 0;
   }
-  store_codes(dst.codes + r * dst.stride + i0, count, c);
+  store_wire_codes<F>(dst.codes + r * dst.stride + code_bytes<F>(i0), count, c);
 }
 
 __device__ __forceinline__ uint32_t chunk_amax(const float (&v)[kChunk], int valid) {
@@ -159,6 +200,18 @@ __device__ __forceinline__ uint32_t chunk_amax(const float (&v)[kChunk], int val
   return amax;
 }
 
+// Whether a chunk holds a non-finite value, for a format without NaN codes
+// (stored_scale_byte); 0 otherwise.
+template <WireFormat F>
+__device__ __forceinline__ uint32_t chunk_nonfinite(const float (&v)[kChunk], int valid) {
+  uint32_t nonfinite = 0;
+  if constexpr (!WireTraits<F>::kHasNanCode) {
+#pragma unroll
+    for (int t = 0; t < kChunk; ++t) nonfinite |= t < valid ? nonfinite_bit(v[t]) : 0u;
+  }
+  return nonfinite;
+}
+
 __device__ __forceinline__ void write_scale(const BlockCodes& dst, int64_t r, int64_t j, int64_t blocks_per_segment,
                                             uint8_t sb) {
   uint8_t* scales = dst.scales + r * dst.stride;
@@ -169,7 +222,7 @@ __device__ __forceinline__ void write_scale(const BlockCodes& dst, int64_t r, in
 }
 
 // Blocks of lanes_per_block (a power of two <= 32) adjacent lanes.
-template <class Source, Fp8Dtype F>
+template <class Source, WireFormat F>
 __global__ void __launch_bounds__(kThreads) quantize_shuffle_kernel(Source source, BlockCodes dst,
                                                                     int64_t total_blocks, int lanes_per_block) {
   const int64_t B = dst.block_size;
@@ -189,20 +242,22 @@ __global__ void __launch_bounds__(kThreads) quantize_shuffle_kernel(Source sourc
     int valid = 0;
     if (active && i0 < dst.capacity) valid = source.load(r, i0, v);
     uint32_t amax = valid > 0 ? chunk_amax(v, valid) : 0u;
+    uint32_t nonfinite = valid > 0 ? chunk_nonfinite<F>(v, valid) : 0u;
     for (int off = lanes_per_block / 2; off >= 1; off /= 2) {
       const uint32_t other = __shfl_xor_sync(0xffffffffu, amax, off);
       amax = other > amax ? other : amax;
+      if constexpr (!WireTraits<F>::kHasNanCode) nonfinite |= __shfl_xor_sync(0xffffffffu, nonfinite, off);
     }
     if (!active || i0 >= dst.capacity) continue;
     const uint8_t sb = scale_byte<F>(amax);
     encode_chunk<F>(v, valid, sb, dst, r, i0, clamp_chunk(dst.capacity - i0));
-    if (lane_in_block == 0) write_scale(dst, r, j, blocks_per_segment, sb);
+    if (lane_in_block == 0) write_scale(dst, r, j, blocks_per_segment, stored_scale_byte<F>(sb, nonfinite));
   }
 }
 
 // Any block size: one warp per block walks its chunks twice (amax, encode);
 // the second pass re-reads the source, which is in L1/L2 by then.
-template <class Source, Fp8Dtype F>
+template <class Source, WireFormat F>
 __global__ void __launch_bounds__(kThreads) quantize_warp_kernel(Source source, BlockCodes dst,
                                                                  int64_t total_blocks) {
   const int64_t B = dst.block_size;
@@ -215,15 +270,18 @@ __global__ void __launch_bounds__(kThreads) quantize_warp_kernel(Source source, 
     const int64_t j = blk - r * blocks_per_segment;
     const int64_t width = dst.capacity - j * B < B ? dst.capacity - j * B : B;
     uint32_t amax = 0;
+    uint32_t nonfinite = 0;
     for (int64_t i = int64_t{lane} * kChunk; i < width; i += 32 * kChunk) {
       float v[kChunk];
       const int valid = source.load(r, j * B + i, v);
       const uint32_t a = chunk_amax(v, valid);
       amax = a > amax ? a : amax;
+      nonfinite |= chunk_nonfinite<F>(v, valid);
     }
     for (int off = 16; off >= 1; off /= 2) {
       const uint32_t other = __shfl_xor_sync(0xffffffffu, amax, off);
       amax = other > amax ? other : amax;
+      if constexpr (!WireTraits<F>::kHasNanCode) nonfinite |= __shfl_xor_sync(0xffffffffu, nonfinite, off);
     }
     const uint8_t sb = scale_byte<F>(amax);
     for (int64_t i = int64_t{lane} * kChunk; i < width; i += 32 * kChunk) {
@@ -231,7 +289,7 @@ __global__ void __launch_bounds__(kThreads) quantize_warp_kernel(Source source, 
       const int valid = source.load(r, j * B + i, v);
       encode_chunk<F>(v, valid, sb, dst, r, j * B + i, clamp_chunk(width - i));
     }
-    if (lane == 0) write_scale(dst, r, j, blocks_per_segment, sb);
+    if (lane == 0) write_scale(dst, r, j, blocks_per_segment, stored_scale_byte<F>(sb, nonfinite));
   }
 }
 
@@ -240,7 +298,7 @@ int64_t grid_for(int64_t threads) {
   return blocks < 1 ? 1 : (blocks > kMaxGrid ? kMaxGrid : blocks);
 }
 
-template <class Source, Fp8Dtype F>
+template <class Source, WireFormat F>
 int launch_quantize(const Source& source, const BlockCodes& dst, cudaStream_t stream) {
   const int64_t blocks_per_segment = (dst.capacity + dst.block_size - 1) / dst.block_size;
   const int64_t total_blocks = dst.num_segments * blocks_per_segment;
@@ -258,7 +316,7 @@ int launch_quantize(const Source& source, const BlockCodes& dst, cudaStream_t st
 
 // ------------------------------------------------------------- decoding
 // One thread per chunk of 16 codes: dst[r * m + i0 + t] for the valid ones.
-template <ElemType E, Fp8Dtype F>
+template <ElemType E, WireFormat F>
 __global__ void __launch_bounds__(kThreads) dequantize_kernel(BlockCodes src, Storage<E>* dst, int64_t numel,
                                                               int64_t chunks_per_segment) {
   const int64_t m = src.segment_numel;
@@ -273,15 +331,15 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(BlockCodes src, St
     if (valid == 0) continue;
     const float scale = scale_from_byte(src.scales[r * src.stride + i0 / src.block_size]);
     uint8_t c[kChunk];
-    load_codes(src.codes + r * src.stride + i0, valid, c);
+    load_codes<F>(src.codes + r * src.stride + code_bytes<F>(i0), valid, c);
     float v[kChunk];
 #pragma unroll
-    for (int t = 0; t < kChunk; ++t) v[t] = decode_fp8<F>(c[t]) * scale;
+    for (int t = 0; t < kChunk; ++t) v[t] = decode_code<F>(c[t]) * scale;
     store_chunk<E>(dst + first, valid, v);
   }
 }
 
-template <ElemType E, Fp8Dtype F>
+template <ElemType E, WireFormat F>
 __global__ void __launch_bounds__(kThreads) dequant_sum_kernel(BlockCodes pieces, OwnAddend own, int post_div,
                                                                Storage<E>* dst, int64_t numel) {
   const int64_t total = (numel + kChunk - 1) / kChunk;
@@ -299,9 +357,9 @@ __global__ void __launch_bounds__(kThreads) dequant_sum_kernel(BlockCodes pieces
 
 int quantize_cuda(const void* src, ElemType type, int64_t numel, float premul, const float* premul_device,
                   const BlockCodes& dst, void* stream) {
-  return with_codec_types(type, dst.fp8_dtype, [&](auto e, auto f) {
+  return with_codec_types(type, dst.format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
-    constexpr Fp8Dtype F = decltype(f)::value;
+    constexpr WireFormat F = decltype(f)::value;
     TensorSource<E> source{static_cast<const Storage<E>*>(src), numel, dst.segment_numel, premul, premul_device};
     return launch_quantize<TensorSource<E>, F>(source, dst, static_cast<cudaStream_t>(stream));
   });
@@ -311,9 +369,9 @@ int dequantize_cuda(const BlockCodes& src, void* dst, ElemType type, int64_t num
   const int64_t chunks_per_segment = (src.segment_numel + kChunk - 1) / kChunk;
   const int64_t total = src.num_segments * chunks_per_segment;
   if (total == 0 || numel == 0) return 0;
-  return with_codec_types(type, src.fp8_dtype, [&](auto e, auto f) {
+  return with_codec_types(type, src.format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
-    constexpr Fp8Dtype F = decltype(f)::value;
+    constexpr WireFormat F = decltype(f)::value;
     FP8C_LAUNCH(grid_for(total), kThreads, 0, static_cast<cudaStream_t>(stream), dequantize_kernel<E, F>)(
         src, static_cast<Storage<E>*>(dst), numel, chunks_per_segment);
     return static_cast<int>(cudaGetLastError());
@@ -324,9 +382,9 @@ int dequant_sum_cuda(const BlockCodes& pieces, const OwnAddend& own, int post_di
                      int64_t numel, void* stream) {
   if (numel == 0) return 0;
   if (own.present && own.type != type) return static_cast<int>(cudaErrorInvalidValue);
-  return with_codec_types(type, pieces.fp8_dtype, [&](auto e, auto f) {
+  return with_codec_types(type, pieces.format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
-    constexpr Fp8Dtype F = decltype(f)::value;
+    constexpr WireFormat F = decltype(f)::value;
     FP8C_LAUNCH(grid_for((numel + kChunk - 1) / kChunk), kThreads, 0, static_cast<cudaStream_t>(stream),
                 dequant_sum_kernel<E, F>)(pieces, own, post_div, static_cast<Storage<E>*>(dst), numel);
     return static_cast<int>(cudaGetLastError());
@@ -335,9 +393,9 @@ int dequant_sum_cuda(const BlockCodes& pieces, const OwnAddend& own, int post_di
 
 int dequant_sum_requantize_cuda(const BlockCodes& pieces, const OwnAddend& own, int post_div, const BlockCodes& out,
                                 void* stream) {
-  return with_codec_types(own.type, pieces.fp8_dtype, [&](auto e, auto f) {
+  return with_codec_types(own.type, pieces.format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
-    constexpr Fp8Dtype F = decltype(f)::value;
+    constexpr WireFormat F = decltype(f)::value;
     return launch_quantize<PiecesSource<E, F>, F>({pieces, own, post_div}, out, static_cast<cudaStream_t>(stream));
   });
 }

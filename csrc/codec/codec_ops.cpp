@@ -10,7 +10,7 @@ namespace fp8comm {
 namespace {
 
 BlockCodes flat_codes(const at::Tensor& scales, const at::Tensor& codes, int64_t numel,
-                      int64_t block_size, Fp8Dtype fp8_dtype) {
+                      int64_t block_size, WireFormat format) {
   BlockCodes c;
   c.scales = static_cast<uint8_t*>(scales.data_ptr());
   c.codes = static_cast<uint8_t*>(codes.data_ptr());
@@ -18,7 +18,7 @@ BlockCodes flat_codes(const at::Tensor& scales, const at::Tensor& codes, int64_t
   c.segment_numel = numel;
   c.capacity = numel;
   c.block_size = static_cast<int>(block_size);
-  c.fp8_dtype = fp8_dtype;
+  c.format = format;
   return c;
 }
 
@@ -32,14 +32,14 @@ BlockCodes with_rounding(BlockCodes c, const char* op, const std::string& roundi
 }
 
 void check_wire(const char* op, const char* name, const at::Tensor& t, int64_t num_segments,
-                int64_t segment_numel, int64_t block_size, int64_t min_segments = 1) {
+                int64_t segment_numel, int64_t block_size, WireFormat format, int64_t min_segments = 1) {
   TORCH_CHECK(num_segments >= min_segments && segment_numel >= 0, op, ": the number of segments must be >= ",
               min_segments, " and segment_numel >= 0, got ", num_segments, " and ", segment_numel);
-  const int64_t expected = num_segments * segment_bytes(segment_numel, block_size);
+  const int64_t expected = num_segments * segment_bytes(segment_numel, block_size, format);
   TORCH_CHECK(t.scalar_type() == at::kByte && t.is_contiguous() && t.numel() == expected, op, ": ",
               name, " must be a contiguous uint8 tensor of ", expected, " bytes (", num_segments,
-              " segments of fp8comm.segment_bytes(", segment_numel, ", ", block_size,
-              ")), got ", t.scalar_type(), " with ", t.numel(), " elements");
+              " segments of fp8comm.segment_bytes(", segment_numel, ", ", block_size, ", wire_format='",
+              wire_format_name(format), "')), got ", t.scalar_type(), " with ", t.numel(), " elements");
 }
 
 void check_out(const char* op, const at::Tensor& out, const at::Tensor& like, int64_t max_numel) {
@@ -51,49 +51,56 @@ void check_out(const char* op, const at::Tensor& out, const at::Tensor& like, in
   elem_type_of(out.scalar_type(), op);
 }
 
-std::tuple<at::Tensor, at::Tensor> quantize(const at::Tensor& x, int64_t block_size, at::ScalarType fp8_scalar_type,
+std::tuple<at::Tensor, at::Tensor> quantize(const at::Tensor& x, int64_t block_size, const std::string& wire_format,
                                             const std::string& rounding, int64_t rounding_key) {
   const char* op = "fp8comm.quantize";
   check_block_size(block_size, op);
-  const Fp8Dtype fp8_dtype = fp8_dtype_of(fp8_scalar_type, op);
+  const WireFormat format = wire_format_of(wire_format, op);
   elem_type_of(x.scalar_type(), op);
   const at::Tensor src = x.contiguous();
   const int64_t n = src.numel();
-  at::Tensor codes = at::empty({n}, src.options().dtype(fp8_scalar_type));
+  const int64_t per_code = 8 / code_bits(format);  // codes per tensor element
+  at::Tensor codes = at::empty({ceil_div(n, per_code)}, src.options().dtype(codes_type_of(format)));
   at::Tensor scales = at::empty({ceil_div(n, block_size)}, src.options().dtype(at::kFloat8_e8m0fnu));
-  const BlockCodes dst = with_rounding(flat_codes(scales, codes, n, block_size, fp8_dtype), op, rounding, rounding_key);
+  const BlockCodes dst = with_rounding(flat_codes(scales, codes, n, block_size, format), op, rounding, rounding_key);
   if (n > 0) quantize_into(src, 1.0f, std::nullopt, dst);
   return {codes, scales};
 }
 
 at::Tensor dequantize(const at::Tensor& codes, const at::Tensor& scales, int64_t block_size,
-                      at::ScalarType dtype) {
+                      at::ScalarType dtype, int64_t numel) {
   const char* op = "fp8comm.dequantize";
   check_block_size(block_size, op);
-  const Fp8Dtype fp8_dtype = fp8_dtype_of(codes.scalar_type(), "fp8comm.dequantize codes");
+  const auto format = find_wire_format(codes.scalar_type());
+  TORCH_CHECK(format, op, ": codes must be the codes of a wire format (", wire_format_choices(), ": ",
+              "torch.float8_e4m3fn, torch.float8_e5m2 or torch.float4_e2m1fn_x2), got ", codes.scalar_type());
   elem_type_of(dtype, op);
+  const int64_t per_code = 8 / code_bits(*format);
+  const int64_t n = numel < 0 ? codes.numel() * per_code : numel;
+  TORCH_CHECK(ceil_div(n, per_code) == codes.numel(), op, ": ", codes.numel(), " ", codes.scalar_type(),
+              " elements hold ", codes.numel() * per_code, " codes, not numel=", numel,
+              " (an odd count of 4-bit codes is given as numel)");
   TORCH_CHECK(scales.scalar_type() == at::kFloat8_e8m0fnu || scales.scalar_type() == at::kByte, op,
               ": scales must be float8_e8m0fnu or uint8, got ", scales.scalar_type());
   TORCH_CHECK(codes.device() == scales.device(), op, ": codes on ", codes.device(),
               " but scales on ", scales.device());
-  const int64_t n = codes.numel();
   TORCH_CHECK(scales.numel() == ceil_div(n, block_size), op, ": ", n, " codes in blocks of ",
               block_size, " need ", ceil_div(n, block_size), " scales, got ", scales.numel());
   const at::Tensor c = codes.contiguous();
   const at::Tensor s = scales.contiguous();
   at::Tensor out = at::empty({n}, codes.options().dtype(dtype));
-  if (n > 0) dequantize_into(flat_codes(s, c, n, block_size, fp8_dtype), out);
+  if (n > 0) dequantize_into(flat_codes(s, c, n, block_size, *format), out);
   return out;
 }
 
 void quantize_segments(const at::Tensor& x, const at::Tensor& out, int64_t num_segments,
-                       int64_t segment_numel, int64_t block_size, at::ScalarType fp8_scalar_type,
+                       int64_t segment_numel, int64_t block_size, const std::string& wire_format,
                        double premul, const std::optional<at::Tensor>& premul_tensor, const std::string& rounding,
                        int64_t rounding_key) {
   const char* op = "fp8comm.quantize_segments";
   check_block_size(block_size, op);
-  const Fp8Dtype fp8_dtype = fp8_dtype_of(fp8_scalar_type, op);
-  check_wire(op, "out", out, num_segments, segment_numel, block_size);
+  const WireFormat format = wire_format_of(wire_format, op);
+  check_wire(op, "out", out, num_segments, segment_numel, block_size, format);
   elem_type_of(x.scalar_type(), op);
   TORCH_CHECK(x.device() == out.device(), op, ": x on ", x.device(), " but out on ", out.device());
   TORCH_CHECK(x.numel() <= num_segments * segment_numel, op, ": x has ", x.numel(),
@@ -106,19 +113,19 @@ void quantize_segments(const at::Tensor& x, const at::Tensor& out, int64_t num_s
   }
   quantize_into(x.contiguous(), static_cast<float>(premul), factor,
                 with_rounding(wire_segments(static_cast<uint8_t*>(out.data_ptr()), num_segments, segment_numel,
-                                            static_cast<int>(block_size), fp8_dtype),
+                                            static_cast<int>(block_size), format),
                               op, rounding, rounding_key));
 }
 
 void dequantize_segments(const at::Tensor& segments, const at::Tensor& out, int64_t num_segments,
-                         int64_t segment_numel, int64_t block_size, at::ScalarType fp8_scalar_type) {
+                         int64_t segment_numel, int64_t block_size, const std::string& wire_format) {
   const char* op = "fp8comm.dequantize_segments";
   check_block_size(block_size, op);
-  const Fp8Dtype fp8_dtype = fp8_dtype_of(fp8_scalar_type, op);
-  check_wire(op, "segments", segments, num_segments, segment_numel, block_size);
+  const WireFormat format = wire_format_of(wire_format, op);
+  check_wire(op, "segments", segments, num_segments, segment_numel, block_size, format);
   check_out(op, out, segments, num_segments * segment_numel);
   dequantize_into(wire_segments(static_cast<uint8_t*>(segments.data_ptr()), num_segments,
-                                segment_numel, static_cast<int>(block_size), fp8_dtype),
+                                segment_numel, static_cast<int>(block_size), format),
                   out);
 }
 
@@ -143,38 +150,38 @@ OwnAddendTensor own_addend(const char* op, const std::optional<at::Tensor>& own,
 }
 
 void dequant_sum(const at::Tensor& pieces, const at::Tensor& out, int64_t num_pieces, int64_t segment_numel,
-                 int64_t block_size, at::ScalarType fp8_scalar_type, int64_t post_div, const std::optional<at::Tensor>& own,
+                 int64_t block_size, const std::string& wire_format, int64_t post_div, const std::optional<at::Tensor>& own,
                  double own_premul) {
   const char* op = "fp8comm.dequant_sum";
   check_block_size(block_size, op);
   check_post_div(op, post_div);
-  const Fp8Dtype fp8_dtype = fp8_dtype_of(fp8_scalar_type, op);
-  check_wire(op, "pieces", pieces, num_pieces, segment_numel, block_size, own ? 0 : 1);
+  const WireFormat format = wire_format_of(wire_format, op);
+  check_wire(op, "pieces", pieces, num_pieces, segment_numel, block_size, format, own ? 0 : 1);
   check_out(op, out, pieces, segment_numel);
   TORCH_CHECK(!own || own->scalar_type() == out.scalar_type(), op, ": own is ", own ? own->scalar_type() : at::kFloat,
               " but out is ", out.scalar_type(), "; give both the same dtype");
   dequant_sum_into(wire_segments(static_cast<uint8_t*>(pieces.data_ptr()), num_pieces, segment_numel,
-                                 static_cast<int>(block_size), fp8_dtype),
+                                 static_cast<int>(block_size), format),
                    own_addend(op, own, own_premul, pieces, segment_numel), static_cast<int>(post_div), out);
 }
 
 void dequant_sum_requantize(const at::Tensor& pieces, const at::Tensor& out, int64_t num_pieces,
-                            int64_t segment_numel, int64_t block_size, at::ScalarType fp8_scalar_type, int64_t post_div,
+                            int64_t segment_numel, int64_t block_size, const std::string& wire_format, int64_t post_div,
                             const std::optional<at::Tensor>& own, double own_premul, const std::string& rounding,
                             int64_t rounding_key) {
   const char* op = "fp8comm.dequant_sum_requantize";
   check_block_size(block_size, op);
   check_post_div(op, post_div);
-  const Fp8Dtype fp8_dtype = fp8_dtype_of(fp8_scalar_type, op);
-  check_wire(op, "pieces", pieces, num_pieces, segment_numel, block_size, own ? 0 : 1);
-  check_wire(op, "out", out, 1, segment_numel, block_size);
+  const WireFormat format = wire_format_of(wire_format, op);
+  check_wire(op, "pieces", pieces, num_pieces, segment_numel, block_size, format, own ? 0 : 1);
+  check_wire(op, "out", out, 1, segment_numel, block_size, format);
   TORCH_CHECK(out.device() == pieces.device(), op, ": out on ", out.device(), " but pieces on ",
               pieces.device());
   const int block = static_cast<int>(block_size);
   dequant_sum_requantize_into(
-      wire_segments(static_cast<uint8_t*>(pieces.data_ptr()), num_pieces, segment_numel, block, fp8_dtype),
+      wire_segments(static_cast<uint8_t*>(pieces.data_ptr()), num_pieces, segment_numel, block, format),
       own_addend(op, own, own_premul, pieces, segment_numel), static_cast<int>(post_div),
-      with_rounding(wire_segments(static_cast<uint8_t*>(out.data_ptr()), 1, segment_numel, block, fp8_dtype), op,
+      with_rounding(wire_segments(static_cast<uint8_t*>(out.data_ptr()), 1, segment_numel, block, format), op,
                     rounding, rounding_key),
       pieces.device());
 }
@@ -183,22 +190,22 @@ void dequant_sum_requantize(const at::Tensor& pieces, const at::Tensor& out, int
 
 TORCH_LIBRARY(fp8comm, m) {
   m.def(
-      "quantize(Tensor x, int block_size, ScalarType fp8_dtype, str rounding=\"nearest\", int rounding_key=0) -> "
+      "quantize(Tensor x, int block_size, str wire_format, str rounding=\"nearest\", int rounding_key=0) -> "
       "(Tensor codes, Tensor scales)");
-  m.def("dequantize(Tensor codes, Tensor scales, int block_size, ScalarType dtype) -> Tensor");
+  m.def("dequantize(Tensor codes, Tensor scales, int block_size, ScalarType dtype, int numel=-1) -> Tensor");
   m.def(
       "quantize_segments(Tensor x, Tensor(a!) out, int num_segments, int segment_numel, "
-      "int block_size, ScalarType fp8_dtype, float premul=1.0, Tensor? premul_tensor=None, "
+      "int block_size, str wire_format, float premul=1.0, Tensor? premul_tensor=None, "
       "str rounding=\"nearest\", int rounding_key=0) -> ()");
   m.def(
       "dequantize_segments(Tensor segments, Tensor(a!) out, int num_segments, int segment_numel, "
-      "int block_size, ScalarType fp8_dtype) -> ()");
+      "int block_size, str wire_format) -> ()");
   m.def(
       "dequant_sum(Tensor pieces, Tensor(a!) out, int num_pieces, int segment_numel, "
-      "int block_size, ScalarType fp8_dtype, int post_div=1, Tensor? own=None, float own_premul=1.0) -> ()");
+      "int block_size, str wire_format, int post_div=1, Tensor? own=None, float own_premul=1.0) -> ()");
   m.def(
       "dequant_sum_requantize(Tensor pieces, Tensor(a!) out, int num_pieces, int segment_numel, "
-      "int block_size, ScalarType fp8_dtype, int post_div=1, Tensor? own=None, float own_premul=1.0, "
+      "int block_size, str wire_format, int post_div=1, Tensor? own=None, float own_premul=1.0, "
       "str rounding=\"nearest\", int rounding_key=0) -> ()");
 }
 

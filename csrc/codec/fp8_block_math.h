@@ -6,8 +6,9 @@
 // arithmetic with selects, so the CPU loops vectorize and the CUDA kernels do
 // not diverge. Nothing here may depend on FMA contraction or on flush-to-zero:
 // every product below is exact or is a single correctly rounded operation.
-// It also holds the registry of FP8 dtypes (Fp8Traits) and the host-side
-// dispatch that instantiates code over dtypes and element types.
+// It also holds the registry of wire formats (WireTraits) and FP8 compute
+// dtypes (Fp8Traits), and the host-side dispatch that instantiates code over
+// them and element types.
 #include <stdint.h>
 #include <string.h>
 
@@ -25,11 +26,6 @@
 
 namespace fp8comm {
 
-// The FP8 dtypes (DESIGN.md, "Wire format"). Each has one Fp8Traits entry
-// below, one case in dispatch_fp8_dtype and one row in the torch table
-// (fp8_dtype_table.h); every other piece of code reaches it through those.
-enum class Fp8Dtype : int { E4M3 = 0, E5M2 = 1 };
-
 // Element types the codec reads and writes.
 enum class ElemType : int { F32 = 0, BF16 = 1, F16 = 2 };
 
@@ -38,6 +34,9 @@ enum class ElemType : int { F32 = 0, BF16 = 1, F16 = 2 };
 constexpr int kScaleBias = 127;
 constexpr int kMinScaleExp = -126;
 constexpr uint8_t kUnitScaleByte = 127;  // 2^0: blocks that are all zero / non-finite
+// E8M0's NaN: the scale of a block of a format without NaN codes that holds
+// a non-finite input (never written for a format with NaN codes).
+constexpr uint8_t kNanScaleByte = 0xFF;
 
 FP8C_HD uint32_t float_bits(float f) {
 #if defined(__CUDA_ARCH__)
@@ -72,47 +71,88 @@ FP8C_HD uint32_t finite_abs_bits(float v) {
   return a & (0u - static_cast<uint32_t>(a < 0x7F800000u));
 }
 
-// ---------------------------------------------------------------- FP8 dtypes
-// An FP8 dtype by its bits: exponent bias, mantissa bits, the largest finite
-// magnitude code, whether the code above it is Inf (else every code above is
-// NaN), and the one NaN code the codec writes (positive: which NaN a sum of
-// NaNs yields differs by device, the bytes must not). The rest follows.
-template <int Bias, int MantBits, uint32_t MaxCode, bool HasInf, uint32_t NanCode>
-struct Fp8Bits {
+// ---------------------------------------------------------------- element formats
+// A small float format by its bits: code width (8 or 4; the sign is the top
+// bit), exponent bias, mantissa bits, the largest finite magnitude code,
+// whether the code above it is Inf (else, with a NaN code, every code above
+// is NaN), whether it has NaN codes at all, and the one NaN code the codec
+// writes (positive: which NaN a sum of NaNs yields differs by device, the
+// bytes must not). The rest follows.
+template <int CodeBits, int Bias, int MantBits, uint32_t MaxCode, bool HasInf, bool HasNan, uint32_t NanCode>
+struct MiniFloatBits {
+  static constexpr int kCodeBits = CodeBits;
+  static constexpr uint32_t kSignBit = 1u << (CodeBits - 1);
+  static constexpr uint32_t kMagnitudeMask = kSignBit - 1u;
   static constexpr int kMantBits = MantBits;
-  static constexpr uint32_t kRebias = 127 - Bias;  // fp32 bias - fp8 bias
+  static constexpr uint32_t kRebias = 127 - Bias;  // fp32 bias - format bias
   static constexpr uint32_t kMaxCode = MaxCode;    // the largest finite magnitude
   static constexpr bool kHasInf = HasInf;
-  static constexpr uint32_t kFirstNonFinite = MaxCode + 1;  // Inf when kHasInf, else NaN
+  static constexpr bool kHasNanCode = HasNan;
+  static constexpr uint32_t kFirstNonFinite = MaxCode + 1;  // Inf when kHasInf, else NaN (with kHasNanCode)
   static constexpr uint32_t kInfCode = MaxCode + 1;         // with kHasInf
-  static constexpr uint32_t kNanCode = NanCode;
+  static constexpr uint32_t kNanCode = NanCode;             // without kHasNanCode: the code non-finite inputs get
   static constexpr uint32_t kMinNormalBits = static_cast<uint32_t>(128 - Bias) << 23;  // 2^(1 - Bias)
   static constexpr float kSubnormalInv = static_cast<float>(uint64_t{1} << (Bias - 1 + MantBits));  // 1 / min subnormal
-  // fp8_max = 1.m * 2^kMaxExp; kMaxMantissa: its m as fp32 mantissa bits.
+  // max = 1.m * 2^kMaxExp; kMaxMantissa: its m as fp32 mantissa bits.
   static constexpr int kMaxExp = static_cast<int>(MaxCode >> MantBits) - Bias;
   static constexpr uint32_t kMaxMantissa = (MaxCode & ((1u << MantBits) - 1u)) << (23 - MantBits);
   static constexpr float kMax = static_cast<float>((MaxCode & ((1u << MantBits) - 1u)) | (1u << MantBits)) *
                                 static_cast<float>(uint64_t{1} << (kMaxExp - MantBits));
 };
 
+// The FP8 compute dtypes (Fp8Linear's casts, csrc/linear/): each has one
+// Fp8Traits entry, one case in dispatch_fp8_dtype and one row in the torch
+// table (fp8_dtype_table.h).
+enum class Fp8Dtype : int { E4M3 = 0, E5M2 = 1 };
+
 template <Fp8Dtype F>
 struct Fp8Traits;
 
 template <>
-struct Fp8Traits<Fp8Dtype::E4M3> : Fp8Bits<7, 3, 0x7E, false, 0x7F> {
+struct Fp8Traits<Fp8Dtype::E4M3> : MiniFloatBits<8, 7, 3, 0x7E, false, true, 0x7F> {
   static constexpr const char* kName = "e4m3";
 };
 
 template <>
-struct Fp8Traits<Fp8Dtype::E5M2> : Fp8Bits<15, 2, 0x7B, true, 0x7E> {
+struct Fp8Traits<Fp8Dtype::E5M2> : MiniFloatBits<8, 15, 2, 0x7B, true, true, 0x7E> {
   static constexpr const char* kName = "e5m2";
 };
 
 static_assert(Fp8Traits<Fp8Dtype::E4M3>::kMax == 448.0f && Fp8Traits<Fp8Dtype::E5M2>::kMax == 57344.0f,
               "fp8_max of the OCP FP8 formats");
 
+// The wire element formats of the block codec (DESIGN.md, "Wire format"):
+// each block of codes has one E8M0 scale byte. A format is one WireTraits
+// entry (its bits, code width included), one case in dispatch_wire_format and
+// one row in the torch table (fp8_dtype_table.h); the codec reaches it through
+// those alone. The enum values are the segment header's format byte.
+enum class WireFormat : int { E4M3 = 0, E5M2 = 1, MXFP4 = 2 };
+
+template <WireFormat W>
+struct WireTraits;
+
+template <>
+struct WireTraits<WireFormat::E4M3> : Fp8Traits<Fp8Dtype::E4M3> {};
+
+template <>
+struct WireTraits<WireFormat::E5M2> : Fp8Traits<Fp8Dtype::E5M2> {};
+
+// OCP MX FP4: E2M1 codes {0, 0.5, 1, 1.5, 2, 3, 4, 6} and sign, two per byte
+// (element 2i in the low nibble, 2i + 1 in the high one). No Inf or NaN code:
+// a block holding a non-finite input gets the E8M0 NaN scale (kNanScaleByte),
+// so all of it decodes to NaN; its codes are those of its finite elements, 0
+// for the non-finite ones.
+template <>
+struct WireTraits<WireFormat::MXFP4> : MiniFloatBits<4, 1, 1, 0x7, false, false, 0x0> {
+  static constexpr const char* kName = "mxfp4";
+};
+
+static_assert(WireTraits<WireFormat::MXFP4>::kMax == 6.0f, "E2M1's largest value");
+
 template <Fp8Dtype F>
 using Fp8Constant = std::integral_constant<Fp8Dtype, F>;
+template <WireFormat W>
+using WireConstant = std::integral_constant<WireFormat, W>;
 
 // Calls fn(Fp8Constant<f>{}) with f as a compile-time constant and returns
 // its result: every instantiation over FP8 dtypes goes through here, so a
@@ -126,6 +166,17 @@ decltype(auto) dispatch_fp8_dtype(Fp8Dtype f, Fn&& fn) {
   throw std::invalid_argument("fp8comm: unknown Fp8Dtype " + std::to_string(static_cast<int>(f)));
 }
 
+// The same over wire formats.
+template <typename Fn>
+decltype(auto) dispatch_wire_format(WireFormat w, Fn&& fn) {
+  switch (w) {
+    case WireFormat::E4M3: return fn(WireConstant<WireFormat::E4M3>{});
+    case WireFormat::E5M2: return fn(WireConstant<WireFormat::E5M2>{});
+    case WireFormat::MXFP4: return fn(WireConstant<WireFormat::MXFP4>{});
+  }
+  throw std::invalid_argument("fp8comm: unknown WireFormat " + std::to_string(static_cast<int>(w)));
+}
+
 // The same over element types.
 template <typename Fn>
 decltype(auto) dispatch_elem_type(ElemType e, Fn&& fn) {
@@ -137,11 +188,19 @@ decltype(auto) dispatch_elem_type(ElemType e, Fn&& fn) {
   throw std::invalid_argument("fp8comm: unknown ElemType " + std::to_string(static_cast<int>(e)));
 }
 
-// Calls fn(e, f) with the element type and FP8 dtype as compile-time
+// Calls fn(e, w) with the element type and wire format as compile-time
 // constants (std::integral_constant) and returns its result; every codec
 // loop and kernel is instantiated through it.
 template <typename Fn>
-decltype(auto) with_codec_types(ElemType type, Fp8Dtype fp8_dtype, Fn&& fn) {
+decltype(auto) with_codec_types(ElemType type, WireFormat format, Fn&& fn) {
+  return dispatch_elem_type(type, [&](auto e) -> decltype(auto) {
+    return dispatch_wire_format(format, [&](auto w) -> decltype(auto) { return fn(e, w); });
+  });
+}
+
+// The same over element types and FP8 compute dtypes (the linear casts).
+template <typename Fn>
+decltype(auto) with_cast_types(ElemType type, Fp8Dtype fp8_dtype, Fn&& fn) {
   return dispatch_elem_type(type, [&](auto e) -> decltype(auto) {
     return dispatch_fp8_dtype(fp8_dtype, [&](auto f) -> decltype(auto) { return fn(e, f); });
   });
@@ -152,29 +211,59 @@ inline const char* fp8_dtype_name(Fp8Dtype f) {
   return dispatch_fp8_dtype(f, [](auto c) { return Fp8Traits<decltype(c)::value>::kName; });
 }
 
-// Smallest e with amax <= fp8_max * 2^e (the block maximum never saturates),
+// "e4m3", "e5m2", "mxfp4".
+inline const char* wire_format_name(WireFormat w) {
+  return dispatch_wire_format(w, [](auto c) { return WireTraits<decltype(c)::value>::kName; });
+}
+
+// Bits of one code.
+inline int code_bits(WireFormat w) {
+  return dispatch_wire_format(w, [](auto c) { return WireTraits<decltype(c)::value>::kCodeBits; });
+}
+
+// Bytes holding the codes of n elements (n a multiple of two for 4-bit codes).
+template <WireFormat W>
+FP8C_HD constexpr int64_t code_bytes(int64_t n) {
+  return n * WireTraits<W>::kCodeBits / 8;
+}
+
+// Smallest e with amax <= max * 2^e (the block maximum never saturates),
 // clamped to the scale range. amax_bits: bits of a finite non-negative float.
-template <Fp8Dtype F>
+template <WireFormat F>
 FP8C_HD int scale_exponent(uint32_t amax_bits) {
   int exp = static_cast<int>(amax_bits >> 23) - 127;
-  // amax = 1.m * 2^exp; fp8_max = 1.m' * 2^kMaxExp: one more when m > m'.
-  int e = exp - Fp8Traits<F>::kMaxExp + ((amax_bits & 0x7FFFFFu) > Fp8Traits<F>::kMaxMantissa ? 1 : 0);
+  // amax = 1.m * 2^exp; max = 1.m' * 2^kMaxExp: one more when m > m'.
+  int e = exp - WireTraits<F>::kMaxExp + ((amax_bits & 0x7FFFFFu) > WireTraits<F>::kMaxMantissa ? 1 : 0);
   e = e < kMinScaleExp ? kMinScaleExp : e;
   return amax_bits == 0 ? 0 : e;
 }
 
-template <Fp8Dtype F>
+template <WireFormat F>
 FP8C_HD uint8_t scale_byte(uint32_t amax_bits) {
   return static_cast<uint8_t>(scale_exponent<F>(amax_bits) + kScaleBias);
 }
 
+// The scale byte a block stores: scale_byte of its finite maximum, or, for a
+// format without NaN codes, kNanScaleByte when the block holds a non-finite
+// input (`nonfinite` non-zero). Its codes are encoded with scale_byte's scale
+// either way.
+template <WireFormat F>
+FP8C_HD uint8_t stored_scale_byte(uint8_t finite_scale_byte, uint32_t nonfinite) {
+  if constexpr (WireTraits<F>::kHasNanCode) return finite_scale_byte;
+  return nonfinite != 0 ? kNanScaleByte : finite_scale_byte;
+}
+
+// 1 when v is Inf or NaN, else 0 (or-reduced over a block for
+// stored_scale_byte; a mask, so the loops vectorize).
+FP8C_HD uint32_t nonfinite_bit(float v) { return (float_bits(v) & 0x7FFFFFFFu) >= 0x7F800000u ? 1u : 0u; }
+
 // The largest code whose value times 2^e is a finite float. It is kMaxCode
-// except for blocks whose amax is within an FP8 rounding step of FLT_MAX: there
+// except for blocks whose amax is within a rounding step of FLT_MAX: there
 // RNE could round up to 2^128, and such values round down instead.
-template <Fp8Dtype F>
+template <WireFormat F>
 FP8C_HD uint32_t code_limit(uint8_t scale_byte) {
-  using T = Fp8Traits<F>;
-  // fp8 exponent field of the binade just below 2^128 / 2^e.
+  using T = WireTraits<F>;
+  // exponent field of the binade just below 2^128 / 2^e.
   const int top = 127 - (static_cast<int>(scale_byte) - kScaleBias) + static_cast<int>(127 - T::kRebias);
   const int full = (top << T::kMantBits) | ((1 << T::kMantBits) - 1);
   return top > static_cast<int>(T::kMaxCode >> T::kMantBits) || full > static_cast<int>(T::kMaxCode)
@@ -182,21 +271,25 @@ FP8C_HD uint32_t code_limit(uint8_t scale_byte) {
              : static_cast<uint32_t>(full);
 }
 
-// Scale and its inverse from a stored byte.
-FP8C_HD float scale_from_byte(uint8_t b) { return pow2f(static_cast<int>(b) - kScaleBias); }
+// Scale and its inverse from a stored byte; kNanScaleByte decodes to NaN.
+// inv_scale_from_byte takes scale_byte's bytes only.
+FP8C_HD float scale_from_byte(uint8_t b) {
+  return b == kNanScaleByte ? bits_float(0x7FC00000u) : pow2f(static_cast<int>(b) - kScaleBias);
+}
 FP8C_HD float inv_scale_from_byte(uint8_t b) { return pow2f(kScaleBias - static_cast<int>(b)); }
 
-// fp32 -> fp8, round to nearest even. v is already divided by the block scale,
-// so |v| <= fp8_max for every finite element; `limit` (code_limit) caps the
-// magnitude code. NaN -> NaN; Inf -> Inf where the dtype has one (E5M2), else NaN.
+// fp32 -> code, round to nearest even. v is already divided by the block
+// scale, so |v| <= max for every finite element; `limit` (code_limit) caps the
+// magnitude code. NaN -> NaN; Inf -> Inf where the format has one (E5M2), else
+// NaN; a format without NaN codes writes kNanCode (its block scale says NaN).
 // NaN is always written as the one positive NaN code: which NaN a sum of NaNs
 // yields (its sign) differs between compilers and devices, the bytes must not.
-template <Fp8Dtype F>
-FP8C_HD uint8_t encode_fp8(float v, uint32_t limit) {
-  using T = Fp8Traits<F>;
+template <WireFormat F>
+FP8C_HD uint8_t encode_code(float v, uint32_t limit) {
+  using T = WireTraits<F>;
   constexpr int kDrop = 23 - T::kMantBits;
   const uint32_t b = float_bits(v);
-  const uint32_t sign = (b >> 24) & 0x80u;
+  const uint32_t sign = (b >> (32 - T::kCodeBits)) & T::kSignBit;
   const uint32_t a = b & 0x7FFFFFFFu;
   // Normal range: round the mantissa at bit kDrop (RNE), then rebias.
   const uint32_t r = a + ((1u << (kDrop - 1)) - 1u) + ((a >> kDrop) & 1u);
@@ -214,20 +307,43 @@ FP8C_HD uint8_t encode_fp8(float v, uint32_t limit) {
   return static_cast<uint8_t>(code);
 }
 
-// fp8 -> fp32, exact.
-template <Fp8Dtype F>
-FP8C_HD float decode_fp8(uint8_t c) {
-  using T = Fp8Traits<F>;
-  const uint32_t sign = static_cast<uint32_t>(c & 0x80u) << 24;
-  const uint32_t em = c & 0x7Fu;
+// code -> fp32, exact (the block scale applied by the caller).
+template <WireFormat F>
+FP8C_HD float decode_code(uint8_t c) {
+  using T = WireTraits<F>;
+  const uint32_t sign = static_cast<uint32_t>(c & T::kSignBit) << (32 - T::kCodeBits);
+  const uint32_t em = c & T::kMagnitudeMask;
   const uint32_t exp = em >> T::kMantBits;
   const uint32_t mant = em & ((1u << T::kMantBits) - 1u);
   const uint32_t normal_bits = (em << (23 - T::kMantBits)) + (T::kRebias << 23);
   const uint32_t sub_bits = float_bits(static_cast<float>(mant) * (1.0f / T::kSubnormalInv));
   uint32_t bits = exp == 0 ? sub_bits : normal_bits;
-  bits = em >= T::kFirstNonFinite ? 0x7FC00000u : bits;
+  if constexpr (T::kHasNanCode) bits = em >= T::kFirstNonFinite ? 0x7FC00000u : bits;
   if constexpr (T::kHasInf) bits = em == T::kInfCode ? 0x7F800000u : bits;
   return bits_float(bits | sign);
+}
+
+// Codes of element i in a block's code bytes: one byte each, or two 4-bit
+// codes per byte, element 2i in the low nibble. store_code must be called for
+// i in increasing order from an even i (the low nibble's store clears the high one).
+template <WireFormat F>
+FP8C_HD uint8_t load_code(const uint8_t* codes, int64_t i) {
+  if constexpr (WireTraits<F>::kCodeBits == 8) {
+    return codes[i];
+  } else {
+    return static_cast<uint8_t>((codes[i >> 1] >> ((i & 1) * 4)) & 0xFu);
+  }
+}
+
+template <WireFormat F>
+FP8C_HD void store_code(uint8_t* codes, int64_t i, uint8_t code) {
+  if constexpr (WireTraits<F>::kCodeBits == 8) {
+    codes[i] = code;
+  } else if (i & 1) {
+    codes[i >> 1] = static_cast<uint8_t>(codes[i >> 1] | (code << 4));
+  } else {
+    codes[i >> 1] = code;
+  }
 }
 
 // ---------------------------------------------------------------- element outputs

@@ -6,6 +6,51 @@
 #include <cctype>
 
 namespace fp8comm {
+namespace {
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+}  // namespace
+
+c10::ScalarType codes_type_of(WireFormat format) {
+  for (const auto& row : kWireFormatTable) {
+    if (row.format == format) return row.codes_type;
+  }
+  TORCH_CHECK(false, "fp8comm: wire format ", wire_format_name(format), " has no row in kWireFormatTable");
+}
+
+std::optional<WireFormat> find_wire_format(const std::string& name) {
+  for (const auto& row : kWireFormatTable) {
+    if (lower(name) == wire_format_name(row.format)) return row.format;
+  }
+  return std::nullopt;
+}
+
+std::optional<WireFormat> find_wire_format(c10::ScalarType codes_type) {
+  for (const auto& row : kWireFormatTable) {
+    if (row.codes_type == codes_type) return row.format;
+  }
+  return std::nullopt;
+}
+
+std::string wire_format_choices() {
+  std::string out;
+  const size_t n = std::size(kWireFormatTable);
+  for (size_t i = 0; i < n; ++i) {
+    if (i > 0) out += i + 1 == n ? " or " : ", ";
+    out += std::string("'") + wire_format_name(kWireFormatTable[i].format) + "'";
+  }
+  return out;
+}
+
+WireFormat wire_format_of(const std::string& name, const char* what) {
+  const auto found = find_wire_format(name);
+  TORCH_CHECK_VALUE(found, what, ": wire_format must be ", wire_format_choices(), ", got '", name, "'");
+  return *found;
+}
 
 c10::ScalarType scalar_type_of(Fp8Dtype fp8_dtype) {
   for (const auto& row : kFp8DtypeTable) {
@@ -22,10 +67,8 @@ std::optional<Fp8Dtype> find_fp8_dtype(c10::ScalarType dtype) {
 }
 
 std::optional<Fp8Dtype> find_fp8_dtype(const std::string& name) {
-  std::string lower = name;
-  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
   for (const auto& row : kFp8DtypeTable) {
-    if (lower == fp8_dtype_name(row.fp8_dtype)) return row.fp8_dtype;
+    if (lower(name) == fp8_dtype_name(row.fp8_dtype)) return row.fp8_dtype;
   }
   return std::nullopt;
 }

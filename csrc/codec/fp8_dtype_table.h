@@ -1,7 +1,8 @@
 #pragma once
-// The torch side of the FP8 dtype registry (fp8_block_math.h): the one table
-// from Fp8Dtype to torch dtype, and the conversions every operator, option
-// and binding uses, by torch dtype or by name ("e4m3").
+// The torch side of the format registries (fp8_block_math.h): the one table
+// from Fp8Dtype (the linear casts' compute dtypes) to torch dtype, the one
+// from WireFormat to the torch dtype of its codes, and the conversions every
+// operator, option and binding uses, by torch dtype or by name ("e4m3").
 #include <c10/core/ScalarType.h>
 
 #include <optional>
@@ -20,6 +21,28 @@ inline constexpr Fp8DtypeRow kFp8DtypeTable[] = {
     {Fp8Dtype::E4M3, c10::ScalarType::Float8_e4m3fn},
     {Fp8Dtype::E5M2, c10::ScalarType::Float8_e5m2},
 };
+
+// The codes of a wire format as a torch tensor holds them (MXFP4: two codes
+// per float4_e2m1fn_x2 element, the low nibble first).
+struct WireFormatRow {
+  WireFormat format;
+  c10::ScalarType codes_type;
+};
+
+inline constexpr WireFormatRow kWireFormatTable[] = {
+    {WireFormat::E4M3, c10::ScalarType::Float8_e4m3fn},
+    {WireFormat::E5M2, c10::ScalarType::Float8_e5m2},
+    {WireFormat::MXFP4, c10::ScalarType::Float4_e2m1fn_x2},
+};
+
+c10::ScalarType codes_type_of(WireFormat format);
+// By name, any case ("mxfp4"), or by the torch dtype of its codes.
+std::optional<WireFormat> find_wire_format(const std::string& name);
+std::optional<WireFormat> find_wire_format(c10::ScalarType codes_type);
+// The format named `name`; raises an error naming `what` when none is.
+WireFormat wire_format_of(const std::string& name, const char* what);
+// "'e4m3', 'e5m2' or 'mxfp4'".
+std::string wire_format_choices();
 
 c10::ScalarType scalar_type_of(Fp8Dtype fp8_dtype);
 std::optional<Fp8Dtype> find_fp8_dtype(c10::ScalarType dtype);

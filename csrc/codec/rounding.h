@@ -73,29 +73,29 @@ FP8C_HD uint32_t rounding_bits(uint32_t k0, uint32_t k1, uint32_t i) { return lo
 
 // Fraction bits of the fixed-point form of an FP8-subnormal |v| (in units of
 // the smallest subnormal, below 2^kMantBits): the largest that fits an int32.
-template <Fp8Dtype F>
-constexpr int kSubnormalFraction = 31 - Fp8Traits<F>::kMantBits;
+template <WireFormat F>
+constexpr int kSubnormalFraction = 31 - WireTraits<F>::kMantBits;
 
 // 1 / (smallest subnormal) * 2^kSubnormalFraction, a power of two.
-template <Fp8Dtype F>
+template <WireFormat F>
 constexpr float kSubnormalFixedScale =
-    Fp8Traits<F>::kSubnormalInv * static_cast<float>(uint32_t{1} << kSubnormalFraction<F>);
+    WireTraits<F>::kSubnormalInv * static_cast<float>(uint32_t{1} << kSubnormalFraction<F>);
 
-// fp32 -> fp8, rounded stochastically with the random bits `rand`; otherwise
-// exactly encode_fp8 (v already divided by the block scale, `limit` caps the
+// fp32 -> code, rounded stochastically with the random bits `rand`; otherwise
+// exactly encode_code (v already divided by the block scale, `limit` caps the
 // magnitude code, the same NaN / Inf codes). Normal range: rand's top kDrop
 // bits are added below the kept mantissa, so the carry happens with
 // probability (dropped bits) / 2^kDrop, the exact distance to the code below.
 // FP8-subnormal range: |v| in fixed point with kSubnormalFraction bits
 // (|v| * a power of two, exact, truncated), the same carry from rand's top
 // bits; the probability is exact to 2^-kSubnormalFraction of a step.
-template <Fp8Dtype F>
-FP8C_HD uint8_t encode_fp8_stochastic(float v, uint32_t limit, uint32_t rand) {
-  using T = Fp8Traits<F>;
+template <WireFormat F>
+FP8C_HD uint8_t encode_code_stochastic(float v, uint32_t limit, uint32_t rand) {
+  using T = WireTraits<F>;
   constexpr int kDrop = 23 - T::kMantBits;
   constexpr int kFrac = kSubnormalFraction<F>;
   const uint32_t b = float_bits(v);
-  const uint32_t sign = (b >> 24) & 0x80u;
+  const uint32_t sign = (b >> (32 - T::kCodeBits)) & T::kSignBit;
   const uint32_t a = b & 0x7FFFFFFFu;
   const bool subnormal = a < T::kMinNormalBits;
   const uint32_t normal = ((a + (rand >> (32 - kDrop))) >> kDrop) - (T::kRebias << T::kMantBits);

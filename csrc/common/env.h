@@ -66,7 +66,8 @@ struct EnvVar {
 namespace env {
 // clang-format off
 inline constexpr EnvVar kBlockSize{"FP8COMM_BLOCK_SIZE", "32", "Options.block_size: elements per FP8 block, " FP8C_BLOCK_SIZE_RULE};
-inline constexpr EnvVar kFp8Dtype{"FP8COMM_FP8_DTYPE", "e4m3", "Options.fp8_dtype: the FP8 format on the wire, e4m3 or e5m2"};
+inline constexpr EnvVar kWireFormat{"FP8COMM_WIRE_FORMAT", "e4m3", "Options.wire_format: the element format on every compressed hop, e4m3, e5m2 or mxfp4 (4-bit)"};
+inline constexpr EnvVar kFp8Dtype{"FP8COMM_FP8_DTYPE", "unset", "deprecated spelling of FP8COMM_WIRE_FORMAT (e4m3 or e5m2), read when that is unset"};
 inline constexpr EnvVar kMinNumel{"FP8COMM_MIN_NUMEL", "16384", "Options.min_numel: per-rank element count below which a collective passes through exactly"};
 inline constexpr EnvVar kCompress{"FP8COMM_COMPRESS", "all_reduce,reduce_scatter", "Options.compress: comma list of compressed algorithms (the Options doc lists them); or all / none"};
 inline constexpr EnvVar kCpuSimd{"FP8COMM_CPU_SIMD", "1", "CPU codec kernels: 1 every kernel the CPU runs, avx2 no AVX-512 kernels, 0 scalar loops (same bytes)"};
@@ -78,7 +79,7 @@ inline constexpr EnvVar kRoundingSeed{"FP8COMM_ROUNDING_SEED", "0", "Options.rou
 inline constexpr EnvVar kTrackError{"FP8COMM_TRACK_ERROR", "0", "Options.track_error: 1 measures the quantization error of every compressed call on this rank (get_stats: SQNR per op); CPU groups only"};
 inline constexpr EnvVar kFusedCast{"FP8COMM_FUSED_CAST", "0", "Fp8Linear on CUDA: 1 casts through the fused CUDA kernels (the CPU always does)"};
 // clang-format on
-inline constexpr const EnvVar* kAll[] = {&kBlockSize, &kFp8Dtype, &kMinNumel, &kCompress, &kCpuSimd, &kCpuThreads, &kScope, &kRounding, &kRoundingSeed, &kLocalSize, &kTrackError, &kFusedCast};
+inline constexpr const EnvVar* kAll[] = {&kBlockSize, &kWireFormat, &kFp8Dtype, &kMinNumel, &kCompress, &kCpuSimd, &kCpuThreads, &kScope, &kRounding, &kRoundingSeed, &kLocalSize, &kTrackError, &kFusedCast};
 }  // namespace env
 
 }  // namespace fp8comm

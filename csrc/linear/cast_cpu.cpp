@@ -185,7 +185,7 @@ void cast_rowwise(const CastArgs& a) {
 void cast_fp8_cpu(const CastArgs& a) {
   TORCH_CHECK(a.rows > 0 && a.cols > 0, "fp8comm cast: empty tensors are handled by the operator");
   TORCH_CHECK(!(a.rowwise && a.amax != nullptr), "fp8comm cast: a given amax is for the tensorwise cast");
-  with_codec_types(a.type, a.fp8_dtype, [&](auto e, auto f) {
+  with_cast_types(a.type, a.fp8_dtype, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
     constexpr Fp8Dtype F = decltype(f)::value;
     if (a.rowwise) {

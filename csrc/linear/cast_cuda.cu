@@ -302,7 +302,7 @@ int cast_fp8_cuda(const CastArgs& a, void* stream) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
   const auto s = static_cast<cudaStream_t>(stream);
-  return with_codec_types(a.type, a.fp8_dtype, [&](auto e, auto f) {
+  return with_cast_types(a.type, a.fp8_dtype, [&](auto e, auto f) {
     return launch<decltype(e)::value, decltype(f)::value>(a, s);
   });
 }

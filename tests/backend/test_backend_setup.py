@@ -70,7 +70,7 @@ def backend_properties(spec: str | None = None):
     return {
         "name": be.name(),
         "block_size": be.block_size,
-        "fp8_dtype": be.fp8_dtype,
+        "wire_format": be.wire_format,
         "min_numel": be.min_numel,
         "compressed_ops": be.compressed_ops,
     }
@@ -298,26 +298,26 @@ def test_default_options(pool):
     assert props == {
         "name": "fp8gloo",
         "block_size": 32,
-        "fp8_dtype": "e4m3",
+        "wire_format": "e4m3",
         "min_numel": fp8comm.options.DEFAULT_MIN_NUMEL,
         "compressed_ops": ["all_reduce", "reduce_scatter"],
     }
 
 
 def test_pg_options_reach_the_backend(pool):
-    props = pool.run(backend_properties, "block_size=64;fp8_dtype=e5m2;min_numel=7;compress=all")[0]
-    assert props["block_size"] == 64 and props["fp8_dtype"] == "e5m2" and props["min_numel"] == 7
+    props = pool.run(backend_properties, "block_size=64;wire_format=mxfp4;min_numel=7;compress=all")[0]
+    assert props["block_size"] == 64 and props["wire_format"] == "mxfp4" and props["min_numel"] == 7
     assert props["compressed_ops"] == ["all_reduce", "reduce_scatter", "all_gather"]
 
 
 def test_environment_gives_the_defaults():
-    env = {"FP8COMM_BLOCK_SIZE": "128", "FP8COMM_FP8_DTYPE": "e5m2", "FP8COMM_MIN_NUMEL": "9", "FP8COMM_COMPRESS": "all_gather"}
+    env = {"FP8COMM_BLOCK_SIZE": "128", "FP8COMM_WIRE_FORMAT": "e5m2", "FP8COMM_MIN_NUMEL": "9", "FP8COMM_COMPRESS": "all_gather"}
     p = DistPool(2, backend="fp8gloo", env=env)
     try:
         props = p.run(backend_properties)[0]
     finally:
         p.close()
-    assert props["block_size"] == 128 and props["fp8_dtype"] == "e5m2" and props["min_numel"] == 9
+    assert props["block_size"] == 128 and props["wire_format"] == "e5m2" and props["min_numel"] == 9
     assert props["compressed_ops"] == ["all_gather"]
 
 
@@ -333,6 +333,7 @@ def test_compress_none_is_exact(pool):
         ({"block_size": 8}, "block_size must be a multiple of 16"),
         ({"block_size": 4112}, "block_size must be a multiple of 16"),
         ({"fp8_dtype": "e3m4"}, "fp8_dtype must be"),
+        ({"wire_format": "e3m4"}, "wire_format must be"),
         ({"fp8_dtype": torch.float16}, "fp8_dtype must be"),
         ({"min_numel": -1}, "min_numel must be an int >= 0"),
         ({"compress": "all_reduce,broadcast"}, r"unknown op\(s\) \['broadcast'\]"),

@@ -355,7 +355,7 @@ def test_residual_is_what_the_wire_dropped(pool, op, reduce, dtype, residual_dty
 def test_residual_under_stochastic_rounding(pool, op):
     # The residual decodes the bytes written, whichever way they were rounded.
     for r in pool.run(residual_is_what_the_wire_dropped, op, "float32", "SUM", "float32",
-                      _options(pool, rounding="stochastic", fp8_dtype="e5m2")):
+                      _options(pool, rounding="stochastic", wire_format="e5m2")):
         for step in range(2):
             assert r[f"dropped_{step}"] > 5e-3 and r[f"identity_{step}"] < 1e-5, r
 

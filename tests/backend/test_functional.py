@@ -142,7 +142,7 @@ def test_other_reductions(pool, op, reduce):
 
 def test_block_size_option_reaches_the_wire(pool):
     for r in pool.run(functional_equals_fp8_group, "all_reduce", "float32", "SUM", False,
-                      _options(pool, block_size=128, fp8_dtype="e5m2")):
+                      _options(pool, block_size=128, wire_format="e5m2")):
         assert r["same"], r
 
 

@@ -22,13 +22,13 @@ def test_options_are_a_c10d_backend_options():
 
 def test_unset_fields_stay_unset_until_resolved(monkeypatch):
     opts = fp8comm.Options(min_numel=7)
-    assert opts.block_size is None and opts.fp8_dtype is None and opts.compress is None and opts.min_numel == 7
-    monkeypatch.setenv("FP8COMM_FP8_DTYPE", "E5M2")
+    assert opts.block_size is None and opts.wire_format is None and opts.compress is None and opts.min_numel == 7
+    monkeypatch.setenv("FP8COMM_WIRE_FORMAT", "MXFP4")
     monkeypatch.setenv("FP8COMM_COMPRESS", "all")
     r = opts.resolved()
-    assert (r.block_size, r.fp8_dtype, r.min_numel) == (32, "e5m2", 7)
+    assert (r.block_size, r.wire_format, r.min_numel) == (32, "mxfp4", 7)
     assert r.compress == ("all_reduce", "reduce_scatter", "all_gather")
-    assert r.fingerprint() == {"block_size": "32", "fp8_dtype": "e5m2", "min_numel": "7",
+    assert r.fingerprint() == {"block_size": "32", "wire_format": "mxfp4", "min_numel": "7",
                                "compress": "all_reduce,reduce_scatter,all_gather", "scope": "all",
                                "rounding": "nearest", "rounding_seed": "0"}
 
@@ -85,9 +85,28 @@ def test_scope_must_be_a_known_name(value):
         fp8comm.Options(scope=value)
 
 
-def test_fp8_dtype_takes_torch_dtypes():
-    assert fp8comm.Options(fp8_dtype=torch.float8_e5m2).fp8_dtype == "e5m2"
-    assert fp8comm.Options(fp8_dtype=torch.float8_e4m3fn).resolved().fp8_dtype == "e4m3"
+def test_fp8_dtype_is_a_deprecated_spelling_of_wire_format():
+    with pytest.warns(DeprecationWarning, match="use wire_format='e5m2'"):
+        assert fp8comm.Options(fp8_dtype=torch.float8_e5m2).wire_format == "e5m2"
+    with pytest.warns(DeprecationWarning):
+        assert fp8comm.Options(fp8_dtype="e4m3").resolved().fp8_dtype == "e4m3"
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="disagree; give wire_format alone"):
+        fp8comm.Options(fp8_dtype="e4m3", wire_format="mxfp4")
+    with pytest.raises(ValueError, match="fp8_dtype must be"):
+        fp8comm.Options(fp8_dtype="mxfp4")  # 4 bits are not an FP8 dtype: wire_format names them
+    with pytest.raises(ValueError, match="wire_format must be 'e4m3', 'e5m2' or 'mxfp4', got 'nvfp4'"):
+        fp8comm.Options(wire_format="nvfp4")
+
+
+def test_the_deprecated_environment_variable_is_read_when_the_new_one_is_unset(monkeypatch):
+    monkeypatch.delenv("FP8COMM_WIRE_FORMAT", raising=False)
+    monkeypatch.setenv("FP8COMM_FP8_DTYPE", "e5m2")
+    assert fp8comm.Options().resolved().wire_format == "e5m2"
+    monkeypatch.setenv("FP8COMM_WIRE_FORMAT", "mxfp4")
+    assert fp8comm.Options().resolved().wire_format == "mxfp4"
+    monkeypatch.setenv("FP8COMM_WIRE_FORMAT", "int4")
+    with pytest.raises(ValueError, match="wire_format must be .* got 'int4' \\(from FP8COMM_WIRE_FORMAT\\)"):
+        fp8comm.Options().resolved()
 
 
 @pytest.mark.parametrize("value", [1.5, "16", True])
@@ -103,7 +122,7 @@ def test_unset_compress_from_environment_none(monkeypatch):
 
 def test_deepcopy_and_pickle_keep_every_field():
     """torch deep-copies a parent group's options when it splits the group."""
-    opts = fp8comm.Options(block_size=64, fp8_dtype="e5m2", compress="all_gather", scope="inter_node",
+    opts = fp8comm.Options(block_size=64, wire_format="mxfp4", compress="all_gather", scope="inter_node",
                            rounding="stochastic", rounding_seed=3)
     for clone in (copy.deepcopy(opts), pickle.loads(pickle.dumps(opts))):
         assert clone == opts and clone is not opts

@@ -23,9 +23,9 @@ def options_disagree(backend: str, option: str, env_rank0: dict | None = None):
     the others. Returns (error text or None, seconds)."""
     c = ctx()
     differs = c.rank == 0
-    kw = {"min_numel": 1024, "compress": "all_reduce,reduce_scatter", "block_size": 32, "fp8_dtype": "e4m3"}
+    kw = {"min_numel": 1024, "compress": "all_reduce,reduce_scatter", "block_size": 32, "wire_format": "e4m3"}
     if differs and option:
-        kw[option] = {"min_numel": 2048, "compress": "all", "block_size": 64, "fp8_dtype": "e5m2",
+        kw[option] = {"min_numel": 2048, "compress": "all", "block_size": 64, "wire_format": "mxfp4",
                       "scope": "inter_node", "rounding": "stochastic", "rounding_seed": 7}[option]
     for name in env_rank0 or {}:  # an option the environment sets is left unset on every rank
         kw.pop(name.removeprefix("FP8COMM_").lower(), None)
@@ -49,7 +49,7 @@ def options_disagree(backend: str, option: str, env_rank0: dict | None = None):
 CASES = [
     ("min_numel", None, "min_numel: rank 0 has 2048, rank 1 has 1024"),
     ("block_size", None, "block_size: rank 0 has 64, rank 1 has 32"),
-    ("fp8_dtype", None, "fp8_dtype: rank 0 has 'e5m2', rank 1 has 'e4m3'"),
+    ("wire_format", None, "wire_format: rank 0 has 'mxfp4', rank 1 has 'e4m3'"),
     ("compress", None, "compress: rank 0 has 'all_reduce,reduce_scatter,all_gather', rank 1 has"),
     ("scope", None, "scope: rank 0 has 'inter_node', rank 1 has 'all'"),
     ("rounding", None, "rounding: rank 0 has 'stochastic', rank 1 has 'nearest'"),

@@ -269,7 +269,7 @@ def _soak_op(kind, n, dtype, reduce, form, factor_kind, async_op, seed, c) -> Pl
     factors = PREMUL_FACTORS[:P] if reduce == "premul_sum" else [1.0] * P
     div = P if reduce == "avg" else 1
     call = Call(g, rank, P, reduce_op(reduce, PREMUL_FACTORS[rank], factor_kind), async_op)
-    fp8 = FP8[be.fp8_dtype]
+    fp8 = FP8[be.wire_format]
 
     def inp(r, m, s=seed):
         return rank_input(r, m, dtype, s)
@@ -423,7 +423,7 @@ def fuzz_case(op: str, form: str, reduce: str, fmt: str, n: int, pattern: str, d
     the exact FP64 result with the documented bound (docs/reliability.md)."""
     c = ctx()
     P = c.world
-    pg = fp8_group(f"compress=all;min_numel=1;block_size={block};fp8_dtype={fmt}")
+    pg = fp8_group(f"compress=all;min_numel=1;block_size={block};wire_format={fmt}")
     fp8_dtype = FP8[fmt]
     dtype = getattr(torch, dtype_name)
     factors = PREMUL_FACTORS[:P] if reduce == "premul_sum" else [1.0] * P

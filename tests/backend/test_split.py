@@ -225,7 +225,7 @@ def split_source_under_eager_init():
 
 # ---------------------------------------------------------------- tests
 
-OPTIONS = {"block_size": 64, "fp8_dtype": "e5m2", "min_numel": 1024, "compress": "all"}
+OPTIONS = {"block_size": 64, "wire_format": "e5m2", "min_numel": 1024, "compress": "all"}
 OPS = ("all_reduce", "reduce_scatter", "all_gather")
 MIN_SQNR_DB = 20.0  # E5M2 through one or two quantizations: ~25 dB on randn
 

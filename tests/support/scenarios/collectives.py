@@ -15,7 +15,6 @@ import torch
 import torch.distributed as dist
 
 import fp8comm
-from fp8comm.codec import FP8_DTYPE_BY_NAME
 from tests.support.groups import fp8_group
 from tests.support.harness import ctx
 from tests.support.inputs import neighbours_intact, rank_input, strided_view
@@ -144,9 +143,10 @@ def all_gather(k, dtype, form="tensor", group="group", seed=0, non_contiguous=Fa
     ref = torch.cat([rank_input(r, k, dtype, seed).double() for r in range(c.world)])
     if round_trip:
         options = pg._get_backend(torch.device("cpu")).options
-        block, fp8 = options.block_size, FP8_DTYPE_BY_NAME[options.fp8_dtype]
+        block, fmt = options.block_size, options.wire_format
         codec = torch.cat([fp8comm.dequantize(*fp8comm.quantize(rank_input(r, k, dtype, seed), block_size=block,
-                                                                fp8_dtype=fp8), block_size=block, dtype=dtype)
+                                                                wire_format=fmt), block_size=block, dtype=dtype,
+                                              numel=k)
                            for r in range(c.world)])
         return RoundTrip(outs[0].contiguous(), sqnr_db(ref, outs[0]), stats, torch.equal(outs[0], codec))
     return Outcome(outs[0].contiguous(), sqnr_db(ref, outs[0]), stats)

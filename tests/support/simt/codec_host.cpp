@@ -25,7 +25,7 @@ fp8comm::BlockCodes to_codes(const HostCodes& h) {
   c.capacity = h.capacity;
   c.scale_padding = h.scale_padding;
   c.block_size = static_cast<int>(h.block_size);
-  c.fp8_dtype = static_cast<fp8comm::Fp8Dtype>(h.format);
+  c.format = static_cast<fp8comm::WireFormat>(h.format);
   c.rounding = static_cast<fp8comm::Rounding>(h.rounding);
   c.rounding_key = h.rounding_key;
   c.first_segment = h.first_segment;
@@ -52,9 +52,9 @@ extern "C" {
 void simt_wire_segments(uint8_t* base, int64_t num_segments, int64_t m, int64_t block, int64_t format,
                         HostCodes* out) {
   const fp8comm::BlockCodes c =
-      fp8comm::wire_segments(base, num_segments, m, static_cast<int>(block), static_cast<fp8comm::Fp8Dtype>(format));
+      fp8comm::wire_segments(base, num_segments, m, static_cast<int>(block), static_cast<fp8comm::WireFormat>(format));
   *out = HostCodes{c.scales, c.codes, c.stride, c.num_segments, c.segment_numel, c.capacity, c.scale_padding,
-                   c.block_size, static_cast<int64_t>(c.fp8_dtype), static_cast<int64_t>(c.rounding),
+                   c.block_size, static_cast<int64_t>(c.format), static_cast<int64_t>(c.rounding),
                    c.rounding_key, c.first_segment};
 }
 

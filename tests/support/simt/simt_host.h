@@ -8,8 +8,8 @@
 // the same shuffle, __syncthreads for every thread of the block at the same
 // __syncthreads. A barrier that can never complete (a lane has exited, or waits
 // at another barrier) aborts with a message naming the kernel and the barrier:
-// a divergence bug is an error, never a hang. 16-byte vector accesses (__ldg,
-// stores through uint4 pointers) abort when misaligned; a fault (an access out
+// a divergence bug is an error, never a hang. 16- and 8-byte vector accesses
+// (__ldg, stores through uint4 / uint2 pointers) abort when misaligned; a fault (an access out
 // of bounds) ends the launch with cudaErrorIllegalAddress and a message. The
 // grid is capped at kMaxBlocks blocks, so grid-stride loops loop.
 //
@@ -79,6 +79,17 @@ struct uint4 {
   uint4& operator=(const uint4& o) {  // a store through a uint4 pointer: a vector store
     simt::check_aligned(this, 16, "vector store (uint4)");
     x = o.x, y = o.y, z = o.z, w = o.w;
+    return *this;
+  }
+};
+
+struct uint2 {
+  unsigned x, y;
+  uint2() = default;
+  uint2(const uint2&) = default;
+  uint2& operator=(const uint2& o) {  // a store through a uint2 pointer: an 8-byte vector store
+    simt::check_aligned(this, 8, "vector store (uint2)");
+    x = o.x, y = o.y;
     return *this;
   }
 };
