@@ -31,7 +31,7 @@ from tests.support.scenarios.collectives import Exact
 # Run on every rank of the pool: module-level, the ranks import this module.
 # They return what each rank saw (errors as text) for the tests to judge.
 
-FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2, "mxfp4": "mxfp4"}  # bounds.py's format argument
 
 
 # Faults: peers that die or get stuck, ranks that call with different
@@ -697,14 +697,14 @@ def test_soak_mixed_collectives():
 
 
 # ------------------------------------------------------------------ fuzz
-# Op form x reduce kind x FP8 format are enumerated; hypothesis draws the
+# Op form x reduce kind x wire format are enumerated; hypothesis draws the
 # rest. Each case runs on 2, 3 or 4 ranks (in turn, so every world size sees
 # every op); a case's examples share one pool.
 FUZZ_OPS = [("all_reduce", ["tensor", "coalesced"], ["sum", "avg", "premul_sum"]),
             ("reduce_scatter", ["tensor", "list", "coalesced"], ["sum", "avg", "premul_sum"]),
             ("all_gather", ["tensor", "list", "coalesced"], ["none"])]
 FUZZ_CASES = [(op, form, reduce, fmt) for op, forms, reduces in FUZZ_OPS for form in forms for reduce in reduces
-              for fmt in ["e4m3", "e5m2"]]
+              for fmt in ["e4m3", "e5m2", "mxfp4"]]
 FUZZ_GRID = sorted(((2 + i % 3,) + case for i, case in enumerate(FUZZ_CASES)), key=lambda case: case[0])
 FUZZ_EXAMPLES = int(os.environ.get("FP8COMM_FUZZ_EXAMPLES", "8"))
 
