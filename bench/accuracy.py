@@ -1,7 +1,7 @@
-"""SQNR of every compressed collective against an exact FP64 result, per op,
-dtype and FP8 format, through the real backend.
+"""SQNR of one quantization and of every compressed collective against an
+exact FP64 result, per op, dtype and wire format, through the real backend.
 
-    torchrun --nproc_per_node=2 bench/accuracy.py [--numel N] [--json PATH]
+    torchrun --nproc_per_node=2 bench/accuracy.py [--numel N] [--formats e4m3,e5m2,mxfp4] [--json PATH]
 
 Inputs are randn per rank, and DESIGN.md's mixed bucket (nine layers from
 1e-6 to 1e2 in one tensor). The FP64 reference passes through the fp8 group
@@ -40,6 +40,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--numel", type=int, default=1 << 20)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--formats", default="e4m3,e5m2,mxfp4", help="comma list of wire formats")
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
     n = 9 * 4096 if args.quick else args.numel
@@ -47,13 +48,16 @@ def main(argv=None):
     rank, world = dist.get_rank(), dist.get_world_size()
     n = n // (world * 9) * world * 9
     rows = []
-    for fmt in ("e4m3", "e5m2"):
+    for fmt in args.formats.split(","):
         g = dist.new_group(backend="fp8gloo", pg_options=fp8comm.Options(min_numel=0, compress="all", wire_format=fmt))
         for dtype in (torch.float32, torch.bfloat16):
             for kind in ("randn", "bucket"):
                 x = inputs(kind, n, rank).to(dtype)
-                for op in ("all_reduce", "reduce_scatter", "all_gather"):
-                    if op == "all_reduce":
+                for op in ("quantize", "all_reduce", "reduce_scatter", "all_gather"):
+                    if op == "quantize":  # one round trip through the codec, this rank's input
+                        codes, scales = fp8comm.quantize(x, wire_format=fmt)
+                        got, exact = fp8comm.dequantize(codes, scales, dtype=dtype, numel=n), x.double()
+                    elif op == "all_reduce":
                         got, exact = x.clone(), x.double()
                         dist.all_reduce(got, group=g)
                         dist.all_reduce(exact, group=g)

@@ -61,6 +61,16 @@ CONFIGS = [
      "flags": ["--no-fp8-compute", "--fp8-comm", "--wire", "e5m2", "--comm-block-size", "512", "--error-feedback", "fp32"]},
     {"name": "e5m2/512 comm + stochastic rounding",
      "flags": ["--no-fp8-compute", "--fp8-comm", "--wire", "e5m2", "--comm-block-size", "512", "--rounding", "stochastic"]},
+    # Four bits (MXFP4: E2M1 codes, one E8M0 scale per 32) on the gradients'
+    # reduce-scatter, alone and with error feedback and stochastic rounding.
+    {"name": "mxfp4 comm", "flags": ["--no-fp8-compute", "--fp8-comm", "--wire", "mxfp4"]},
+    {"name": "mxfp4 comm + error feedback",
+     "flags": ["--no-fp8-compute", "--fp8-comm", "--wire", "mxfp4", "--error-feedback", "fp32"]},
+    {"name": "mxfp4 comm + stochastic rounding",
+     "flags": ["--no-fp8-compute", "--fp8-comm", "--wire", "mxfp4", "--rounding", "stochastic"]},
+    {"name": "mxfp4 comm + error feedback + stochastic rounding",
+     "flags": ["--no-fp8-compute", "--fp8-comm", "--wire", "mxfp4", "--error-feedback", "fp32", "--rounding",
+               "stochastic"]},
 ]
 GOAL_REL = 0.01  # within 1% of the baseline's mean eval loss
 # What results saved before the schedule options existed trained with.
