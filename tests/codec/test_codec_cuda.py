@@ -14,7 +14,7 @@ pytestmark = pytest.mark.cuda
 if not (torch.cuda.is_available() and fp8comm._C.has_cuda):
     pytest.skip("needs a GPU and fp8comm built with CUDA", allow_module_level=True)
 
-FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
+FORMATS = ["e4m3", "e5m2", "mxfp4"]  # the wire formats (MXFP4: 4-bit codes, NaN-scaled non-finite blocks)
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 BLOCKS = [16, 32, 48, 128, 4096]
 SIZES = [0, 1, 15, 33, 1000, (1 << 20) + 7]
@@ -36,55 +36,66 @@ def nasty(n, dtype, seed=0):
     return x.to(dtype)
 
 
-@pytest.mark.parametrize("fp8_dtype", FP8)
+def codes_per_element(fmt):
+    """Codes per element of fp8comm.quantize's codes tensor: 1, or 2 for MXFP4."""
+    return 8 // fp8comm.codec.wire_format_code_bits(fmt)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("block_size", BLOCKS)
 @pytest.mark.parametrize("n", SIZES)
-def test_quantize_and_dequantize(n, block_size, dtype, fp8_dtype):
+def test_quantize_and_dequantize(n, block_size, dtype, fmt):
     x = nasty(n, dtype)
-    c_cpu, s_cpu = fp8comm.quantize(x, block_size=block_size, fp8_dtype=fp8_dtype)
-    c_gpu, s_gpu = fp8comm.quantize(x.cuda(), block_size=block_size, fp8_dtype=fp8_dtype)
+    c_cpu, s_cpu = fp8comm.quantize(x, block_size=block_size, wire_format=fmt)
+    c_gpu, s_gpu = fp8comm.quantize(x.cuda(), block_size=block_size, wire_format=fmt)
     assert torch.equal(bits(c_cpu), bits(c_gpu)) and torch.equal(bits(s_cpu), bits(s_gpu))
-    d_cpu = fp8comm.dequantize(c_cpu, s_cpu, block_size=block_size, dtype=dtype)
-    d_gpu = fp8comm.dequantize(c_gpu, s_gpu, block_size=block_size, dtype=dtype)
+    d_cpu = fp8comm.dequantize(c_cpu, s_cpu, block_size=block_size, dtype=dtype, numel=n)
+    d_gpu = fp8comm.dequantize(c_gpu, s_gpu, block_size=block_size, dtype=dtype, numel=n)
     assert torch.equal(bits(d_cpu), bits(d_gpu))
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_misaligned_views(dtype):
+def test_misaligned_views(dtype, fmt):
+    """Sources at odd element offsets; codes decoded from their second element
+    (MXFP4: the second byte, codes 2..), so code loads are misaligned too."""
     base = nasty(100_003, dtype)
+    per = codes_per_element(fmt)
     for offset in (1, 3, 8):
         x = base[offset:]
-        c_cpu, s_cpu = fp8comm.quantize(x)
-        c_gpu, s_gpu = fp8comm.quantize(base.cuda()[offset:])
+        c_cpu, s_cpu = fp8comm.quantize(x, wire_format=fmt)
+        c_gpu, s_gpu = fp8comm.quantize(base.cuda()[offset:], wire_format=fmt)
         assert torch.equal(bits(c_cpu), bits(c_gpu)) and torch.equal(bits(s_cpu), bits(s_gpu))
-        out_cpu = fp8comm.dequantize(c_cpu[1:], s_cpu[: math.ceil((x.numel() - 1) / 32)], dtype=dtype)
-        out_gpu = fp8comm.dequantize(c_gpu[1:], s_gpu[: math.ceil((x.numel() - 1) / 32)], dtype=dtype)
+        n = x.numel() - per
+        out_cpu = fp8comm.dequantize(c_cpu[1:], s_cpu[: math.ceil(n / 32)], dtype=dtype, numel=n)
+        out_gpu = fp8comm.dequantize(c_gpu[1:], s_gpu[: math.ceil(n / 32)], dtype=dtype, numel=n)
         assert torch.equal(bits(out_cpu), bits(out_gpu))
 
 
-def wire(num_segments, m, block_size, device):
-    return torch.empty(num_segments * fp8comm.segment_bytes(m, block_size), dtype=torch.uint8, device=device)
+def wire(num_segments, m, block_size, device, fmt="e4m3"):
+    return torch.empty(num_segments * fp8comm.segment_bytes(m, block_size, wire_format=fmt), dtype=torch.uint8,
+                       device=device)
 
 
-@pytest.mark.parametrize("fp8_dtype", FP8)
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("block_size", BLOCKS)
 @pytest.mark.parametrize("n,P", [(1000, 4), (100_003, 3), (5, 4), (1 << 20, 2)])
-def test_fused_segment_ops(n, P, block_size, dtype, fp8_dtype):
+def test_fused_segment_ops(n, P, block_size, dtype, fmt):
     x = nasty(n, dtype, seed=1)
     m = math.ceil(n / P)
-    kw = dict(block_size=block_size, fp8_dtype=fp8_dtype)
+    kw = dict(block_size=block_size, wire_format=fmt)
     out = {}
     for device in ("cpu", "cuda"):
-        buf = wire(P, m, block_size, device)
+        buf = wire(P, m, block_size, device, fmt)
         buf.fill_(0xAB)
         fp8comm.quantize_segments(x.to(device)[1:] if n > 1 else x.to(device), buf, P, m, premul=0.75, **kw)
         deq = torch.empty(max(n - 1, 0), dtype=dtype, device=device)
         fp8comm.dequantize_segments(buf, deq, P, m, **kw)
         summed = torch.empty(m, dtype=dtype, device=device)
         fp8comm.dequant_sum(buf, summed, P, m, post_div=P, **kw)
-        req = wire(1, m, block_size, device)
+        req = wire(1, m, block_size, device, fmt)
         req.fill_(0xCD)
         fp8comm.dequant_sum_requantize(buf, req, P, m, post_div=3, **kw)
         out[device] = (buf, deq, summed, req)
@@ -92,11 +103,11 @@ def test_fused_segment_ops(n, P, block_size, dtype, fp8_dtype):
         assert torch.equal(bits(a), bits(b))
 
 
-@pytest.mark.parametrize("fp8_dtype", FP8)
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("block_size", BLOCKS)
 @pytest.mark.parametrize("num_pieces", [0, 1, 3])
-def test_sums_with_own_addend(num_pieces, block_size, dtype, fp8_dtype):
+def test_sums_with_own_addend(num_pieces, block_size, dtype, fmt):
     """The own (unquantized) addend of reduce_scatter / all_reduce: CUDA equals
     the CPU bit for bit, with a premul, and an own shorter than the pieces
     (zeros past its end). The device-tensor premul runs in test_backend_cuda's
@@ -104,15 +115,15 @@ def test_sums_with_own_addend(num_pieces, block_size, dtype, fp8_dtype):
     m = 10_000 + 7
     own = nasty(m - 50, dtype, seed=5)
     pieces = nasty(max(num_pieces, 1) * m, torch.float32, seed=6)
-    kw = dict(block_size=block_size, fp8_dtype=fp8_dtype)
+    kw = dict(block_size=block_size, wire_format=fmt)
     out = {}
     for device in ("cpu", "cuda"):
-        buf = wire(num_pieces, m, block_size, device)
+        buf = wire(num_pieces, m, block_size, device, fmt)
         if num_pieces:
             fp8comm.quantize_segments(pieces.to(device)[: num_pieces * m], buf, num_pieces, m, **kw)
         summed = torch.empty(m - 3, dtype=dtype, device=device)
         fp8comm.dequant_sum(buf, summed, num_pieces, m, post_div=2, own=own.to(device), own_premul=0.75, **kw)
-        req = wire(1, m, block_size, device)
+        req = wire(1, m, block_size, device, fmt)
         req.fill_(0xCD)
         fp8comm.dequant_sum_requantize(buf, req, num_pieces, m, post_div=3, own=own.to(device), own_premul=-2.0, **kw)
         out[device] = (summed, req)
@@ -120,12 +131,13 @@ def test_sums_with_own_addend(num_pieces, block_size, dtype, fp8_dtype):
         assert torch.equal(bits(a), bits(b))
 
 
-def test_tensor_premul_on_the_device():
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_tensor_premul_on_the_device(fmt):
     x = nasty(50_000, torch.float32)
-    a = wire(2, 25_000, 32, "cpu")
-    b = wire(2, 25_000, 32, "cuda")
-    fp8comm.quantize_segments(x, a, 2, 25_000, premul=torch.tensor(0.3))
-    fp8comm.quantize_segments(x.cuda(), b, 2, 25_000, premul=torch.tensor(0.3, device="cuda"))
+    a = wire(2, 25_000, 32, "cpu", fmt)
+    b = wire(2, 25_000, 32, "cuda", fmt)
+    fp8comm.quantize_segments(x, a, 2, 25_000, wire_format=fmt, premul=torch.tensor(0.3))
+    fp8comm.quantize_segments(x.cuda(), b, 2, 25_000, wire_format=fmt, premul=torch.tensor(0.3, device="cuda"))
     assert torch.equal(bits(a), bits(b))
 
 
@@ -147,19 +159,19 @@ def test_ops_run_on_the_current_stream():
     n=st.integers(0, 20_000),
     log_scale=st.floats(-35, 35),
     dtype=st.sampled_from(DTYPES),
-    fp8_dtype=st.sampled_from(FP8),
+    fmt=st.sampled_from(FORMATS),
     block_size=st.sampled_from([16, 32, 64, 80, 512, 1024]),
     P=st.integers(1, 5),
     seed=st.integers(0, 2**31 - 1),
 )
-def test_hypothesis_cuda_equals_cpu(n, log_scale, dtype, fp8_dtype, block_size, P, seed):
+def test_hypothesis_cuda_equals_cpu(n, log_scale, dtype, fmt, block_size, P, seed):
     gen = torch.Generator().manual_seed(seed)
     x = (torch.randn(n, generator=gen) * 10.0**log_scale).to(dtype)
     m = max(1, math.ceil(n / P))
-    kw = dict(block_size=block_size, fp8_dtype=fp8_dtype)
+    kw = dict(block_size=block_size, wire_format=fmt)
     res = {}
     for device in ("cpu", "cuda"):
-        buf = wire(P, m, block_size, device)
+        buf = wire(P, m, block_size, device, fmt)
         fp8comm.quantize_segments(x.to(device), buf, P, m, **kw)
         summed = torch.empty(m, dtype=dtype, device=device)
         fp8comm.dequant_sum(buf, summed, P, m, **kw)
@@ -175,19 +187,28 @@ NAN_INPUTS = {torch.float32: [0x7FC00001, 0xFFC12345, 0x7F800001, 0xFF800001, 0x
               torch.float16: [0x7E01, 0xFE01, 0x7C01, 0xFC01, 0xFFFF]}
 
 
-@pytest.mark.parametrize("fp8_dtype", FP8)
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_nan_outputs_are_the_canonical_nan(dtype, fp8_dtype):
+def test_nan_outputs_are_the_canonical_nan(dtype, fmt):
     """CUDA arithmetic makes 0x7FFFFFFF of every NaN, x86 keeps signs and
     payloads; both write the one canonical NaN of the output dtype
     (fp8_block_math.h): every code decoded (NaN codes of both signs), the
-    opposite codes summed (E5M2: Inf - Inf), NaN own inputs of every kind."""
+    opposite codes summed (E5M2: Inf - Inf), NaN own inputs of every kind.
+    MXFP4 (no NaN or Inf code): every code byte, in a block of E8M0's NaN
+    scale in one piece, and in a block whose largest codes overflow float32
+    under the largest scale in both pieces with opposite signs (Inf - Inf)."""
     block_size, m = 32, 512
     g = torch.Generator().manual_seed(0)
-    S = fp8comm.segment_bytes(m, block_size)
-    buf = wire(2, m, block_size, "cpu")
+    S = fp8comm.segment_bytes(m, block_size, wire_format=fmt)
+    buf = wire(2, m, block_size, "cpu", fmt)
     for r in range(2):
         buf[r * S:r * S + 16] = torch.randint(120, 135, (16,), generator=g, dtype=torch.uint8)
+        if fmt == "mxfp4":  # m / 2 code bytes: each byte once, both signs flipped in piece 1
+            buf[r * S + 16:(r + 1) * S] = torch.arange(256, dtype=torch.int32).to(torch.uint8) ^ (0x88 * r)
+            buf[r * S + 1] = 254  # block 1: codes 0x10-0x1F, 2 * 2^127 and above are +-Inf
+            if r == 0:
+                buf[r * S + 2] = 0xFF  # block 2 of piece 0: NaN throughout
+            continue
         codes = torch.randint(0, 256, (m,), generator=g, dtype=torch.uint8)
         codes[:256] = torch.arange(256, dtype=torch.int32).to(torch.uint8) ^ (0x80 * r)
         buf[r * S + 16:(r + 1) * S] = codes
@@ -198,14 +219,14 @@ def test_nan_outputs_are_the_canonical_nan(dtype, fp8_dtype):
     patterns = wide.to(torch.int32 if dtype == torch.float32 else torch.int16)  # int32 wraps
     at = torch.arange(3, m, 7)
     own.view(patterns.dtype)[at] = patterns[torch.arange(at.numel()) % patterns.numel()]
-    kw = dict(block_size=block_size, fp8_dtype=fp8_dtype)
+    kw = dict(block_size=block_size, wire_format=fmt)
     out = {}
     for device in ("cpu", "cuda"):
         deq = torch.empty(2 * m, dtype=dtype, device=device)
         fp8comm.dequantize_segments(buf.to(device), deq, 2, m, **kw)
         summed = torch.empty(m, dtype=dtype, device=device)
         fp8comm.dequant_sum(buf.to(device), summed, 2, m, post_div=2, own=own.to(device), **kw)
-        req = wire(1, m, block_size, device)
+        req = wire(1, m, block_size, device, fmt)
         fp8comm.dequant_sum_requantize(buf.to(device), req, 2, m, own=own.to(device), **kw)
         out[device] = (deq, summed, req)
     for a, b in zip(out["cpu"], out["cuda"]):
@@ -213,25 +234,31 @@ def test_nan_outputs_are_the_canonical_nan(dtype, fp8_dtype):
     for values in out["cuda"][:2]:
         nan = torch.isnan(values.cpu())
         assert nan.any() and (bits(values)[nan] == CANONICAL_NAN[dtype]).all()
+    if fmt == "mxfp4":
+        deq, summed, _ = (t.cpu() for t in out["cuda"])
+        assert torch.isnan(deq[64:96]).all() and torch.isnan(summed[64:96]).all()  # the NaN-scaled block
+        block1 = torch.arange(32, 64)
+        inf_minus_inf = block1[(block1 % 2 == 0) & (block1 % 32 // 2 % 8 >= 4)]  # low nibbles 4-7 (2, 3, 4, 6)
+        assert torch.isnan(summed[inf_minus_inf]).all()
 
 
-@pytest.mark.parametrize("fp8_dtype", FP8)
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("block_size", [32, 48, 512])
 @pytest.mark.parametrize("n,P", [(1000, 4), (100_003, 3), (1 << 20, 2)])
-def test_stochastic_rounding_cuda_equals_cpu(n, P, block_size, dtype, fp8_dtype):
+def test_stochastic_rounding_cuda_equals_cpu(n, P, block_size, dtype, fmt):
     """Stochastic rounding's keyed bits and encode: the CUDA kernels write the
     CPU codec's bytes (quantize, segments, requantized sums), for two keys."""
     x = nasty(n, dtype, seed=2)
     m = math.ceil(n / P)
     for key in (1, 0xDEADBEEF12345678):
-        kw = dict(block_size=block_size, fp8_dtype=fp8_dtype, rounding="stochastic", rounding_key=key)
+        kw = dict(block_size=block_size, wire_format=fmt, rounding="stochastic", rounding_key=key)
         out = {}
         for device in ("cpu", "cuda"):
             codes, scales = fp8comm.quantize(x.to(device), **kw)
-            buf = wire(P, m, block_size, device)
+            buf = wire(P, m, block_size, device, fmt)
             fp8comm.quantize_segments(x.to(device), buf, P, m, premul=0.75, **kw)
-            req = wire(1, m, block_size, device)
+            req = wire(1, m, block_size, device, fmt)
             fp8comm.dequant_sum_requantize(buf, req, P, m, post_div=3, **kw)
             out[device] = (codes, scales, buf, req)
         for a, b in zip(out["cpu"], out["cuda"]):

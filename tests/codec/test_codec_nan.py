@@ -4,8 +4,10 @@ the positive quiet NaN with a zero payload (fp8_block_math.h), whatever made
 it: a NaN code of either sign, a NaN input with a payload or a sign, a
 signalling NaN, Inf - Inf in a sum. Which NaN an operation yields differs
 between x86 and CUDA, and the outputs must be the same bits on both. Every
-NaN on the wire is the one positive NaN code (E4M3 0x7F, E5M2 0x7E).
-Everything that is not NaN equals codec_reference.py bit for bit.
+NaN on the wire is the one positive NaN code (E4M3 0x7F, E5M2 0x7E); MXFP4,
+which has no NaN code, gives a block holding one E8M0's NaN scale (0xFF).
+Everything that is not NaN equals codec_reference.py (MXFP4:
+mxfp4_reference.py) bit for bit.
 
 Every test runs once per SIMD level this CPU has (scalar loops, AVX2,
 AVX-512): what a level needs is detected by switching it on, never assumed."""
@@ -16,6 +18,7 @@ import torch
 
 import fp8comm
 from tests.support.cpu_kernels import HAS_AVX2, HAS_AVX512
+from tests.support import mxfp4_reference as mx_ref
 from tests.support.reference import dequantize as ref_dequantize
 from tests.support.reference import quantize as ref_quantize
 from fp8comm import _C
@@ -305,4 +308,181 @@ def test_nan_inputs_of_every_kind(fp8_dtype, dtype, block_size):
     out.fill_(7.0)
     fp8comm.dequant_sum(wire(0, n, block_size), out, 0, n, block_size=block_size, fp8_dtype=fp8_dtype, own=x,
                         own_premul=-2.0, post_div=2)
+    assert_nan_canonical(out, (x.float() * -2.0 / 2).to(dtype))
+
+
+# ---------------------------------------------------------------- MXFP4
+# E2M1 has no NaN or Inf code: a NaN-scaled block (E8M0 0xFF) decodes to NaN
+# throughout, large codes under a large scale overflow float32 to +-Inf, and a
+# re-quantized block holding a non-finite value gets the NaN scale (its codes
+# those of its finite values, 0 for the non-finite ones).
+MX = dict(wire_format="mxfp4")
+
+
+def mx_parts(buf, r, m, block_size):
+    """(scale bytes, packed code bytes) of MXFP4 wire segment r, as views into buf."""
+    S = fp8comm.segment_bytes(m, block_size, **MX)
+    blocks = math.ceil(m / block_size)
+    seg = buf[r * S:(r + 1) * S]
+    return seg[:blocks], seg[S - blocks * block_size // 2:]
+
+
+def mx_wire(P, m, block_size):
+    return torch.empty(P * fp8comm.segment_bytes(m, block_size, **MX), dtype=torch.uint8)
+
+
+def mx_reference_sum(buf, P, m, block_size, own, own_premul, post_div):
+    """As reference_sum, each piece decoded by the MXFP4 reference."""
+    acc = torch.zeros(m)
+    if own is not None:
+        acc[: own.numel()] = own.float() * own_premul
+    for r in range(P):
+        scales, codes = mx_parts(buf, r, m, block_size)
+        piece = mx_ref.dequantize(codes, scales, m, block_size).float()  # float64 products are exact
+        acc = piece.clone() if (r == 0 and own is None) else acc + piece
+    return acc / post_div if post_div > 1 else acc
+
+
+def mx_build_pieces(P, m, block_size, seed):
+    """P MXFP4 wire segments of m elements: random codes over ordinary scales,
+    the first half of the blocks plain, NaN scales on a few blocks of the
+    second half, and pieces 0 and 1 with codes of opposite signs under the
+    largest scale in one block (+-2 and more times 2^127: +-Inf, Inf - Inf
+    in the sum)."""
+    g = torch.Generator().manual_seed(seed)
+    buf = mx_wire(P, m, block_size).zero_()
+    blocks = math.ceil(m / block_size)
+    for r in range(P):
+        scales, codes = mx_parts(buf, r, m, block_size)
+        scales.copy_(torch.randint(110, 140, (blocks,), generator=g, dtype=torch.uint8))
+        codes[: (m + 1) // 2] = torch.randint(0, 256, ((m + 1) // 2,), generator=g, dtype=torch.uint8)
+        if m % 2:
+            codes[m // 2] &= 0xF  # padding past m: zero codes, as on the wire
+        scales[blocks // 2 + 1 + r::3] = mx_ref.NAN_SCALE
+    if P >= 2:
+        inf_block = blocks - 4  # a whole block of the second half that the own addend covers
+        lo = inf_block * block_size // 2
+        big = torch.tensor([0x77, 0x65, 0x40, 0x07, 0x70, 0x11], dtype=torch.uint8)  # codes 4-7: +Inf
+        for r, sign in ((0, 0x00), (1, 0x88)):
+            scales, codes = mx_parts(buf, r, m, block_size)
+            scales[inf_block] = 254
+            codes[lo:lo + 6] = big ^ sign
+            codes[lo + 6] = 0x77  # the same sign in both pieces: +Inf + +Inf stays +Inf
+    return buf
+
+
+@pytest.mark.parametrize("block_size", [16, 32, 48])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mxfp4_nan_scales_decode_to_the_canonical_nan(dtype, block_size):
+    """Every code byte (all pairs of E2M1 codes, both signs) under ordinary
+    scales and under E8M0's NaN scale, through dequantize and
+    dequantize_segments; whole blocks of ordinary scales around them, an odd
+    count's tail in a NaN block."""
+    g = torch.Generator().manual_seed(block_size + 100)
+    n = 256 * 2 * 6 + 5
+    packed = torch.cat([torch.arange(256, dtype=torch.uint8).repeat(3),
+                        torch.randint(0, 256, (256 * 3 + 3,), generator=g, dtype=torch.uint8)])
+    packed[-1] &= 0xF
+    blocks = math.ceil(n / block_size)
+    scales = torch.randint(110, 140, (blocks,), generator=g, dtype=torch.uint8)
+    scales[1::3] = mx_ref.NAN_SCALE
+    scales[-1] = mx_ref.NAN_SCALE
+    ref = mx_ref.dequantize(packed, scales, n, block_size).to(dtype)
+    out = fp8comm.dequantize(packed.view(torch.float4_e2m1fn_x2), scales.view(torch.float8_e8m0fnu),
+                             block_size=block_size, dtype=dtype, numel=n)
+    assert_nan_canonical(out, ref)
+    assert torch.isnan(out.view(-1)[block_size:2 * block_size]).all()
+
+    P, m = 2, n // 2 + 3  # the same codes as two wire segments (m odd: a half-used byte in each)
+    assert m % 2
+    codes = mx_ref.unpack(packed, n)
+    buf = mx_wire(P, m, block_size).zero_()
+    for r in range(P):
+        seg_scales, seg_codes = mx_parts(buf, r, m, block_size)
+        part = mx_ref.pack(codes[r * m:(r + 1) * m])
+        seg_codes[: part.numel()] = part
+        seg_scales.copy_(torch.randint(110, 140, (seg_scales.numel(),), generator=g, dtype=torch.uint8))
+        seg_scales[r::2] = mx_ref.NAN_SCALE
+    out = torch.full((n,), 7.0, dtype=dtype)
+    fp8comm.dequantize_segments(buf, out, P, m, block_size=block_size, **MX)
+    ref = torch.cat([mx_ref.dequantize(*reversed(mx_parts(buf, r, m, block_size)), m, block_size)
+                     for r in range(P)])[:n].to(dtype)
+    assert_nan_canonical(out, ref)
+
+
+@pytest.mark.parametrize("post_div", [1, 3])
+@pytest.mark.parametrize("pieces,with_own", ADDENDS)
+@pytest.mark.parametrize("block_size", [16, 32, 48])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mxfp4_sums_write_the_canonical_nan(dtype, block_size, pieces, with_own, post_div):
+    """dequant_sum of MXFP4 pieces: NaN from NaN-scaled blocks, from Inf - Inf
+    between pieces (codes that overflow under the largest scale) and between
+    the own addend and a piece, and from NaN own inputs of every kind; an own
+    addend shorter than the output. Re-quantized (dequant_sum_requantize):
+    the NaN scale exactly on the blocks holding a non-finite sum, the
+    reference's codes everywhere (0 at non-finite elements)."""
+    m = block_size * 16 + 7
+    buf = mx_build_pieces(pieces, m, block_size, seed=block_size + pieces)
+    own = None
+    kw = dict(block_size=block_size, post_div=post_div, **MX)
+    if with_own:
+        own = nan_input(m - block_size - 5, dtype, seed=block_size)
+        own[: 4 * block_size] = torch.randn(4 * block_size, generator=torch.Generator().manual_seed(1)).to(dtype)
+        if pieces >= 2:
+            inf_at = (math.ceil(m / block_size) - 4) * block_size  # mx_build_pieces' block of infinities
+            own[inf_at + 12] = float("-inf")  # against the pieces' +Inf + +Inf
+            own[inf_at + 13] = float("inf")  # with them: stays +Inf
+        kw.update(own=own, own_premul=0.75)
+    ref = mx_reference_sum(buf, pieces, m, block_size, own, 0.75, post_div)
+    if pieces >= 2:
+        inf_at = (math.ceil(m / block_size) - 4) * block_size
+        assert torch.isnan(ref[inf_at:inf_at + 4]).all()  # +-Inf - +-Inf
+        assert ref[inf_at + 13] == float("inf")  # +Inf + +Inf
+        if with_own:
+            assert torch.isnan(ref[inf_at + 12])  # -Inf + Inf + Inf
+    assert torch.isfinite(ref[: 4 * block_size]).all()  # plain blocks too
+
+    out = torch.full((m - 3,), 7.0, dtype=dtype)
+    fp8comm.dequant_sum(buf, out, pieces, m, **kw)
+    assert_nan_canonical(out, ref[: m - 3].to(dtype))
+
+    requant = mx_wire(1, m, block_size).fill_(0xAB)
+    fp8comm.dequant_sum_requantize(buf, requant, pieces, m, **kw)
+    scales, codes = mx_parts(requant, 0, m, block_size)
+    ref_codes, ref_scales = mx_ref.quantize(ref, block_size)
+    blocks = math.ceil(m / block_size)
+    nonfinite_block = (~torch.isfinite(torch.nn.functional.pad(ref, (0, blocks * block_size - m)))).view(blocks, -1)
+    assert torch.equal(scales == mx_ref.NAN_SCALE, nonfinite_block.any(1)) and nonfinite_block.any()
+    assert torch.equal(scales, ref_scales)
+    assert torch.equal(codes[: ref_codes.numel()], ref_codes)
+    assert (codes[ref_codes.numel():] == 0).all() and (requant[scales.numel():16] == 0).all()  # padding
+
+
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mxfp4_nan_inputs_of_every_kind(dtype, block_size):
+    """NaN inputs with payloads, signalling NaNs, either sign, infinities:
+    quantize gives their blocks the NaN scale and the reference's codes; the
+    decoded round trip and the own addend passed through dequant_sum write
+    the canonical NaN. Every third block has no non-finite input."""
+    n = block_size * 12 + 9
+    x = nan_input(n, dtype, seed=block_size + 1)
+    for j in range(0, math.ceil(n / block_size), 3):
+        x[j * block_size:(j + 1) * block_size] = torch.randn(min(block_size, n - j * block_size),
+                                                             generator=torch.Generator().manual_seed(j)).to(dtype)
+    codes, scales = fp8comm.quantize(x, block_size=block_size, **MX)
+    ref_codes, ref_scales = mx_ref.quantize(x, block_size)
+    assert torch.equal(scales.view(torch.uint8), ref_scales)
+    assert torch.equal(codes.view(torch.uint8), ref_codes)
+    nan_blocks = scales.view(torch.uint8) == mx_ref.NAN_SCALE
+    assert nan_blocks.any() and not nan_blocks.all()
+    back = fp8comm.dequantize(codes, scales, block_size=block_size, dtype=dtype, numel=n)
+    assert_nan_canonical(back, mx_ref.dequantize(ref_codes, ref_scales, n, block_size).to(dtype))
+
+    out = torch.full((n,), 7.0, dtype=dtype)
+    fp8comm.dequant_sum(mx_wire(0, n, block_size), out, 0, n, block_size=block_size, own=x, **MX)
+    assert_nan_canonical(out, x)
+    out.fill_(7.0)
+    fp8comm.dequant_sum(mx_wire(0, n, block_size), out, 0, n, block_size=block_size, own=x, own_premul=-2.0,
+                        post_div=2, **MX)
     assert_nan_canonical(out, (x.float() * -2.0 / 2).to(dtype))

@@ -54,10 +54,13 @@ E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 FP8 = [E4M3, E5M2]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 ELEM = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # fp8comm::ElemType
-FORMAT = {E4M3: 0, E5M2: 1}  # fp8comm::Fp8Dtype
+CAST_FORMAT = {E4M3: 0, E5M2: 1}  # fp8comm::Fp8Dtype (the linear casts)
+FORMAT = {"e4m3": 0, "e5m2": 1, "mxfp4": 2}  # fp8comm::WireFormat (the codec)
+FP8_FORMATS = ["e4m3", "e5m2"]
+CODE_BITS = {"e4m3": 8, "e5m2": 8, "mxfp4": 4}
 # B / 16 a power of two <= 32: the shuffle kernel; the others: the warp kernel
 BLOCKS = [16, 32, 64, 128, 256, 512, 48, 80, 1024, 4096]
-TYPES = list(itertools.product(DTYPES, FP8))
+TYPES = list(itertools.product(DTYPES, FP8))  # the casts'
 ROUNDS = 2  # draws per (block size, dtype, format) and operation
 
 
@@ -137,15 +140,20 @@ def lib(lib_path):
     return lib
 
 
-def wire(lib, segments, num_segments, m, block_size, fp8_dtype):
+def wire(lib, segments, num_segments, m, block_size, fmt):
     c = Codes()
-    lib.simt_wire_segments(segments.data_ptr(), num_segments, m, block_size, FORMAT[fp8_dtype], ctypes.byref(c))
+    lib.simt_wire_segments(segments.data_ptr(), num_segments, m, block_size, FORMAT[fmt], ctypes.byref(c))
     return c
 
 
-def flat(scales, codes, n, block_size, fp8_dtype):
+def flat(scales, codes, n, block_size, fmt):
     """The layout of fp8comm.quantize's (codes, scales): codec_ops.cpp's flat_codes."""
-    return Codes(scales.data_ptr(), codes.data_ptr(), 0, 1, n, n, 0, block_size, FORMAT[fp8_dtype])
+    return Codes(scales.data_ptr(), codes.data_ptr(), 0, 1, n, n, 0, block_size, FORMAT[fmt])
+
+
+def code_bytes(n, fmt):
+    """Bytes holding n codes (4-bit codes two per byte, an odd count's last byte half used)."""
+    return n if CODE_BITS[fmt] == 8 else (n + 1) // 2
 
 
 # ------------------------------------------------------------------ data
@@ -175,9 +183,10 @@ NAN_BITS = {torch.float32: [0x7FC00001, -0x3ED4B55B, 0x7F800001, -0x007FFFFF, -1
             torch.float16: [0x7E01, -0x1FF, 0x7C01, -0x3FF, -1]}
 
 
-def nasty(n, dtype, gen):
+def nasty(n, dtype, gen, finite=False):
     """Runs of 16 of one magnitude over many decades (within dtype's range),
-    with NaNs of every kind, +-Inf, -0, subnormals and near-maximal values."""
+    with NaNs of every kind, +-Inf (not when `finite`), -0, subnormals and
+    near-maximal values."""
     lo, hi = (-9, 3) if dtype == torch.float16 else (-42, 30)
     runs = (n + 15) // 16
     scale = 10.0 ** (torch.rand(runs, generator=gen, dtype=torch.float64) * (hi - lo) + lo)
@@ -185,11 +194,13 @@ def nasty(n, dtype, gen):
     if n >= 8:
         big = 3e4 if dtype == torch.float16 else 3e38
         at = torch.randperm(n, generator=gen)[: max(6, n // 100)]
-        x[at[0]], x[at[1]], x[at[2]], x[at[3]] = math.inf, -math.inf, -0.0, big
+        x[at[2]], x[at[3]] = -0.0, big
         x[at[4]] = torch.finfo(dtype).tiny / 4  # subnormal
-        pattern = NAN_BITS[dtype]
-        for k, j in enumerate(at[5:].tolist()):
-            bits(x)[j] = pattern[k % len(pattern)]
+        if not finite:
+            x[at[0]], x[at[1]] = math.inf, -math.inf
+            pattern = NAN_BITS[dtype]
+            for k, j in enumerate(at[5:].tolist()):
+                bits(x)[j] = pattern[k % len(pattern)]
     return x
 
 
@@ -249,13 +260,20 @@ def pick_m(rng, block_size):
 
 
 def codec_cases(kind):
-    """Every block size with every (dtype, format); the rest drawn with a fixed seed."""
-    rng = random.Random(kind)
+    """Every block size with every (dtype, format); the rest drawn with a fixed
+    seed (one per format family, so adding a format leaves the others' cases)."""
     cases = []
-    for _, block_size, (dtype, fp8) in itertools.product(range(ROUNDS), BLOCKS, TYPES):
+    for formats, rng in ((FP8_FORMATS, random.Random(kind)), (["mxfp4"], random.Random(kind + " mxfp4"))):
+        cases += draw_cases(kind, rng, formats)
+    return cases
+
+
+def draw_cases(kind, rng, formats):
+    cases = []
+    for _, block_size, (dtype, fmt) in itertools.product(range(ROUNDS), BLOCKS, itertools.product(DTYPES, formats)):
         P = rng.randint(1, 5)
         m = pick_m(rng, block_size)
-        c = dict(block_size=block_size, dtype=dtype, fp8=fp8, P=P, m=m, seed=rng.randrange(1 << 30),
+        c = dict(block_size=block_size, dtype=dtype, fmt=fmt, P=P, m=m, seed=rng.randrange(1 << 30),
                  src_off=rng.randint(0, 3), dst_off=rng.randint(0, 3), premul=rng.choice([1.0, 0.75, -2.0, 0.1, 3e-5]),
                  on_device=rng.random() < 0.5, post_div=rng.randint(1, P + 1), random_codes=rng.random() < 0.5)
         c["n"] = rng.choice([P * m, max(0, P * m - rng.randint(1, m)), rng.randint(0, P * m)])  # short last segment
@@ -264,25 +282,41 @@ def codec_cases(kind):
         c["own_numel"] = m - rng.randint(0, min(m, 50))
         c["own_dtype"] = dtype if kind == "sum" else rng.choice(DTYPES)
         c["out_numel"] = rng.choice([m, rng.randint(1, m)])
-        cases.append(pytest.param(c, id=f"{name(dtype)}-{name(fp8)}-B{block_size}-P{P}-m{m}-n{c['n']}"))
+        # MXFP4 marks a whole block NaN for one non-finite input: half its cases have
+        # none, so large blocks get finite scales too
+        c["finite"] = fmt == "mxfp4" and rng.random() < 0.5
+        cases.append(pytest.param(c, id=f"{name(dtype)}-{fmt}-B{block_size}-P{P}-m{m}-n{c['n']}"))
     return cases
+
+
+# MXFP4's random scales: ordinary ones, the extremes (E2M1 subnormal results,
+# 6 * 2^127 overflowing to Inf) and E8M0's NaN, the scale of its non-finite blocks.
+MXFP4_SCALES = torch.tensor([*range(110, 150), 1, 2, 3, 4, 253, 254, 255, 255, 255, 255], dtype=torch.uint8)
 
 
 def pieces_for(c, gen, num):
     """`num` wire segments at c's dst offset into a filled buffer: the codes of
-    nasty data, or random codes (every NaN and Inf code) with random scales
-    (padding zero, as on the wire)."""
-    B, m, fp8 = c["block_size"], c["m"], c["fp8"]
-    S, nb = fp8comm.segment_bytes(m, B), math.ceil(m / B)
+    nasty data, or random codes (every NaN and Inf code; MXFP4: every code,
+    NaN and extreme scales) with random scales (padding zero, as on the wire)."""
+    B, m, fmt = c["block_size"], c["m"], c["fmt"]
+    S, nb = fp8comm.segment_bytes(m, B, wire_format=fmt), math.ceil(m / B)
     _, segs = filled(num * S, torch.uint8, c["dst_off"])
     if num and c["random_codes"]:
+        codes_at = S - code_bytes(nb * B, fmt)
         for r in range(num):
             seg = segs[r * S:(r + 1) * S].zero_()
-            seg[:nb] = torch.randint(110, 150, (nb,), generator=gen, dtype=torch.uint8)
-            seg[S - nb * B:S - nb * B + m] = torch.randint(0, 256, (m,), generator=gen, dtype=torch.uint8)
+            if fmt == "mxfp4":
+                pick = torch.randint(0, MXFP4_SCALES.numel(), (nb,), generator=gen)
+                seg[:nb] = MXFP4_SCALES[pick]
+            else:
+                seg[:nb] = torch.randint(110, 150, (nb,), generator=gen, dtype=torch.uint8)
+            codes = torch.randint(0, 256, (code_bytes(m, fmt),), generator=gen, dtype=torch.uint8)
+            if m % 2 and CODE_BITS[fmt] == 4:
+                codes[-1] &= 0xF  # element m, padding, is a zero code
+            seg[codes_at:codes_at + codes.numel()] = codes
     elif num:
-        x = nasty(num * m, torch.float32, gen)
-        fp8comm.quantize_segments(x, segs, num, m, block_size=B, fp8_dtype=fp8)
+        x = nasty(num * m, torch.float32, gen, c["finite"])
+        fp8comm.quantize_segments(x, segs, num, m, block_size=B, wire_format=fmt)
     return segs
 
 
@@ -290,14 +324,14 @@ def pieces_for(c, gen, num):
 @pytest.mark.parametrize("c", codec_cases("quantize"))
 def test_quantize_segments(lib, c):
     gen = torch.Generator().manual_seed(c["seed"])
-    B, P, m, n, fp8, dtype = c["block_size"], c["P"], c["m"], c["n"], c["fp8"], c["dtype"]
-    x = embed(nasty(n, dtype, gen), c["src_off"])
-    S = fp8comm.segment_bytes(m, B)
+    B, P, m, n, fmt, dtype = c["block_size"], c["P"], c["m"], c["n"], c["fmt"], c["dtype"]
+    x = embed(nasty(n, dtype, gen, c["finite"]), c["src_off"])
+    S = fp8comm.segment_bytes(m, B, wire_format=fmt)
     cpu, cpu_view, emu, emu_view = outers(P * S, torch.uint8, c["dst_off"])
     premul = torch.tensor(c["premul"]) if c["on_device"] else c["premul"]
-    fp8comm.quantize_segments(x, cpu_view, P, m, block_size=B, fp8_dtype=fp8, premul=premul)
+    fp8comm.quantize_segments(x, cpu_view, P, m, block_size=B, wire_format=fmt, premul=premul)
     scalar, pointer, _keep = premul_args(c["premul"], c["on_device"])
-    layout = wire(lib, emu_view, P, m, B, fp8)
+    layout = wire(lib, emu_view, P, m, B, fmt)
     assert lib.simt_quantize(x.data_ptr(), ELEM[dtype], n, scalar, pointer, ctypes.byref(layout)) == 0
     assert_same_bits(emu, cpu, "wire segments")
 
@@ -307,18 +341,19 @@ def test_quantize_and_dequantize_flat(lib, c):
     """fp8comm.quantize / dequantize's layout (scales apart from the codes, no
     padding), codes and scales read and written at odd addresses."""
     gen = torch.Generator().manual_seed(c["seed"])
-    B, n, fp8, dtype = c["block_size"], c["n"], c["fp8"], c["dtype"]
-    x = embed(nasty(n, dtype, gen), c["src_off"])
-    codes, scales = fp8comm.quantize(x, block_size=B, fp8_dtype=fp8)
-    nb = scales.numel()
-    _, _, emu_codes, emu_codes_view = outers(n, torch.uint8, c["dst_off"])
+    B, n, fmt, dtype = c["block_size"], c["n"], c["fmt"], c["dtype"]
+    x = embed(nasty(n, dtype, gen, c["finite"]), c["src_off"])
+    codes, scales = fp8comm.quantize(x, block_size=B, wire_format=fmt)
+    nb, nc = scales.numel(), code_bytes(n, fmt)
+    assert codes.numel() == nc
+    _, _, emu_codes, emu_codes_view = outers(nc, torch.uint8, c["dst_off"])
     _, _, emu_scales, emu_scales_view = outers(nb, torch.uint8, 3 - c["dst_off"])
-    layout = flat(emu_scales_view, emu_codes_view, n, B, fp8)
+    layout = flat(emu_scales_view, emu_codes_view, n, B, fmt)
     assert lib.simt_quantize(x.data_ptr(), ELEM[dtype], n, 1.0, None, ctypes.byref(layout)) == 0
-    assert_same_bits(emu_codes, expected(n, torch.uint8, c["dst_off"], codes), "codes")
+    assert_same_bits(emu_codes, expected(nc, torch.uint8, c["dst_off"], codes.view(torch.uint8)), "codes")
     assert_same_bits(emu_scales, expected(nb, torch.uint8, 3 - c["dst_off"], scales), "scales")
 
-    back = fp8comm.dequantize(codes, scales, block_size=B, dtype=dtype)
+    back = fp8comm.dequantize(codes, scales, block_size=B, dtype=dtype, numel=n)
     _, _, emu, emu_view = outers(n, dtype, c["src_off"])
     assert lib.simt_dequantize(ctypes.byref(layout), emu_view.data_ptr(), ELEM[dtype], n) == 0
     assert_same_bits(emu, expected(n, dtype, c["src_off"], back), "decoded")
@@ -327,12 +362,12 @@ def test_quantize_and_dequantize_flat(lib, c):
 @pytest.mark.parametrize("c", codec_cases("dequantize"))
 def test_dequantize_segments(lib, c):
     gen = torch.Generator().manual_seed(c["seed"])
-    B, P, m, fp8, dtype = c["block_size"], c["P"], c["m"], c["fp8"], c["dtype"]
+    B, P, m, fmt, dtype = c["block_size"], c["P"], c["m"], c["fmt"], c["dtype"]
     segs = pieces_for(c, gen, P)
     n = min(c["n"], P * m)
     cpu, cpu_view, emu, emu_view = outers(n, dtype, c["src_off"], room=P * m - n + 40)
-    fp8comm.dequantize_segments(segs, cpu_view, P, m, block_size=B, fp8_dtype=fp8)
-    assert lib.simt_dequantize(ctypes.byref(wire(lib, segs, P, m, B, fp8)), emu_view.data_ptr(), ELEM[dtype], n) == 0
+    fp8comm.dequantize_segments(segs, cpu_view, P, m, block_size=B, wire_format=fmt)
+    assert lib.simt_dequantize(ctypes.byref(wire(lib, segs, P, m, B, fmt)), emu_view.data_ptr(), ELEM[dtype], n) == 0
     assert_same_bits(emu, cpu, "decoded")
 
 
@@ -341,7 +376,7 @@ def own_args(c, gen):
     own addend of no elements is present (torch gives it a null data_ptr)."""
     if not c["own"]:
         return None, (0, None, 0, 0, 1.0, None), None
-    own = embed(nasty(c["own_numel"], c["own_dtype"], gen), c["src_off"])
+    own = embed(nasty(c["own_numel"], c["own_dtype"], gen, c["finite"]), c["src_off"])
     scalar, pointer, keep = premul_args(c["premul"], c["on_device"])
     return own, (1, own.data_ptr(), ELEM[c["own_dtype"]], own.numel(), scalar, pointer), keep
 
@@ -349,14 +384,14 @@ def own_args(c, gen):
 @pytest.mark.parametrize("c", codec_cases("sum"))
 def test_dequant_sum(lib, c):
     gen = torch.Generator().manual_seed(c["seed"])
-    B, m, fp8, dtype, num = c["block_size"], c["m"], c["fp8"], c["dtype"], c["pieces"]
+    B, m, fmt, dtype, num = c["block_size"], c["m"], c["fmt"], c["dtype"], c["pieces"]
     segs = pieces_for(c, gen, num)
     own, own_c, _keep = own_args(c, gen)
     n = c["out_numel"]
     cpu, cpu_view, emu, emu_view = outers(n, dtype, 3 - c["src_off"], room=m - n + 40)
-    fp8comm.dequant_sum(segs, cpu_view, num, m, block_size=B, fp8_dtype=fp8, post_div=c["post_div"], own=own,
+    fp8comm.dequant_sum(segs, cpu_view, num, m, block_size=B, wire_format=fmt, post_div=c["post_div"], own=own,
                         own_premul=c["premul"])
-    rc = lib.simt_dequant_sum(ctypes.byref(wire(lib, segs, num, m, B, fp8)), *own_c, c["post_div"],
+    rc = lib.simt_dequant_sum(ctypes.byref(wire(lib, segs, num, m, B, fmt)), *own_c, c["post_div"],
                               emu_view.data_ptr(), ELEM[dtype], n)
     assert rc == 0
     assert_same_bits(emu, cpu, "sum")
@@ -365,15 +400,15 @@ def test_dequant_sum(lib, c):
 @pytest.mark.parametrize("c", codec_cases("requantize"))
 def test_dequant_sum_requantize(lib, c):
     gen = torch.Generator().manual_seed(c["seed"])
-    B, m, fp8, num = c["block_size"], c["m"], c["fp8"], c["pieces"]
+    B, m, fmt, num = c["block_size"], c["m"], c["fmt"], c["pieces"]
     segs = pieces_for(c, gen, num)
     own, own_c, _keep = own_args(c, gen)
-    S = fp8comm.segment_bytes(m, B)
+    S = fp8comm.segment_bytes(m, B, wire_format=fmt)
     cpu, cpu_view, emu, emu_view = outers(S, torch.uint8, 3 - c["dst_off"])
-    fp8comm.dequant_sum_requantize(segs, cpu_view, num, m, block_size=B, fp8_dtype=fp8, post_div=c["post_div"],
+    fp8comm.dequant_sum_requantize(segs, cpu_view, num, m, block_size=B, wire_format=fmt, post_div=c["post_div"],
                                    own=own, own_premul=c["premul"])
-    rc = lib.simt_dequant_sum_requantize(ctypes.byref(wire(lib, segs, num, m, B, fp8)), *own_c, c["post_div"],
-                                         ctypes.byref(wire(lib, emu_view, 1, m, B, fp8)))
+    rc = lib.simt_dequant_sum_requantize(ctypes.byref(wire(lib, segs, num, m, B, fmt)), *own_c, c["post_div"],
+                                         ctypes.byref(wire(lib, emu_view, 1, m, B, fmt)))
     assert rc == 0
     assert_same_bits(emu, cpu, "re-quantized segment")
 
@@ -382,7 +417,7 @@ def test_mismatched_own_dtype_is_an_error(lib):
     segs = torch.zeros(fp8comm.segment_bytes(64, 32), dtype=torch.uint8)
     own = torch.zeros(64, dtype=torch.bfloat16)
     out = torch.empty(64, dtype=torch.float32)
-    rc = lib.simt_dequant_sum(ctypes.byref(wire(lib, segs, 1, 64, 32, E4M3)), 1, own.data_ptr(), ELEM[own.dtype], 64,
+    rc = lib.simt_dequant_sum(ctypes.byref(wire(lib, segs, 1, 64, 32, "e4m3")), 1, own.data_ptr(), ELEM[own.dtype], 64,
                               1.0, None, 1, out.data_ptr(), ELEM[out.dtype], 64)
     assert rc == 1  # cudaErrorInvalidValue, as dequant_sum_cuda returns it
 
@@ -429,7 +464,7 @@ def cast_both(lib, x, fp8, rowwise, with_data, with_t, src_off, dst_off, amax=No
     words = lib.simt_cast_workspace_words(M, K, rowwise)
     workspace = torch.randint(-(1 << 31), 1 << 31, (words,), dtype=torch.int32)  # any contents
     ptrs = [view.data_ptr() if n else None for (_, view), n in zip(bufs, sizes)]
-    rc = lib.simt_cast(xs.data_ptr(), ELEM[x.dtype], M, K, FORMAT[fp8], rowwise, *ptrs,
+    rc = lib.simt_cast(xs.data_ptr(), ELEM[x.dtype], M, K, CAST_FORMAT[fp8], rowwise, *ptrs,
                        amax.data_ptr() if amax is not None else None, workspace.data_ptr())
     assert rc == 0
     for k, (name, (outer, _), n, kind) in enumerate(zip(("data", "inv_scale", "data_t", "inv_scale_t"), bufs, sizes,
@@ -526,16 +561,16 @@ def test_quantize_segments_stochastic(lib, c):
     """Stochastic rounding's bits are a hash of the key, the segment and the
     element's index in it: the kernels' threads and chunks draw the CPU's bits."""
     gen = torch.Generator().manual_seed(c["seed"])
-    B, P, m, n, fp8, dtype = c["block_size"], c["P"], c["m"], c["n"], c["fp8"], c["dtype"]
-    x = embed(nasty(n, dtype, gen), c["src_off"])
-    S = fp8comm.segment_bytes(m, B)
+    B, P, m, n, fmt, dtype = c["block_size"], c["P"], c["m"], c["n"], c["fmt"], c["dtype"]
+    x = embed(nasty(n, dtype, gen, c["finite"]), c["src_off"])
+    S = fp8comm.segment_bytes(m, B, wire_format=fmt)
     cpu, cpu_view, emu, emu_view = outers(P * S, torch.uint8, c["dst_off"])
     premul = torch.tensor(c["premul"]) if c["on_device"] else c["premul"]
     key = c["seed"] * 0x9E3779B97F4A7C15 % (1 << 64)
-    fp8comm.quantize_segments(x, cpu_view, P, m, block_size=B, fp8_dtype=fp8, premul=premul, rounding="stochastic",
+    fp8comm.quantize_segments(x, cpu_view, P, m, block_size=B, wire_format=fmt, premul=premul, rounding="stochastic",
                               rounding_key=key)
     scalar, pointer, _keep = premul_args(c["premul"], c["on_device"])
-    layout = stochastic(wire(lib, emu_view, P, m, B, fp8), key)
+    layout = stochastic(wire(lib, emu_view, P, m, B, fmt), key)
     assert lib.simt_quantize(x.data_ptr(), ELEM[dtype], n, scalar, pointer, ctypes.byref(layout)) == 0
     assert_same_bits(emu, cpu, "wire segments")
 
@@ -543,15 +578,15 @@ def test_quantize_segments_stochastic(lib, c):
 @pytest.mark.parametrize("c", codec_cases("stochastic requantize")[::2])
 def test_dequant_sum_requantize_stochastic(lib, c):
     gen = torch.Generator().manual_seed(c["seed"])
-    B, m, fp8, num = c["block_size"], c["m"], c["fp8"], c["pieces"]
+    B, m, fmt, num = c["block_size"], c["m"], c["fmt"], c["pieces"]
     segs = pieces_for(c, gen, num)
     own, own_c, _keep = own_args(c, gen)
-    S = fp8comm.segment_bytes(m, B)
+    S = fp8comm.segment_bytes(m, B, wire_format=fmt)
     cpu, cpu_view, emu, emu_view = outers(S, torch.uint8, 3 - c["dst_off"])
     key = (c["seed"] << 20) + 12345
-    fp8comm.dequant_sum_requantize(segs, cpu_view, num, m, block_size=B, fp8_dtype=fp8, post_div=c["post_div"],
+    fp8comm.dequant_sum_requantize(segs, cpu_view, num, m, block_size=B, wire_format=fmt, post_div=c["post_div"],
                                    own=own, own_premul=c["premul"], rounding="stochastic", rounding_key=key)
-    rc = lib.simt_dequant_sum_requantize(ctypes.byref(wire(lib, segs, num, m, B, fp8)), *own_c, c["post_div"],
-                                         ctypes.byref(stochastic(wire(lib, emu_view, 1, m, B, fp8), key)))
+    rc = lib.simt_dequant_sum_requantize(ctypes.byref(wire(lib, segs, num, m, B, fmt)), *own_c, c["post_div"],
+                                         ctypes.byref(stochastic(wire(lib, emu_view, 1, m, B, fmt), key)))
     assert rc == 0
     assert_same_bits(emu, cpu, "re-quantized segment")

@@ -1,8 +1,10 @@
 """Stochastic rounding (DESIGN.md, "Stochastic rounding"): unbiased per
-element (FP8 normals and subnormals, both formats, every input dtype), each
-result one of the two codes around the input, the same bytes from the scalar
-loops, the AVX2 and the AVX-512 kernels (those this CPU runs, detected) and
-any thread count, keyed reproducibly; round-to-nearest unchanged. The CUDA
+element (normals and subnormals of every wire format: E4M3, E5M2, MXFP4's
+E2M1; every input dtype), each result one of the two codes around the input,
+the same bytes from the scalar loops, the AVX2 and the AVX-512 kernels (those
+this CPU runs, detected; MXFP4 runs the scalar loops on every level until
+those kernels take it) and any thread count, keyed reproducibly;
+round-to-nearest unchanged. The CUDA
 kernels' bytes: tests/codec/test_kernels_on_host.py. Compressed collectives
 with Options(rounding="stochastic"): bitwise equal on every rank, reproducible
 by seed, unbiased where round-to-nearest is not."""
@@ -17,12 +19,14 @@ import torch.distributed as dist
 
 import fp8comm
 from fp8comm import _C
-from tests.support import reference
+from tests.support import mxfp4_reference, reference
 from tests.support.cpu_kernels import HAS_AVX2, HAS_AVX512
 from tests.support.harness import PoolSpec, ctx
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 FP8 = [E4M3, E5M2]
+# The wire formats: the FP8 dtypes, and MXFP4 by name (its codes are 4 bits).
+FORMATS = [E4M3, E5M2, "mxfp4"]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 KEYS = 4096  # independent draws per element: one wire segment each
 SIGMAS = 5.0
@@ -32,23 +36,46 @@ def name(dtype):
     return str(dtype).split(".")[-1]
 
 
+WIRE_NAME = {E4M3: "e4m3", E5M2: "e5m2", "mxfp4": "mxfp4"}
+
+
+def fmt_kw(fmt):
+    """The codec keyword naming a format."""
+    return dict(wire_format=WIRE_NAME[fmt])
+
+
+def seg_bytes(m, block_size, fmt):
+    return fp8comm.segment_bytes(m, block_size, **fmt_kw(fmt))
+
+
+def code_bytes_u8(codes, fmt, n):
+    """fp8comm.quantize's codes of n elements as one uint8 code each (MXFP4's unpacked)."""
+    u8 = codes.view(torch.uint8)
+    return mxfp4_reference.unpack(u8, n).to(torch.uint8) if fmt == "mxfp4" else u8
+
+
 # ---------------------------------------------------------------- inputs
-def code_values(fp8_dtype):
-    """Every finite non-negative value of the FP8 dtype, ascending."""
-    v = torch.arange(256, dtype=torch.uint8).view(fp8_dtype).double()
+def code_values(fmt):
+    """Every finite non-negative value of the format, ascending."""
+    if fmt == "mxfp4":
+        return torch.tensor(mxfp4_reference.E2M1_VALUES, dtype=torch.float64)
+    v = torch.arange(256, dtype=torch.uint8).view(fmt).double()
     return torch.unique(v[torch.isfinite(v) & (v >= 0)])
 
 
+SMALLEST_NORMAL = {E4M3: 2.0 ** -6, E5M2: 2.0 ** -14, "mxfp4": 1.0}
+
+
 def probe_block(fp8_dtype, dtype, seed):
-    """One block of 32 at scale 2^0: element 0 is fp8_max (it sets the scale
-    and is a code), then codes themselves, values 0.6 of a step above a code
-    (where round-to-nearest is biased by 0.4 of a step), and random values
-    over the FP8 subnormals and normals, both signs; all representable in
-    `dtype` (the values below are what the codec reads)."""
+    """One block of 32 at scale 2^0: element 0 is the format's max (it sets
+    the scale and is a code), then codes themselves, values 0.6 of a step
+    above a code (where round-to-nearest is biased by 0.4 of a step), and
+    random values over the format's subnormals and normals, both signs; all
+    representable in `dtype` (the values below are what the codec reads)."""
     gen = torch.Generator().manual_seed(seed)
     codes = code_values(fp8_dtype)
     fp8_max = codes[-1].item()
-    smallest_normal = 2.0 ** (-14 if fp8_dtype == E5M2 else -6)
+    smallest_normal = SMALLEST_NORMAL[fp8_dtype]
     pick = torch.randint(1, codes.numel() - 1, (6,), generator=gen)
     above = codes[pick] + 0.6 * (codes[pick + 1] - codes[pick])
     subnormal = torch.rand(8, generator=gen, dtype=torch.float64) * smallest_normal
@@ -63,11 +90,11 @@ def probe_block(fp8_dtype, dtype, seed):
 def draws(x, fp8_dtype, rounding, key):
     """KEYS quantizations of the block x (one wire segment each, so each with
     its own bits), decoded: [KEYS, 32] float64."""
-    seg = fp8comm.segment_bytes(32, 32)
+    seg = seg_bytes(32, 32, fp8_dtype)
     out = torch.empty(KEYS * seg, dtype=torch.uint8)
-    fp8comm.quantize_segments(x.repeat(KEYS), out, KEYS, 32, fp8_dtype=fp8_dtype, rounding=rounding, rounding_key=key)
+    fp8comm.quantize_segments(x.repeat(KEYS), out, KEYS, 32, **fmt_kw(fp8_dtype), rounding=rounding, rounding_key=key)
     decoded = torch.empty(KEYS * 32, dtype=torch.float32)
-    fp8comm.dequantize_segments(out, decoded, KEYS, 32, fp8_dtype=fp8_dtype)
+    fp8comm.dequantize_segments(out, decoded, KEYS, 32, **fmt_kw(fp8_dtype))
     return decoded.double().view(KEYS, 32)
 
 
@@ -86,7 +113,7 @@ def unbiased_violations(x, got, fp8_dtype):
 
 # ---------------------------------------------------------------- unbiased
 @pytest.mark.parametrize("dtype", DTYPES, ids=name)
-@pytest.mark.parametrize("fp8_dtype", FP8, ids=name)
+@pytest.mark.parametrize("fp8_dtype", FORMATS, ids=name)
 def test_mean_of_many_keys_is_the_input(fp8_dtype, dtype):
     x = probe_block(fp8_dtype, dtype, seed=hash((name(fp8_dtype), name(dtype))) & 0xFFFF)
     got = draws(x, fp8_dtype, "stochastic", key=0x5EED)
@@ -95,7 +122,7 @@ def test_mean_of_many_keys_is_the_input(fp8_dtype, dtype):
     assert len(unbiased_violations(x, draws(x, fp8_dtype, "nearest", key=0x5EED), fp8_dtype)) >= 6
 
 
-@pytest.mark.parametrize("fp8_dtype", FP8, ids=name)
+@pytest.mark.parametrize("fp8_dtype", FORMATS, ids=name)
 def test_each_result_is_one_of_the_two_codes_around_the_input(fp8_dtype):
     codes = code_values(fp8_dtype)
     for seed in range(4):
@@ -116,14 +143,19 @@ def test_each_result_is_one_of_the_two_codes_around_the_input(fp8_dtype):
 
 
 def test_non_finite_inputs_give_round_to_nearest_codes():
-    x = torch.tensor([1.0, math.inf, -math.inf, math.nan, -0.0, 0.0, 3.3, -1e-30] * 4)
-    for fp8_dtype in FP8:
-        near, near_s = fp8comm.quantize(x, fp8_dtype=fp8_dtype)
+    """And the same scales: MXFP4's NaN scale (0xFF) for a block with a
+    non-finite input, its finite elements still rounded stochastically."""
+    x = torch.tensor([1.0, math.inf, -math.inf, math.nan, -0.0, 0.0, 3.3, -1e-30] * 4 + [1.0, 3.3, -0.7, 0.1] * 8)
+    special = ~torch.isfinite(x) | (x == 0)
+    for fmt in FORMATS:
+        near, near_s = fp8comm.quantize(x, **fmt_kw(fmt))
+        if fmt == "mxfp4":
+            assert near_s.view(torch.uint8).tolist() == [mxfp4_reference.NAN_SCALE, 127]  # 3 < 3.3 <= 6 * 2^0
         for key in range(8):
-            sr, sr_s = fp8comm.quantize(x, fp8_dtype=fp8_dtype, rounding="stochastic", rounding_key=key)
+            sr, sr_s = fp8comm.quantize(x, **fmt_kw(fmt), rounding="stochastic", rounding_key=key)
             assert torch.equal(sr_s.view(torch.uint8), near_s.view(torch.uint8))
-            special = ~torch.isfinite(x) | (x == 0)
-            assert torch.equal(sr.view(torch.uint8)[special], near.view(torch.uint8)[special])
+            sr_codes, near_codes = code_bytes_u8(sr, fmt, x.numel()), code_bytes_u8(near, fmt, x.numel())
+            assert torch.equal(sr_codes[special], near_codes[special])
 
 
 # ---------------------------------------------------------------- keys
@@ -211,14 +243,14 @@ def nasty(n, dtype, seed):
 
 
 def wire_run(op, x, P, m, block_size, fp8_dtype, key):
-    seg = fp8comm.segment_bytes(m, block_size)
+    seg = seg_bytes(m, block_size, fp8_dtype)
     out = torch.full((P * seg,), 0xA5, dtype=torch.uint8)
-    kw = dict(block_size=block_size, fp8_dtype=fp8_dtype, rounding="stochastic", rounding_key=key)
+    kw = dict(block_size=block_size, **fmt_kw(fp8_dtype), rounding="stochastic", rounding_key=key)
     if op == "quantize_segments":
         fp8comm.quantize_segments(x, out, P, m, premul=0.75, **kw)
     else:  # the sum of P pieces (x quantized to nearest) and an own addend, re-quantized into one segment
         pieces = torch.empty(P * seg, dtype=torch.uint8)
-        fp8comm.quantize_segments(x, pieces, P, m, block_size=block_size, fp8_dtype=fp8_dtype)
+        fp8comm.quantize_segments(x, pieces, P, m, block_size=block_size, **fmt_kw(fp8_dtype))
         out = out[:seg]
         fp8comm.dequant_sum_requantize(pieces, out, P, m, post_div=2, own=x[:m].flip(0), own_premul=0.5, **kw)
     return out
@@ -227,7 +259,7 @@ def wire_run(op, x, P, m, block_size, fp8_dtype, key):
 CASES = [(n, P, block, fp8, dtype) for (n, P, block) in
          [(1, 1, 32), (31, 1, 32), (33, 2, 32), (8 * 32 * 3 + 17, 3, 32), (4096 + 5, 1, 32), (700, 2, 16),
           (777, 2, 64), (500, 3, 48)]
-         for fp8 in FP8 for dtype in DTYPES]
+         for fp8 in FORMATS for dtype in DTYPES]
 
 
 @pytest.mark.parametrize("op", ["quantize_segments", "dequant_sum_requantize"])
@@ -249,14 +281,14 @@ def test_every_cpu_path_writes_the_same_bytes(op, n, P, block_size, fp8_dtype, d
                                    wire_run(op, y, P, m, block_size, fp8_dtype, key=2))
 
 
-@pytest.mark.parametrize("fp8_dtype", FP8, ids=name)
+@pytest.mark.parametrize("fp8_dtype", FORMATS, ids=name)
 def test_thread_count_does_not_change_the_bytes(fp8_dtype):
     x = nasty(300_000, torch.float32, seed=11)
     results = []
     for level in LEVELS:
         for threads in (1, 4):
             with kernels(level, threads):
-                results.append(fp8comm.quantize(x, fp8_dtype=fp8_dtype, rounding="stochastic", rounding_key=77))
+                results.append(fp8comm.quantize(x, **fmt_kw(fp8_dtype), rounding="stochastic", rounding_key=77))
     for codes, scales in results[1:]:
         assert torch.equal(codes.view(torch.uint8), results[0][0].view(torch.uint8))
         assert torch.equal(scales.view(torch.uint8), results[0][1].view(torch.uint8))
