@@ -55,8 +55,8 @@ std::atomic<bool>& avx512_flag() {
 // Which kernels take whole blocks: read once per call.
 enum class Simd { kOff, kAvx2, kAvx512 };
 
-Simd simd_level(WireFormat format) {
-  if (!simd_flag().load(std::memory_order_relaxed) || !avx2::takes_format(format)) return Simd::kOff;
+Simd simd_level() {
+  if (!simd_flag().load(std::memory_order_relaxed)) return Simd::kOff;
   return avx512_flag().load(std::memory_order_relaxed) ? Simd::kAvx512 : Simd::kAvx2;
 }
 
@@ -303,11 +303,13 @@ FP8C_VECTOR_CLONES void dequant_sum_requantize_blocks(const BlockCodes pieces, c
     const int64_t whole = std::min(end - begin, whole_blocks_from(begin, B, out.capacity, own));
     const StochasticRun sr = stochastic ? out.stochastic_run(0, begin * B) : StochasticRun{};
     if (whole > 0 && simd == Simd::kAvx512 && B == 32) {
-      avx512::dequant_sum_requantize_blocks32(pieces, own, post_div, begin, whole, out.codes + begin * B,
-                                              out.scales + begin, stochastic ? &sr : nullptr);
+      avx512::dequant_sum_requantize_blocks32(pieces, own, post_div, begin, whole,
+                                              out.codes + code_bytes<F>(begin * B), out.scales + begin,
+                                              stochastic ? &sr : nullptr);
     } else if (whole > 0) {
-      avx2::dequant_sum_requantize_full_blocks(pieces, own, post_div, begin, whole, out.codes + begin * B,
-                                               out.scales + begin, stochastic ? &sr : nullptr);
+      avx2::dequant_sum_requantize_full_blocks(pieces, own, post_div, begin, whole,
+                                               out.codes + code_bytes<F>(begin * B), out.scales + begin,
+                                               stochastic ? &sr : nullptr);
     }
     j += std::max<int64_t>(0, whole);
   }
@@ -362,7 +364,7 @@ void quantize_cpu(const void* src, ElemType type, int64_t numel, float premul, c
     constexpr ElemType E = decltype(e)::value;
     constexpr WireFormat F = decltype(f)::value;
     auto* s = static_cast<const Storage<E>*>(src);
-    const Simd simd = simd_level(F);
+    const Simd simd = simd_level();
     parallel_blocks(total, grain_blocks(dst.block_size), [&](int64_t b, int64_t end) {
       quantize_blocks<E, F>(s, numel, premul, dst, b, end, simd);
     });
@@ -376,7 +378,7 @@ void dequantize_cpu(const BlockCodes& src, void* dst, ElemType type, int64_t num
     constexpr ElemType E = decltype(e)::value;
     constexpr WireFormat F = decltype(f)::value;
     auto* d = static_cast<Storage<E>*>(dst);
-    const bool simd = simd_level(F) != Simd::kOff;
+    const bool simd = simd_level() != Simd::kOff;
     const int64_t output_bytes = std::max(numel * static_cast<int64_t>(sizeof(Storage<E>)), whole_output_bytes);
     parallel_blocks(total, grain_blocks(src.block_size), [&](int64_t b, int64_t end) {
       dequantize_blocks<E, F>(src, d, numel, b, end, simd, output_bytes);
@@ -397,7 +399,7 @@ void dequant_sum_cpu(const BlockCodes& pieces, const OwnAddend& own, int post_di
     auto* d = static_cast<Storage<E>*>(dst);
     const int64_t addends = pieces.num_segments + (own.present ? 1 : 0);
     const int64_t grain = std::max<int64_t>(1, grain_blocks(pieces.block_size) / addends);
-    const bool simd = simd_level(F) != Simd::kOff;
+    const bool simd = simd_level() != Simd::kOff;
     parallel_blocks(total, grain, [&](int64_t b, int64_t end) {
       dequant_sum_blocks<E, F>(pieces, own, post_div, d, numel, b, end, simd);
     });
@@ -414,7 +416,7 @@ void dequant_sum_requantize_cpu(const BlockCodes& pieces, const OwnAddend& own, 
   const int64_t total = ceil_div(out.capacity, out.block_size);
   const int64_t addends = pieces.num_segments + (own.present ? 1 : 0);
   const int64_t grain = std::max<int64_t>(1, grain_blocks(pieces.block_size) / addends);
-  const Simd simd = simd_level(pieces.format);
+  const Simd simd = simd_level();
   with_codec_types(own.type, pieces.format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
     constexpr WireFormat F = decltype(f)::value;

@@ -36,6 +36,7 @@ void with_block(int block_size, Fn&& fn) {
   }
 }
 
+using x86::code_offset;
 using x86::splat;
 
 // ---------------------------------------------------------------- element I/O
@@ -80,7 +81,7 @@ FP8C_AVX2_INLINE void store8(Storage<E>* p, __m256 v) {
   }
 }
 
-// ---------------------------------------------------------------- fp8 codes
+// ---------------------------------------------------------------- codes
 // finite_abs_bits of eight lanes.
 FP8C_AVX2_INLINE __m256i finite_abs(__m256 v) {
   const __m256i a = _mm256_and_si256(_mm256_castps_si256(v), splat(0x7FFFFFFF));
@@ -102,7 +103,7 @@ FP8C_AVX2_INLINE uint32_t min_lane(__m256i v) {
 }
 
 // What a block's lanes are known to be, from most to least special-cased:
-// kNormal: finite, each zero or in the FP8 normal range after scaling, and the
+// kNormal: finite, each zero or in the code's normal range after scaling, and the
 // code limit is the format's largest code; kFinite: finite with that limit
 // (subnormals possible); kAny: anything (Inf/NaN, or an amax near FLT_MAX).
 enum class Lanes { kNormal, kFinite, kAny };
@@ -113,7 +114,7 @@ FP8C_AVX2_INLINE __m256i encode8(__m256 v, __m256i limit) {
   using T = WireTraits<F>;
   constexpr int kDrop = 23 - T::kMantBits;
   const __m256i b = _mm256_castps_si256(v);
-  const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(b, 24), splat(0x80));
+  const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(b, 32 - T::kCodeBits), splat(T::kSignBit));
   const __m256i a = _mm256_and_si256(b, splat(0x7FFFFFFF));
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(a, kDrop), splat(1));
   const __m256i r = _mm256_add_epi32(_mm256_add_epi32(a, splat((1u << (kDrop - 1)) - 1u)), lsb);
@@ -158,7 +159,7 @@ FP8C_AVX2_INLINE __m256i encode8_stochastic(__m256 v, __m256i limit, __m256i ran
   constexpr int kDrop = 23 - T::kMantBits;
   constexpr int kFrac = kSubnormalFraction<F>;
   const __m256i b = _mm256_castps_si256(v);
-  const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(b, 24), splat(0x80));
+  const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(b, 32 - T::kCodeBits), splat(T::kSignBit));
   const __m256i a = _mm256_and_si256(b, splat(0x7FFFFFFF));
   const __m256i subnormal = _mm256_cmpgt_epi32(splat(T::kMinNormalBits), a);
   const __m256i normal = _mm256_sub_epi32(
@@ -177,18 +178,46 @@ FP8C_AVX2_INLINE __m256i encode8_stochastic(__m256 v, __m256i limit, __m256i ran
   return _mm256_blendv_epi8(code, special, _mm256_cmpgt_epi32(a, splat(0x7F7FFFFF)));
 }
 
-// Two vectors of eight uint32 codes (< 256) -> sixteen bytes in order.
+// Two vectors of eight uint32 codes (< 256) -> their sixteen wire codes at p:
+// a byte each, or two 4-bit codes per byte.
+template <WireFormat F>
 FP8C_AVX2_INLINE void store_codes16(uint8_t* p, __m256i lo, __m256i hi) {
   const __m256i w = _mm256_packus_epi32(lo, hi);  // [lo0-3 hi0-3 | lo4-7 hi4-7] as uint16
   const __m256i b = _mm256_packus_epi16(w, w);    // dwords: lo0-3 hi0-3 lo0-3 hi0-3 | lo4-7 hi4-7 ..
   const __m256i ordered = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 0, 4, 1, 5));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(ordered));
+  const __m128i bytes = _mm256_castsi256_si128(ordered);
+  if constexpr (WireTraits<F>::kCodeBits == 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), bytes);
+  } else {
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(p), x86::pack_nibbles16(bytes));
+  }
 }
 
-// decode_code of eight codes, any codes.
+// decode_code of eight 4-bit codes in the low bits of c's lanes (bits above
+// ignored): the magnitude from a table of the eight values (the permute reads
+// the low three bits), the sign from bit 3. Exact: the same floats as the
+// scalar loops' table, whatever the rounding and denormal modes.
+template <WireFormat F>
+FP8C_AVX2_INLINE __m256 decode_nibbles8(__m256i c) {
+  const __m256 magnitude = _mm256_setr_ps(decode_code<F>(0), decode_code<F>(1), decode_code<F>(2), decode_code<F>(3),
+                                          decode_code<F>(4), decode_code<F>(5), decode_code<F>(6), decode_code<F>(7));
+  const __m256i sign = _mm256_and_si256(_mm256_slli_epi32(c, 32 - WireTraits<F>::kCodeBits), splat(0x80000000u));
+  return _mm256_or_ps(_mm256_permutevar8x32_ps(magnitude, c), _mm256_castsi256_ps(sign));
+}
+
+// The eight 4-bit codes of the four wire bytes at p, code i in the low bits
+// of lane i (the later codes of its byte word above them).
+FP8C_AVX2_INLINE __m256i nibbles8(const uint8_t* p) {
+  uint32_t four;
+  memcpy(&four, p, 4);
+  return _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(four)), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
+}
+
+// decode_code of the eight codes at p (eight bytes, or four of 4-bit codes), any codes.
 template <WireFormat F>
 FP8C_AVX2_INLINE __m256 decode8(const uint8_t* p) {
   using T = WireTraits<F>;
+  if constexpr (T::kCodeBits == 4) return decode_nibbles8<F>(nibbles8(p));
   const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
   const __m256i em = _mm256_and_si256(c, splat(0x7F));
   const __m256i normal = _mm256_add_epi32(_mm256_slli_epi32(em, 23 - T::kMantBits), splat(T::kRebias << 23));
@@ -208,9 +237,12 @@ FP8C_AVX2_INLINE __m256 decode8(const uint8_t* p) {
 // subnormals). One multiply by 2^(kRebias + e) then gives decode * 2^e with
 // the same single rounding as the scalar `decode * scale`. Valid when no code
 // is Inf/NaN, 2^(kRebias + e) is a float, and denormals are not treated as zero.
+// 4-bit codes decode exactly (decode8), and their factor is the scale
+// (x86::raw_decode_factor).
 template <WireFormat F>
 FP8C_AVX2_INLINE __m256 decode8_raw(const uint8_t* p) {
   using T = WireTraits<F>;
+  if constexpr (T::kCodeBits == 4) return decode8<F>(p);
   int64_t eight;
   memcpy(&eight, p, 8);
   // code i to the top byte of lane i: each 128-bit half of the shuffle sees all eight codes
@@ -223,10 +255,16 @@ FP8C_AVX2_INLINE __m256 decode8_raw(const uint8_t* p) {
   return _mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(top, kShift), splat(keep)));
 }
 
-// decode8_raw of sixteen codes, as two vectors: one 16-byte load, two shuffles.
+// decode8_raw of sixteen codes, as two vectors: one 16-byte load, two shuffles
+// (4-bit codes: two 4-byte loads).
 template <WireFormat F>
 FP8C_AVX2_INLINE void decode16_raw(const uint8_t* p, __m256& lo, __m256& hi) {
   using T = WireTraits<F>;
+  if constexpr (T::kCodeBits == 4) {
+    lo = decode8<F>(p);
+    hi = decode8<F>(p + 4);
+    return;
+  }
   const __m256i c = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   const __m256i to_lo = _mm256_setr_epi8(-1, -1, -1, 0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3,  //
                                          -1, -1, -1, 4, -1, -1, -1, 5, -1, -1, -1, 6, -1, -1, -1, 7);
@@ -251,7 +289,7 @@ struct ScaledInput {
   __m256 premul;
   FP8C_AVX2_INLINE __m256 operator()(int64_t i) const {
     const __m256 x = load8<E>(src + 8 * i);
-    return kPremul ? _mm256_mul_ps(x, premul) : x;  // x * 1 is x: the scalar loop's bytes either way
+    return kPremul ? _mm256_mul_ps(x, premul) : x;  // x * 1 is x (x86::premul_is_identity)
   }
 };
 
@@ -265,8 +303,8 @@ struct Accumulated {
 template <WireFormat F, Lanes L, typename Source>
 FP8C_AVX2_INLINE void encode_scaled(Source x, int64_t vectors, __m256 inv, __m256i limit, uint8_t* codes) {
   for (int64_t i = 0; i < vectors; i += 2) {
-    store_codes16(codes + 8 * i, encode8<F, L>(_mm256_mul_ps(x(i), inv), limit),
-                  encode8<F, L>(_mm256_mul_ps(x(i + 1), inv), limit));
+    store_codes16<F>(codes + code_offset<F>(8 * i), encode8<F, L>(_mm256_mul_ps(x(i), inv), limit),
+                     encode8<F, L>(_mm256_mul_ps(x(i + 1), inv), limit));
   }
 }
 
@@ -305,17 +343,23 @@ FP8C_AVX2_INLINE uint8_t quantize_block(Source x, int64_t vectors, uint8_t* code
   for (int64_t i = 0; i < vectors; ++i) amax = _mm256_max_epu32(amax, finite_abs(x(i)));
   const uint8_t sb = scale_byte<F>(max_lane(amax));
   encode_block<F, Lanes::kAny>(x, vectors, sb, codes);
-  return sb;
+  return stored_scale_byte<F>(sb, raw_max >= 0x7F800000u);
 }
 
 // One block quantized with stochastic rounding: the scale from the finite
-// maximum, as quantize_block's, then every lane through the stochastic encode;
+// maximum, as quantize_block's (the NaN scale for a block of a format without
+// NaN codes holding a non-finite lane), then every lane through the stochastic encode;
 // `at`: the block's first element from the run's start.
 template <WireFormat F, typename Source>
 FP8C_AVX2_INLINE uint8_t quantize_block_stochastic(Source x, int64_t vectors, const StochasticRun& run, int64_t at,
                                                    uint8_t* codes) {
+  __m256i raw = _mm256_setzero_si256();  // max |x| bits, non-finite lanes included
   __m256i amax = _mm256_setzero_si256();
-  for (int64_t i = 0; i < vectors; ++i) amax = _mm256_max_epu32(amax, finite_abs(x(i)));
+  for (int64_t i = 0; i < vectors; ++i) {
+    const __m256 v = x(i);
+    raw = _mm256_max_epu32(raw, _mm256_and_si256(_mm256_castps_si256(v), splat(0x7FFFFFFF)));
+    amax = _mm256_max_epu32(amax, finite_abs(v));
+  }
   const uint8_t sb = scale_byte<F>(max_lane(amax));
   const __m256 inv = _mm256_set1_ps(inv_scale_from_byte(sb));
   const __m256i limit = splat(code_limit<F>(sb));
@@ -323,9 +367,9 @@ FP8C_AVX2_INLINE uint8_t quantize_block_stochastic(Source x, int64_t vectors, co
     const __m256i lo = encode8_stochastic<F>(_mm256_mul_ps(x(i), inv), limit, rounding_bits8(run, at + 8 * i));
     const __m256i hi =
         encode8_stochastic<F>(_mm256_mul_ps(x(i + 1), inv), limit, rounding_bits8(run, at + 8 * i + 8));
-    store_codes16(codes + 8 * i, lo, hi);
+    store_codes16<F>(codes + code_offset<F>(8 * i), lo, hi);
   }
-  return sb;
+  return stored_scale_byte<F>(sb, max_lane(raw) >= 0x7F800000u);
 }
 
 // ---------------------------------------------------------------- 8 blocks of 32
@@ -333,7 +377,8 @@ FP8C_AVX2_INLINE uint8_t quantize_block_stochastic(Source x, int64_t vectors, co
 // out of one transposing reduction and their scales out of vector math
 // (codec_cpu_x86.h), so no block waits on a horizontal reduction and a
 // scalar branch before it encodes. Groups where any block needs more than the
-// kNormal encode take quantize_block.
+// kNormal encode (4-bit codes: the kFinite one, x86::kGroupTakesSubnormals)
+// take quantize_block.
 constexpr int64_t kGroup = x86::kGroupBlocks;
 
 // The lanes of x from vector `by` on.
@@ -349,6 +394,7 @@ struct Shifted {
 template <WireFormat F, typename Source>
 FP8C_AVX2_INLINE bool quantize_group_normal(Source x, uint8_t* codes, uint8_t* scales) {
   using T = WireTraits<F>;
+  constexpr Lanes L = x86::kGroupTakesSubnormals<F> ? Lanes::kFinite : Lanes::kNormal;
   __m256i raw[kGroup], low[kGroup];
   for (int64_t b = 0; b < kGroup; ++b) {  // quantize_block's first pass, per block
     raw[b] = _mm256_setzero_si256();
@@ -363,7 +409,7 @@ FP8C_AVX2_INLINE bool quantize_group_normal(Source x, uint8_t* codes, uint8_t* s
   if (!x86::plain_scales<F>(raw, low, scales, inv_of)) return false;
   const __m256i limit = splat(T::kMaxCode);
   for (int64_t b = 0; b < kGroup; ++b) {
-    encode_scaled<F, Lanes::kNormal>(Shifted<Source>{x, 4 * b}, 4, _mm256_set1_ps(inv_of[b]), limit, codes + 32 * b);
+    encode_scaled<F, L>(Shifted<Source>{x, 4 * b}, 4, _mm256_set1_ps(inv_of[b]), limit, codes + code_offset<F>(32 * b));
   }
   return true;
 }
@@ -411,24 +457,24 @@ FP8C_AVX2_INLINE void sum_block(const BlockCodes& pieces, const Storage<E>* own,
   for (int64_t r = 0; fast && r < pieces.num_segments; ++r) {
     const int64_t at = r * pieces.stride;
     factor[r] = raw_decode_factor<F>(pieces.scales[at + j], daz);
-    fast = factor[r] != 0.0f && plain_codes<F>(pieces.codes + at + j * B, B);
+    fast = factor[r] != 0.0f && plain_codes<F>(pieces.codes + at + code_offset<F>(j * B), B);
   }
   if (fast) {
     const uint8_t* src[kMaxFastPieces];
-    for (int64_t r = 0; r < pieces.num_segments; ++r) src[r] = pieces.codes + r * pieces.stride + j * B;
+    for (int64_t r = 0; r < pieces.num_segments; ++r) src[r] = pieces.codes + r * pieces.stride + code_offset<F>(j * B);
     for (int64_t i = 0; i < B; i += 16) {  // sixteen lanes at a time: one load of each piece's codes
       __m256 s0, s1;
       if (own != nullptr) {
         s0 = _mm256_mul_ps(load8<E>(own + j * B + i), premul);
         s1 = _mm256_mul_ps(load8<E>(own + j * B + i + 8), premul);
       } else {
-        decode16_raw<F>(src[0] + i, s0, s1);
+        decode16_raw<F>(src[0] + code_offset<F>(i), s0, s1);
         s0 = _mm256_mul_ps(s0, _mm256_set1_ps(factor[0]));
         s1 = _mm256_mul_ps(s1, _mm256_set1_ps(factor[0]));
       }
       for (int64_t r = first_piece; r < pieces.num_segments; ++r) {
         __m256 d0, d1;
-        decode16_raw<F>(src[r] + i, d0, d1);
+        decode16_raw<F>(src[r] + code_offset<F>(i), d0, d1);
         const __m256 f = _mm256_set1_ps(factor[r]);
         s0 = _mm256_add_ps(s0, _mm256_mul_ps(d0, f));
         s1 = _mm256_add_ps(s1, _mm256_mul_ps(d1, f));
@@ -448,12 +494,12 @@ FP8C_AVX2_INLINE void sum_block(const BlockCodes& pieces, const Storage<E>* own,
   }
   for (int64_t i = 0; i < B; i += 8) {
     __m256 s = own != nullptr ? _mm256_mul_ps(load8<E>(own + j * B + i), premul)
-                              : _mm256_mul_ps(decode8<F>(pieces.codes + j * B + i),
+                              : _mm256_mul_ps(decode8<F>(pieces.codes + code_offset<F>(j * B + i)),
                                               _mm256_set1_ps(scale_from_byte(pieces.scales[j])));
     for (int64_t r = first_piece; r < pieces.num_segments; ++r) {
       const int64_t at = r * pieces.stride;
       const __m256 scale = _mm256_set1_ps(scale_from_byte(pieces.scales[at + j]));
-      s = _mm256_add_ps(s, _mm256_mul_ps(decode8<F>(pieces.codes + at + j * B + i), scale));
+      s = _mm256_add_ps(s, _mm256_mul_ps(decode8<F>(pieces.codes + at + code_offset<F>(j * B + i)), scale));
     }
     if (post_div != 1) s = _mm256_div_ps(s, div);
     if constexpr (kOutput) s = canonical_nan8(s);
@@ -469,20 +515,23 @@ FP8C_AVX2 void quantize_run(const Storage<E>* src, int64_t blocks, Count B, floa
   if (stochastic != nullptr) {
     for (; j < blocks; ++j) {
       scales[j] = quantize_block_stochastic<F>(ScaledInput<E, kPremul>{src + j * B, pm}, B / 8, *stochastic, j * B,
-                                               codes + j * B);
+                                               codes + code_offset<F>(j * B));
     }
     return;
   }
   if constexpr (std::is_same_v<Count, Block32>) {
     for (; j + kGroup <= blocks; j += kGroup) {
-      if (quantize_group_normal<F>(ScaledInput<E, kPremul>{src + j * B, pm}, codes + j * B, scales + j)) continue;
+      if (quantize_group_normal<F>(ScaledInput<E, kPremul>{src + j * B, pm}, codes + code_offset<F>(j * B),
+                                   scales + j)) {
+        continue;
+      }
       for (int64_t b = j; b < j + kGroup; ++b) {
-        scales[b] = quantize_block<F>(ScaledInput<E, kPremul>{src + b * B, pm}, B / 8, codes + b * B);
+        scales[b] = quantize_block<F>(ScaledInput<E, kPremul>{src + b * B, pm}, B / 8, codes + code_offset<F>(b * B));
       }
     }
   }
   for (; j < blocks; ++j) {
-    scales[j] = quantize_block<F>(ScaledInput<E, kPremul>{src + j * B, pm}, B / 8, codes + j * B);
+    scales[j] = quantize_block<F>(ScaledInput<E, kPremul>{src + j * B, pm}, B / 8, codes + code_offset<F>(j * B));
   }
 }
 
@@ -492,19 +541,21 @@ FP8C_AVX2 void dequantize_run(const uint8_t* codes, const uint8_t* scales, int64
   const bool daz = denormals_are_zero();
   const bool stream = E == ElemType::F32 && stream_output(dst, std::max<int64_t>(blocks * B * 4, output_bytes));
   for (int64_t j = 0; j < blocks; ++j) {
-    const uint8_t* c = codes + j * B;
+    const uint8_t* c = codes + code_offset<F>(j * B);
     Storage<E>* d = dst + j * B;
     const float factor = raw_decode_factor<F>(scales[j], daz);
     if (factor != 0.0f && plain_codes<F>(c, B)) {
       const __m256 f = _mm256_set1_ps(factor);
       if constexpr (E == ElemType::F32) {  // finite codes times a factor <= 2^127: no NaN, stored as they are
-        for (int64_t i = 0; i < B; i += 8) store_f32(d + i, _mm256_mul_ps(decode8_raw<F>(c + i), f), stream);
+        for (int64_t i = 0; i < B; i += 8) {
+          store_f32(d + i, _mm256_mul_ps(decode8_raw<F>(c + code_offset<F>(i)), f), stream);
+        }
         continue;
       }
-      for (int64_t i = 0; i < B; i += 8) store8<E>(d + i, _mm256_mul_ps(decode8_raw<F>(c + i), f));
+      for (int64_t i = 0; i < B; i += 8) store8<E>(d + i, _mm256_mul_ps(decode8_raw<F>(c + code_offset<F>(i)), f));
     } else {
       const __m256 scale = _mm256_set1_ps(scale_from_byte(scales[j]));
-      for (int64_t i = 0; i < B; i += 8) store8<E>(d + i, _mm256_mul_ps(decode8<F>(c + i), scale));
+      for (int64_t i = 0; i < B; i += 8) store8<E>(d + i, _mm256_mul_ps(decode8<F>(c + code_offset<F>(i)), scale));
     }
   }
   if (stream) _mm_sfence();
@@ -537,8 +588,8 @@ FP8C_AVX2 void dequant_sum_requantize_run(const BlockCodes& pieces, const Storag
   if (stochastic != nullptr) {
     for (; j < j0 + blocks; ++j) {
       sum_block<E, F, false>(pieces, own, own_premul, B, post_div, j, daz, acc);
-      scales[j - j0] =
-          quantize_block_stochastic<F>(Accumulated{acc}, B / 8, *stochastic, (j - j0) * B, codes + (j - j0) * B);
+      scales[j - j0] = quantize_block_stochastic<F>(Accumulated{acc}, B / 8, *stochastic, (j - j0) * B,
+                                                    codes + code_offset<F>((j - j0) * B));
     }
     return;
   }
@@ -547,15 +598,16 @@ FP8C_AVX2 void dequant_sum_requantize_run(const BlockCodes& pieces, const Storag
       for (int64_t b = 0; b < kGroup; ++b) {
         sum_block<E, F, false>(pieces, own, own_premul, B, post_div, j + b, daz, acc + b * B);
       }
-      if (quantize_group_normal<F>(Accumulated{acc}, codes + (j - j0) * B, scales + (j - j0))) continue;
+      if (quantize_group_normal<F>(Accumulated{acc}, codes + code_offset<F>((j - j0) * B), scales + (j - j0))) continue;
       for (int64_t b = 0; b < kGroup; ++b) {
-        scales[j - j0 + b] = quantize_block<F>(Accumulated{acc + b * B}, B / 8, codes + (j - j0 + b) * B);
+        scales[j - j0 + b] =
+            quantize_block<F>(Accumulated{acc + b * B}, B / 8, codes + code_offset<F>((j - j0 + b) * B));
       }
     }
   }
   for (; j < j0 + blocks; ++j) {
     sum_block<E, F, false>(pieces, own, own_premul, B, post_div, j, daz, acc);
-    scales[j - j0] = quantize_block<F>(Accumulated{acc}, B / 8, codes + (j - j0) * B);
+    scales[j - j0] = quantize_block<F>(Accumulated{acc}, B / 8, codes + code_offset<F>((j - j0) * B));
   }
 }
 
@@ -568,12 +620,12 @@ bool supported() {
 
 void quantize_full_blocks(const void* src, ElemType type, WireFormat format, int64_t blocks, int block_size,
                           float premul, uint8_t* codes, uint8_t* scales, const StochasticRun* stochastic) {
-  x86::with_kernel_types(type, format, [&](auto e, auto f) {
+  with_codec_types(type, format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
     constexpr WireFormat F = decltype(f)::value;
     auto* s = static_cast<const Storage<E>*>(src);
     with_block(block_size, [&](auto B) {
-      if (premul == 1.0f) {
+      if (x86::premul_is_identity(premul)) {
         quantize_run<E, F, false>(s, blocks, B, premul, codes, scales, stochastic);
       } else {
         quantize_run<E, F, true>(s, blocks, B, premul, codes, scales, stochastic);
@@ -584,7 +636,7 @@ void quantize_full_blocks(const void* src, ElemType type, WireFormat format, int
 
 void dequantize_full_blocks(const uint8_t* codes, const uint8_t* scales, WireFormat format, int64_t blocks,
                             int block_size, void* dst, ElemType type, int64_t output_bytes) {
-  x86::with_kernel_types(type, format, [&](auto e, auto f) {
+  with_codec_types(type, format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
     with_block(block_size, [&](auto B) {
       dequantize_run<E, decltype(f)::value>(codes, scales, blocks, B, static_cast<Storage<E>*>(dst), output_bytes);
@@ -594,7 +646,7 @@ void dequantize_full_blocks(const uint8_t* codes, const uint8_t* scales, WireFor
 
 void dequant_sum_full_blocks(const BlockCodes& pieces, const OwnAddend& own, int post_div, int64_t first_block,
                              int64_t blocks, void* dst, ElemType type) {
-  x86::with_kernel_types(type, pieces.format, [&](auto e, auto f) {
+  with_codec_types(type, pieces.format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
     const auto* o = own.present ? static_cast<const Storage<E>*>(own.src) : nullptr;
     with_block(pieces.block_size, [&](auto B) {
@@ -607,7 +659,7 @@ void dequant_sum_full_blocks(const BlockCodes& pieces, const OwnAddend& own, int
 void dequant_sum_requantize_full_blocks(const BlockCodes& pieces, const OwnAddend& own, int post_div,
                                         int64_t first_block, int64_t blocks, uint8_t* codes, uint8_t* scales,
                                         const StochasticRun* stochastic) {
-  x86::with_kernel_types(own.type, pieces.format, [&](auto e, auto f) {
+  with_codec_types(own.type, pieces.format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
     const auto* o = own.present ? static_cast<const Storage<E>*>(own.src) : nullptr;
     with_block(pieces.block_size, [&](auto B) {

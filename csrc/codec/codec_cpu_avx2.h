@@ -22,10 +22,6 @@ namespace fp8comm {
 
 namespace avx2 {
 
-// Whether the kernels below take blocks of this wire format (the scalar
-// loops take every format).
-constexpr bool takes_format(WireFormat format) { return format != WireFormat::MXFP4; }
-
 #if FP8C_HAVE_AVX2_KERNELS
 // Whether this CPU runs them (AVX2 and F16C).
 bool supported();

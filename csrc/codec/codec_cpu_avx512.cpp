@@ -2,7 +2,7 @@
 // (codec_cpu_avx2.cpp) on sixteen lanes. A group of eight 32-element blocks
 // is sixteen vectors, loaded (or summed) into registers once, reduced to its
 // scales (codec_cpu_x86.h) and encoded from the same registers; one vpmovdb
-// packs sixteen codes. Every function carries its own target attribute, so
+// packs sixteen codes (4-bit codes: then two to a byte). Every function carries its own target attribute, so
 // nothing compiled for AVX-512 runs on a CPU without it; the sums are a
 // multiply, then an add, as in the AVX2 and scalar loops (setup.py compiles
 // with -ffp-contract=off, so no FMA fuses them).
@@ -30,6 +30,8 @@ constexpr int64_t kBlock = 32;
 constexpr int64_t kGroup = x86::kGroupBlocks;  // blocks per group
 constexpr int64_t kVectors = 2 * kGroup;       // vectors of sixteen per group
 
+using x86::code_offset;
+
 FP8C_AVX512_INLINE __m512i splat(uint32_t v) { return _mm512_set1_epi32(static_cast<int>(v)); }
 
 template <ElemType E>
@@ -55,21 +57,41 @@ FP8C_AVX512_INLINE void block_extremes(__m512 v0, __m512 v1, __m256i& raw, __m25
   low = _mm256_min_epu32(_mm512_castsi512_si256(l), _mm512_extracti64x4_epi64(l, 1));
 }
 
-// encode_code of sixteen scaled lanes that are finite and each zero or an FP8
-// normal (the AVX2 kernels' Lanes::kNormal case): round to nearest even by
-// integer arithmetic on the bits, sign to bit 7, one byte per lane.
+// encode_code of sixteen scaled lanes that are finite and each zero or a
+// code normal (the AVX2 kernels' Lanes::kNormal case), or, with
+// x86::kGroupTakesSubnormals, finite (Lanes::kFinite): round to nearest even
+// by integer arithmetic on the bits (subnormals: by the FPU, as encode_code),
+// sign to the code's top bit, one byte per lane.
 template <WireFormat F>
 FP8C_AVX512_INLINE __m128i encode16(__m512 v) {
   using T = WireTraits<F>;
   constexpr int kDrop = 23 - T::kMantBits;
   const __m512i b = _mm512_castps_si512(v);
-  const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(b, 24), splat(0x80));
+  const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(b, 32 - T::kCodeBits), splat(T::kSignBit));
   const __m512i a = _mm512_and_si512(b, splat(0x7FFFFFFF));
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(a, kDrop), splat(1));
   const __m512i r = _mm512_add_epi32(_mm512_add_epi32(a, splat((1u << (kDrop - 1)) - 1u)), lsb);
   const __m512i normal = _mm512_sub_epi32(_mm512_srli_epi32(r, kDrop), splat(T::kRebias << T::kMantBits));
   // a zero lane's `normal` is negative: clamped to code 0
-  return _mm512_cvtepi32_epi8(_mm512_or_si512(_mm512_max_epi32(normal, _mm512_setzero_si512()), sign));
+  __m512i code = _mm512_max_epi32(normal, _mm512_setzero_si512());
+  if constexpr (x86::kGroupTakesSubnormals<F>) {
+    const __m512 t = _mm512_add_ps(_mm512_mul_ps(_mm512_castsi512_ps(a), _mm512_set1_ps(T::kSubnormalInv)),
+                                   _mm512_set1_ps(8388608.0f));
+    const __m512i sub = _mm512_sub_epi32(_mm512_castps_si512(t), splat(0x4B000000u));
+    code = _mm512_mask_blend_epi32(_mm512_cmplt_epu32_mask(a, splat(T::kMinNormalBits)), code, sub);
+  }
+  return _mm512_cvtepi32_epi8(_mm512_or_si512(code, sign));
+}
+
+// Sixteen codes, a byte each in element order, to the wire at p: as they
+// are, or two 4-bit codes per byte.
+template <WireFormat F>
+FP8C_AVX512_INLINE void store_codes16(uint8_t* p, __m128i bytes) {
+  if constexpr (WireTraits<F>::kCodeBits == 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), bytes);
+  } else {
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(p), x86::pack_nibbles16(bytes));
+  }
 }
 
 // ---------------------------------------------------------------- stochastic rounding
@@ -94,7 +116,7 @@ FP8C_AVX512_INLINE __m128i encode16_stochastic(__m512 v, __m512i limit, __m512i 
   constexpr int kDrop = 23 - T::kMantBits;
   constexpr int kFrac = kSubnormalFraction<F>;
   const __m512i b = _mm512_castps_si512(v);
-  const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(b, 24), splat(0x80));
+  const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(b, 32 - T::kCodeBits), splat(T::kSignBit));
   const __m512i a = _mm512_and_si512(b, splat(0x7FFFFFFF));
   const __mmask16 subnormal = _mm512_cmplt_epu32_mask(a, splat(T::kMinNormalBits));
   const __m512i normal = _mm512_sub_epi32(
@@ -116,7 +138,8 @@ FP8C_AVX512_INLINE __m128i encode16_stochastic(__m512 v, __m512i limit, __m512i 
 }
 
 // One block of 32 (two vectors) quantized with stochastic rounding: the
-// scale from the finite maximum, every lane through the stochastic encode;
+// scale from the finite maximum (the NaN scale for a block of a format
+// without NaN codes holding a non-finite lane), every lane through the stochastic encode;
 // `at`: the block's first element from the run's start.
 template <WireFormat F>
 FP8C_AVX512_INLINE uint8_t quantize_block_stochastic(__m512 v0, __m512 v1, const StochasticRun& run, int64_t at,
@@ -134,11 +157,12 @@ FP8C_AVX512_INLINE uint8_t quantize_block_stochastic(__m512 v0, __m512 v1, const
   const uint8_t sb = scale_byte<F>(static_cast<uint32_t>(_mm_cvtsi128_si32(m)));
   const __m512 inv = _mm512_set1_ps(inv_scale_from_byte(sb));
   const __m512i limit = splat(code_limit<F>(sb));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(codes),
-                   encode16_stochastic<F>(_mm512_mul_ps(v0, inv), limit, rounding_bits16(run, at)));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + 16),
+  store_codes16<F>(codes, encode16_stochastic<F>(_mm512_mul_ps(v0, inv), limit, rounding_bits16(run, at)));
+  store_codes16<F>(codes + code_offset<F>(16),
                    encode16_stochastic<F>(_mm512_mul_ps(v1, inv), limit, rounding_bits16(run, at + 16)));
-  return sb;
+  const __mmask16 nonfinite =
+      _mm512_cmpge_epu32_mask(a0, splat(0x7F800000)) | _mm512_cmpge_epu32_mask(a1, splat(0x7F800000));
+  return stored_scale_byte<F>(sb, nonfinite);
 }
 
 // The group's sixteen vectors (block b: v[2b], v[2b + 1]) into codes and
@@ -151,9 +175,8 @@ FP8C_AVX512_INLINE bool quantize_group(const __m512* v, uint8_t* codes, uint8_t*
   if (!x86::plain_scales<F>(raw, low, scales, inv)) return false;
   for (int64_t b = 0; b < kGroup; ++b) {
     const __m512 s = _mm512_set1_ps(inv[b]);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + kBlock * b), encode16<F>(_mm512_mul_ps(v[2 * b], s)));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + kBlock * b + 16),
-                     encode16<F>(_mm512_mul_ps(v[2 * b + 1], s)));
+    store_codes16<F>(codes + code_offset<F>(kBlock * b), encode16<F>(_mm512_mul_ps(v[2 * b], s)));
+    store_codes16<F>(codes + code_offset<F>(kBlock * b + 16), encode16<F>(_mm512_mul_ps(v[2 * b + 1], s)));
   }
   return true;
 }
@@ -170,7 +193,7 @@ FP8C_AVX512 void quantize_run(const Storage<E>* src, int64_t blocks, float premu
         v0 = _mm512_mul_ps(v0, pm);
         v1 = _mm512_mul_ps(v1, pm);
       }
-      scales[j] = quantize_block_stochastic<F>(v0, v1, *stochastic, j * kBlock, codes + j * kBlock);
+      scales[j] = quantize_block_stochastic<F>(v0, v1, *stochastic, j * kBlock, codes + code_offset<F>(j * kBlock));
     }
     return;
   }
@@ -178,23 +201,38 @@ FP8C_AVX512 void quantize_run(const Storage<E>* src, int64_t blocks, float premu
     __m512 v[kVectors];
     for (int64_t i = 0; i < kVectors; ++i) {
       v[i] = load16<E>(src + j * kBlock + 16 * i);
-      if constexpr (kPremul) v[i] = _mm512_mul_ps(v[i], pm);  // x * 1 is x: the same bytes either way
+      if constexpr (kPremul) v[i] = _mm512_mul_ps(v[i], pm);  // x * 1 is x (x86::premul_is_identity)
     }
-    if (quantize_group<F>(v, codes + j * kBlock, scales + j)) continue;
-    avx2::quantize_full_blocks(src + j * kBlock, E, F, kGroup, kBlock, premul, codes + j * kBlock, scales + j);
+    uint8_t* c = codes + code_offset<F>(j * kBlock);
+    if (quantize_group<F>(v, c, scales + j)) continue;
+    avx2::quantize_full_blocks(src + j * kBlock, E, F, kGroup, kBlock, premul, c, scales + j);
   }
   if (j < blocks) {
-    avx2::quantize_full_blocks(src + j * kBlock, E, F, blocks - j, kBlock, premul, codes + j * kBlock, scales + j);
+    avx2::quantize_full_blocks(src + j * kBlock, E, F, blocks - j, kBlock, premul, codes + code_offset<F>(j * kBlock),
+                               scales + j);
   }
 }
 
 // ---------------------------------------------------------------- sums
 // The fast decode of sixteen codes (the AVX2 kernels' decode16_raw): code i
 // placed as the top bits of an fp32 lane, so lane = decode_code(code) *
-// 2^-kRebias exactly.
+// 2^-kRebias exactly; 4-bit codes (eight bytes) looked up in a table of
+// their sixteen values, lane = decode_code(code) (x86::raw_decode_factor).
 template <WireFormat F>
 FP8C_AVX512_INLINE __m512 decode16_raw(const uint8_t* p) {
   using T = WireTraits<F>;
+  if constexpr (T::kCodeBits == 4) {
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    // byte 2i: byte i (its low nibble is code 2i), byte 2i + 1: byte i >> 4 (code 2i + 1); the permute reads
+    // the low four bits
+    const __m512i c = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(bytes, _mm_srli_epi16(bytes, 4)));
+    const __m512 values = _mm512_setr_ps(
+        decode_code<F>(0), decode_code<F>(1), decode_code<F>(2), decode_code<F>(3), decode_code<F>(4),
+        decode_code<F>(5), decode_code<F>(6), decode_code<F>(7), decode_code<F>(8), decode_code<F>(9),
+        decode_code<F>(10), decode_code<F>(11), decode_code<F>(12), decode_code<F>(13), decode_code<F>(14),
+        decode_code<F>(15));
+    return _mm512_permutexvar_ps(c, values);
+  }
   constexpr int kShift = T::kMantBits + 1;
   const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   const __m512i keep = splat(0x80000000u | (0x7Fu << (23 - T::kMantBits)));
@@ -226,11 +264,12 @@ FP8C_AVX512_INLINE bool sum_group(const BlockCodes& pieces, const Storage<E>* ow
     }
     for (int64_t r = 0; r < pieces.num_segments; ++r) {
       const int64_t at = r * pieces.stride;
-      const uint8_t* c = pieces.codes + at + blk * kBlock;
+      const uint8_t* c = pieces.codes + at + code_offset<F>(blk * kBlock);
       const float factor = x86::raw_decode_factor<F>(pieces.scales[at + blk], daz);
       if (factor == 0.0f || !x86::plain_codes<F>(c, kBlock)) return false;
       const __m512 f = _mm512_set1_ps(factor);
-      const __m512 d0 = _mm512_mul_ps(decode16_raw<F>(c), f), d1 = _mm512_mul_ps(decode16_raw<F>(c + 16), f);
+      const __m512 d0 = _mm512_mul_ps(decode16_raw<F>(c), f);
+      const __m512 d1 = _mm512_mul_ps(decode16_raw<F>(c + code_offset<F>(16)), f);
       if (own == nullptr && r == 0) {
         s0 = d0;
         s1 = d1;
@@ -266,7 +305,7 @@ FP8C_AVX512 void sum_requantize_run(const BlockCodes& pieces, const OwnAddend& a
   StochasticRun rest;
   int64_t j = j0;
   for (; j + kGroup <= j0 + blocks; j += kGroup) {
-    uint8_t* c = codes + (j - j0) * kBlock;
+    uint8_t* c = codes + code_offset<F>((j - j0) * kBlock);
     uint8_t* s = scales + (j - j0);
     __m512 v[kVectors];
     if (sum_group<E, F>(pieces, own, addend.premul, post_div, j, daz, v)) {
@@ -274,7 +313,7 @@ FP8C_AVX512 void sum_requantize_run(const BlockCodes& pieces, const OwnAddend& a
       if (stochastic != nullptr) {
         for (int64_t b = 0; b < kGroup; ++b) {
           s[b] = quantize_block_stochastic<F>(v[2 * b], v[2 * b + 1], *stochastic, (j - j0 + b) * kBlock,
-                                              c + b * kBlock);
+                                              c + code_offset<F>(b * kBlock));
         }
         continue;
       }
@@ -283,8 +322,9 @@ FP8C_AVX512 void sum_requantize_run(const BlockCodes& pieces, const OwnAddend& a
                                              run_from(stochastic, j - j0, rest));
   }
   if (j < j0 + blocks) {
-    avx2::dequant_sum_requantize_full_blocks(pieces, addend, post_div, j, j0 + blocks - j, codes + (j - j0) * kBlock,
-                                             scales + (j - j0), run_from(stochastic, j - j0, rest));
+    avx2::dequant_sum_requantize_full_blocks(pieces, addend, post_div, j, j0 + blocks - j,
+                                             codes + code_offset<F>((j - j0) * kBlock), scales + (j - j0),
+                                             run_from(stochastic, j - j0, rest));
   }
 }
 
@@ -298,11 +338,11 @@ bool supported() {
 
 void quantize_blocks32(const void* src, ElemType type, WireFormat format, int64_t blocks, float premul,
                        uint8_t* codes, uint8_t* scales, const StochasticRun* stochastic) {
-  x86::with_kernel_types(type, format, [&](auto e, auto f) {
+  with_codec_types(type, format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
     constexpr WireFormat F = decltype(f)::value;
     auto* s = static_cast<const Storage<E>*>(src);
-    if (premul == 1.0f) {
+    if (x86::premul_is_identity(premul)) {
       quantize_run<E, F, false>(s, blocks, premul, codes, scales, stochastic);
     } else {
       quantize_run<E, F, true>(s, blocks, premul, codes, scales, stochastic);
@@ -313,7 +353,7 @@ void quantize_blocks32(const void* src, ElemType type, WireFormat format, int64_
 void dequant_sum_requantize_blocks32(const BlockCodes& pieces, const OwnAddend& own, int post_div,
                                      int64_t first_block, int64_t blocks, uint8_t* codes, uint8_t* scales,
                                      const StochasticRun* stochastic) {
-  x86::with_kernel_types(own.type, pieces.format, [&](auto e, auto f) {
+  with_codec_types(own.type, pieces.format, [&](auto e, auto f) {
     sum_requantize_run<decltype(e)::value, decltype(f)::value>(pieces, own, post_div, first_block, blocks, codes,
                                                                scales, stochastic);
   });

@@ -3,11 +3,11 @@
 // codec_cpu_avx512.cpp): the scales of a group of eight 32-element blocks
 // (their maxima out of one transposing reduction, the scale bytes out of
 // eight-lane integer math, the same as fp8_block_math.h's scalar scale_byte),
-// and the fast decode's factor and precondition. Include only where FP8C_HAVE_AVX2_KERNELS.
+// the fast decode's factor and precondition, and the packing of 4-bit codes.
+// Include only where FP8C_HAVE_AVX2_KERNELS.
 #include <immintrin.h>
 #include <stdint.h>
 
-#include <cstdlib>
 
 #include "codec_cpu_avx2.h"
 #include "fp8_block_math.h"
@@ -51,27 +51,34 @@ constexpr int largest_unlimited_exp() {
   }
 }
 
+// Whether the grouped encode takes code subnormals too, so plain_scales lets
+// them through: E2M1's one subnormal (0.5) is in nearly every block, and its
+// encode is one multiply-add more; FP8 subnormals are rare.
+template <WireFormat F>
+constexpr bool kGroupTakesSubnormals = WireTraits<F>::kCodeBits == 4;
+
 // From raw[b] / low[b] (per block b: eight lanes of max |x| bits, and of
 // |x| bits - 1, whose min wraps zeros to the top), the eight blocks' scale
 // bytes into scales[0, 8) and their inverse scales into inv[0, 8), when every
-// block takes the plain encode: finite, no code limit, and its smallest
-// non-zero |x| (if any) an FP8 normal after scaling. Otherwise false, and
-// nothing written.
+// block takes the plain encode: finite, no code limit, and (unless
+// kGroupTakesSubnormals) its smallest non-zero |x| (if any) a code normal
+// after scaling. Otherwise false, and nothing written.
 template <WireFormat F>
 FP8C_GROUP_INLINE bool plain_scales(const __m256i* raw, const __m256i* low, uint8_t* scales, float* inv) {
   using T = WireTraits<F>;
   const __m256i amax = reduce_8x8<true>(raw);
   const __m256i lowest = _mm256_add_epi32(reduce_8x8<false>(low), splat(1));
   // scale_exponent, eight lanes (abs bits compare as signed)
-  const __m256i bump = _mm256_cmpgt_epi32(_mm256_and_si256(amax, splat(0x7FFFFF)), splat(0x600000));
+  const __m256i bump = _mm256_cmpgt_epi32(_mm256_and_si256(amax, splat(0x7FFFFF)), splat(T::kMaxMantissa));
   __m256i e = _mm256_sub_epi32(_mm256_srli_epi32(amax, 23), splat(127 + T::kMaxExp));
   e = _mm256_max_epi32(_mm256_sub_epi32(e, bump), _mm256_set1_epi32(kMinScaleExp));
   e = _mm256_andnot_si256(_mm256_cmpeq_epi32(amax, _mm256_setzero_si256()), e);
   // 2^-e, a normal float for every e in [kMinScaleExp, 127)
   const __m256 inv_scale = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_sub_epi32(splat(127), e), 23));
   const __m256i scaled_low = _mm256_castps_si256(_mm256_mul_ps(_mm256_castsi256_ps(lowest), inv_scale));
-  const __m256i low_ok = _mm256_or_si256(_mm256_cmpeq_epi32(lowest, _mm256_setzero_si256()),
-                                         _mm256_cmpgt_epi32(scaled_low, splat(T::kMinNormalBits - 1)));
+  __m256i low_ok = _mm256_or_si256(_mm256_cmpeq_epi32(lowest, _mm256_setzero_si256()),
+                                   _mm256_cmpgt_epi32(scaled_low, splat(T::kMinNormalBits - 1)));
+  if constexpr (kGroupTakesSubnormals<F>) low_ok = splat(0xFFFFFFFFu);
   const __m256i bad = _mm256_or_si256(
       _mm256_or_si256(_mm256_cmpgt_epi32(amax, splat(0x7F7FFFFF)),
                       _mm256_cmpgt_epi32(e, _mm256_set1_epi32(largest_unlimited_exp<F>()))),
@@ -86,19 +93,28 @@ FP8C_GROUP_INLINE bool plain_scales(const __m256i* raw, const __m256i* low, uint
   return true;
 }
 
-// The multiplier of the fast decode (codes placed as the top bits of fp32
-// lanes, so lane = decode_code(code) * 2^-kRebias) for a block scale byte, or 0
-// when the block must take the exact decode (scale too large, or DAZ set in
-// this thread).
+// The multiplier of the fast decode for a block scale byte, or 0 when the
+// block must take the exact decode. FP8: codes placed as the top bits of fp32
+// lanes, so lane = decode_code(code) * 2^-kRebias and the factor is
+// 2^(kRebias + e); 0 when that is no float, or DAZ is set in this thread (FP8
+// subnormal codes land on fp32 subnormals). 4-bit: lanes looked up in a table
+// of exact values, lane = decode_code(code), so the factor is the scale
+// itself, whatever the mode; 0 for the NaN scale (its blocks take the exact
+// decode, which writes the canonical NaN) and for byte 0 (whose scale is 0).
 template <WireFormat F>
 FP8C_GROUP_INLINE float raw_decode_factor(uint8_t scale_byte, bool daz) {
+  if constexpr (WireTraits<F>::kCodeBits == 4) {
+    return scale_byte == kNanScaleByte ? 0.0f : scale_from_byte(scale_byte);
+  }
   const int exp = static_cast<int>(WireTraits<F>::kRebias) + static_cast<int>(scale_byte) - kScaleBias;
   return daz || exp > 127 ? 0.0f : pow2f(exp);
 }
 
-// Whether a block's codes hold no Inf/NaN code (so the fast decode applies).
+// Whether a block's codes hold no Inf/NaN code (so the fast decode applies);
+// a format without NaN codes has none.
 template <WireFormat F, typename Count>
 FP8C_GROUP_INLINE bool plain_codes(const uint8_t* codes, Count B) {
+  if constexpr (!WireTraits<F>::kHasNanCode) return true;
   __m128i special = _mm_setzero_si128();
   for (int64_t i = 0; i < B; i += 16) {
     const __m128i em = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i)), _mm_set1_epi8(0x7F));
@@ -109,20 +125,29 @@ FP8C_GROUP_INLINE bool plain_codes(const uint8_t* codes, Count B) {
   return _mm_testz_si128(special, special);
 }
 
-// with_codec_types over the formats the kernels take (avx2::takes_format);
-// the dispatch in codec_cpu.cpp never sends another here.
-template <typename Fn>
-void with_kernel_types(ElemType type, WireFormat format, Fn&& fn) {
-  with_codec_types(type, format, [&](auto e, auto f) {
-    if constexpr (avx2::takes_format(decltype(f)::value)) {
-      fn(e, f);
-    } else {
-      std::abort();
-    }
-  });
+// Bytes before code i of a run of codes: code_bytes<F>(i) for the
+// non-negative counts (even for 4-bit codes) the kernels use, as a plain
+// shift; -fwrapv keeps the compiler from folding code_bytes' i * 8 / 8 to i.
+template <WireFormat F>
+FP8C_GROUP_INLINE constexpr int64_t code_offset(int64_t i) {
+  return WireTraits<F>::kCodeBits == 8 ? i : i >> 1;
 }
 
-FP8C_GROUP_INLINE bool denormals_are_zero() { return (_mm_getcsr() & 0x0040u) != 0; }
+// Sixteen 4-bit codes, one per byte in element order, as the eight bytes the
+// wire holds (element 2i in the low nibble of byte i) in the low half.
+FP8C_GROUP_INLINE __m128i pack_nibbles16(__m128i bytes) {
+  const __m128i pairs = _mm_maddubs_epi16(bytes, _mm_set1_epi16(0x1001));  // byte 2i + 16 * byte 2i+1
+  return _mm_packus_epi16(pairs, pairs);
+}
+
+// Whether DAZ is set in this thread. Baseline x86-64 (SSE), no target
+// attribute: the kernels' untargeted entry points call these two too.
+inline bool denormals_are_zero() { return (_mm_getcsr() & 0x0040u) != 0; }
+
+// Whether the kernels may skip the scalar loops' `x * premul`: premul is 1
+// and denormals are not treated as zero (under DAZ, x * 1 is 0 for a
+// denormal x, and the block's scale byte sees that zero).
+inline bool premul_is_identity(float premul) { return premul == 1.0f && !denormals_are_zero(); }
 
 #undef FP8C_GROUP_INLINE
 

@@ -1,7 +1,8 @@
 """The CPU codec's SIMD kernels against its scalar loops: the same bytes, bit
-for bit, for every op, dtype, format and block size, on inputs built to hit
-every branch of the kernels (plain blocks, Inf/NaN, blocks near FLT_MAX,
-subnormals, FP8 special codes, scales too large for the fast decode, and
+for bit, for every op, dtype, wire format (E4M3, E5M2, MXFP4) and block size,
+on inputs built to hit every branch of the kernels (plain blocks, Inf/NaN,
+blocks near FLT_MAX, subnormals, FP8 special codes, MXFP4's NaN-scale blocks
+and E2M1 ties, scales too large for the fast decode, stochastic rounding, and
 denormals-are-zero mode). Every test runs with the AVX2 kernels alone and, on
 a CPU with AVX-512, again with the AVX-512 ones (block size 32's quantize and
 sum + re-quantize). What the CPU runs is detected (the codec refuses to switch
@@ -14,7 +15,7 @@ import fp8comm
 from tests.support.cpu_kernels import HAS_AVX2, HAS_AVX512
 from fp8comm import _C
 
-FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
+FORMATS = ["e4m3", "e5m2", "mxfp4"]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 
@@ -36,14 +37,22 @@ def kernels(request):
         _C.set_cpu_avx512(old_avx512)
 
 
-def both_paths(fn):
-    """fn() run with the scalar loops and with the SIMD kernels."""
+def both_paths(fn, flush_denormal=False):
+    """fn() run with the scalar loops and with the SIMD kernels; with
+    flush_denormal, in denormals-are-zero mode (FTZ and DAZ set in this
+    thread) and on one codec thread (its workers keep their own mode, so
+    which blocks see it would depend on the split); all restored after."""
     results = []
+    threads = _C.cpu_threads()
     for simd in (False, True):
         old = _C.set_cpu_simd(simd)
+        assert torch.set_flush_denormal(flush_denormal) or not flush_denormal
+        _C.set_cpu_threads(1 if flush_denormal else threads)
         try:
             results.append(fn())
         finally:
+            torch.set_flush_denormal(False)
+            _C.set_cpu_threads(threads)
             _C.set_cpu_simd(old)
     return results
 
@@ -61,8 +70,11 @@ def inputs(n, dtype, seed):
     """Blocks of every kind, concatenated: Gaussian, random bit patterns
     (NaN, Inf, subnormals, huge), zeros, values near the dtype's max and
     block maxima from half of it up, tiny
-    magnitudes, Gaussian blocks with a single Inf or NaN, and Gaussian blocks
-    with zeros of both signs and values that scale into FP8 subnormals."""
+    magnitudes, denormals of the dtype (zeros in denormals-are-zero mode),
+    Gaussian blocks with a single Inf or NaN, Gaussian blocks
+    with zeros of both signs and values that scale into FP8 subnormals, E2M1
+    grid values and midpoints (ties, its subnormal 0.5) over many binades,
+    and whole blocks of Inf or NaN."""
     g = torch.Generator().manual_seed(seed)
     parts = [torch.randn(n, generator=g)]
     raw = torch.randint(-(2**31), 2**31 - 1, (n,), generator=g, dtype=torch.int64).to(torch.int32).view(torch.float32)
@@ -76,6 +88,7 @@ def inputs(n, dtype, seed):
     edge[::32] = top * (0.45 + 0.5 * torch.rand(len(edge[::32]), generator=g))
     parts.append(edge)
     parts.append(torch.randn(n, generator=g) * torch.finfo(dtype).tiny)
+    parts.append(torch.randn(n, generator=g).to(dtype) * torch.finfo(dtype).tiny * 2.0**-6)  # denormals only
     spiked = torch.randn(n, generator=g)
     spiked[::37] = float("inf")
     spiked[5::41] = float("nan")
@@ -85,33 +98,64 @@ def inputs(n, dtype, seed):
     holes[2::7] = -0.0
     holes[3::97] *= 1e-6
     parts.append(holes)
+    parts.append(e2m1_grid(n, dtype, g))
+    bad = torch.randn(n, generator=g)  # runs holding whole blocks (of 16, 32 or 48) of Inf, -Inf or NaN
+    bad[100:196] = float("inf")
+    bad[300:396] = float("-inf")
+    bad[500:596] = float("nan")
+    parts.append(bad)
     return torch.cat(parts).to(dtype)
 
 
-@pytest.mark.parametrize("fp8_dtype", FP8)
+def e2m1_grid(n, dtype, g):
+    """E2M1's values and the midpoints between them (ties round to the even
+    code, 0.25 to zero, 0.75 to 1), with both signs, in runs of 16 sharing a
+    binade; every run holds 6 (so a block's scale puts the grid on codes) or,
+    for some, only values below 1 (E2M1 subnormals after scaling)."""
+    grid = torch.tensor([0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0])
+    x = grid[torch.randint(0, len(grid), (n,), generator=g)]
+    x = x * torch.randn(n, generator=g).sign()
+    x[::16] = 6.0
+    x[::48] = 0.75  # blocks of 48 whose runs lack 6 elsewhere keep their maximum
+    span = 8 if dtype == torch.float16 else 40
+    binade = torch.exp2(torch.randint(-span, span, ((n + 15) // 16,), generator=g).float())
+    return x * binade.repeat_interleave(16)[:n]
+
+
+@pytest.fixture(params=[False, True], ids=["ieee", "daz"])
+def flush_denormal(request):
+    """Each test's codec calls once as they are and once in denormals-are-zero
+    mode (both_paths' flush_denormal; the inputs are made outside it)."""
+    return request.param
+
+
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+@pytest.mark.parametrize("wire_format", FORMATS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("block_size", [16, 32, 48])
 @pytest.mark.parametrize("premul", [1.0, 0.37, 3e30])
-def test_quantize_same_bytes(fp8_dtype, dtype, block_size, premul):
+def test_quantize_same_bytes(wire_format, dtype, block_size, premul, rounding, flush_denormal):
     x = inputs(4096 + 13, dtype, seed=block_size)
     P = 3
     m = -(-x.numel() // P) + 37  # uneven segments: the last one partly empty
-    out = torch.empty(P * fp8comm.codec.segment_bytes(m, block_size), dtype=torch.uint8)
+    out = torch.empty(P * fp8comm.codec.segment_bytes(m, block_size, wire_format=wire_format), dtype=torch.uint8)
 
     def run():
         out.fill_(0xAB)
-        fp8comm.quantize_segments(x, out, P, m, block_size=block_size, fp8_dtype=fp8_dtype, premul=premul)
+        fp8comm.quantize_segments(x, out, P, m, block_size=block_size, wire_format=wire_format, premul=premul,
+                                  rounding=rounding, rounding_key=0xC0FFEE)
         return out.clone()
 
-    scalar, simd = both_paths(run)
+    scalar, simd = both_paths(run, flush_denormal)
     assert torch.equal(scalar, simd)
 
 
-def random_segments(P, m, block_size, seed):
-    """Wire segments with arbitrary code bytes (every FP8 code, NaN and Inf
-    codes included) and scale bytes over the whole E8M0 range used."""
+def random_segments(P, m, block_size, seed, wire_format):
+    """Wire segments with arbitrary code bytes (every code, NaN and Inf codes
+    included) and scale bytes over the whole E8M0 range used, its NaN (0xFF)
+    included."""
     g = torch.Generator().manual_seed(seed)
-    S = fp8comm.codec.segment_bytes(m, block_size)
+    S = fp8comm.codec.segment_bytes(m, block_size, wire_format=wire_format)
     seg = torch.randint(0, 256, (P * S,), generator=g, dtype=torch.uint8)
     blocks = -(-m // block_size)
     scale_bytes = ((m + block_size - 1) // block_size + 15) // 16 * 16
@@ -120,63 +164,64 @@ def random_segments(P, m, block_size, seed):
         s = torch.randint(100, 140, (blocks,), generator=g, dtype=torch.uint8)
         wide = torch.rand(blocks, generator=g) < 0.3
         s[wide] = torch.randint(1, 255, (int(wide.sum()),), generator=g, dtype=torch.uint8)
+        s[torch.rand(blocks, generator=g) < 0.05] = 0xFF
         seg[r * S:r * S + blocks] = s
         seg[r * S + blocks:r * S + scale_bytes] = 0
         if r == 0:  # and some blocks of plain codes only, so the fast paths run
             codes = seg[r * S + scale_bytes:(r + 1) * S].view(-1)
-            codes[: blocks * block_size // 2] &= 0x77
+            codes[: codes.numel() // 2] &= 0x77
     return seg
 
 
-@pytest.mark.parametrize("flush_denormal", [False, True])
-@pytest.mark.parametrize("fp8_dtype", FP8)
+@pytest.mark.parametrize("wire_format", FORMATS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("block_size", [16, 32, 48])
-def test_decodes_same_bits(flush_denormal, fp8_dtype, dtype, block_size):
+def test_decodes_same_bits(flush_denormal, wire_format, dtype, block_size):
     P, m = 3, 2048 + block_size * 5
-    seg = random_segments(P, m, block_size, seed=block_size + 7)
-    kw = dict(block_size=block_size, fp8_dtype=fp8_dtype)
-    assert torch.set_flush_denormal(flush_denormal) or not flush_denormal
-    try:
-        deq = both_paths(lambda: _run(lambda o: fp8comm.dequantize_segments(seg, o, P, m, **kw), P * m - 7, dtype))
-        dsum = both_paths(lambda: _run(lambda o: fp8comm.dequant_sum(seg, o, P, m, **kw), m - 3, dtype))
-        avg = both_paths(lambda: _run(lambda o: fp8comm.dequant_sum(seg, o, P, m, post_div=P, **kw), m, dtype))
-        S = fp8comm.codec.segment_bytes(m, block_size)
-        requant = both_paths(lambda: _requant(seg, P, m, S, kw))
-    finally:
-        torch.set_flush_denormal(False)
-    for scalar, simd in (deq, dsum, avg, requant):
+    seg = random_segments(P, m, block_size, seed=block_size + 7, wire_format=wire_format)
+    kw = dict(block_size=block_size, wire_format=wire_format)
+    daz = flush_denormal
+    deq = both_paths(lambda: _run(lambda o: fp8comm.dequantize_segments(seg, o, P, m, **kw), P * m - 7, dtype), daz)
+    dsum = both_paths(lambda: _run(lambda o: fp8comm.dequant_sum(seg, o, P, m, **kw), m - 3, dtype), daz)
+    avg = both_paths(lambda: _run(lambda o: fp8comm.dequant_sum(seg, o, P, m, post_div=P, **kw), m, dtype), daz)
+    S = fp8comm.codec.segment_bytes(m, block_size, wire_format=wire_format)
+    requant = both_paths(lambda: _requant(seg, P, m, S, kw), daz)
+    stochastic = both_paths(lambda: _requant(seg, P, m, S, dict(kw, rounding="stochastic", rounding_key=5)), daz)
+    for scalar, simd in (deq, dsum, avg, requant, stochastic):
         assert same(scalar, simd)
 
 
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
 @pytest.mark.parametrize("num_pieces", [0, 2])
-@pytest.mark.parametrize("fp8_dtype", FP8)
+@pytest.mark.parametrize("wire_format", FORMATS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("block_size", [16, 32, 48])
-def test_sums_with_own_addend_same_bits(num_pieces, fp8_dtype, dtype, block_size):
+def test_sums_with_own_addend_same_bits(num_pieces, wire_format, dtype, block_size, rounding, flush_denormal):
     """The own addend (every kind of input block, a premul, shorter than the
     pieces so the last blocks take the scalar tail) on both paths."""
     m = 2048 + block_size * 5
-    seg = random_segments(max(num_pieces, 1), m, block_size, seed=block_size + 11)[: num_pieces * fp8comm.codec.segment_bytes(m, block_size)]
+    S = fp8comm.codec.segment_bytes(m, block_size, wire_format=wire_format)
+    seg = random_segments(max(num_pieces, 1), m, block_size, seed=block_size + 11, wire_format=wire_format)
+    seg = seg[: num_pieces * S]
     own = inputs(m // 8 + 1, dtype, seed=block_size)[: m - block_size - 5].to(dtype)
-    kw = dict(block_size=block_size, fp8_dtype=fp8_dtype, own=own, own_premul=0.75)
-    S = fp8comm.codec.segment_bytes(m, block_size)
+    kw = dict(block_size=block_size, wire_format=wire_format, own=own, own_premul=0.75)
 
     def requant():
         out = torch.full((S,), 0xAB, dtype=torch.uint8)
-        fp8comm.dequant_sum_requantize(seg, out, num_pieces, m, post_div=3, **kw)
+        fp8comm.dequant_sum_requantize(seg, out, num_pieces, m, post_div=3, rounding=rounding, rounding_key=9, **kw)
         return out
 
-    dsum = both_paths(lambda: _run(lambda o: fp8comm.dequant_sum(seg, o, num_pieces, m, **kw), m - 3, dtype))
-    for scalar, simd in (dsum, both_paths(requant)):
+    dsum = both_paths(lambda: _run(lambda o: fp8comm.dequant_sum(seg, o, num_pieces, m, **kw), m - 3, dtype),
+                      flush_denormal)
+    for scalar, simd in (dsum, both_paths(requant, flush_denormal)):
         assert same(scalar, simd)
 
 
 @pytest.mark.parametrize("own", [False, True])
 @pytest.mark.parametrize("num_pieces", [1, 3])
-@pytest.mark.parametrize("fp8_dtype", FP8)
+@pytest.mark.parametrize("wire_format", FORMATS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_plain_data_sums_same_bits(own, num_pieces, fp8_dtype, dtype):
+def test_plain_data_sums_same_bits(own, num_pieces, wire_format, dtype):
     """Ordinary gradients (no Inf/NaN, no value near zero, magnitudes within
     the dtype's range), so nearly every group of eight blocks takes the fast
     kernels end to end (a group whose sum cancels into FP8 subnormals takes
@@ -189,10 +234,10 @@ def test_plain_data_sums_same_bits(own, num_pieces, fp8_dtype, dtype):
     magnitude = torch.exp2(torch.randint(-top, top, shape[:2] + (1,), generator=g).float())
     x = torch.randn(shape, generator=g).sign() * (0.5 + torch.rand(shape, generator=g)) * magnitude
     x = x.reshape(num_pieces + 1, m).to(dtype)
-    S = fp8comm.codec.segment_bytes(m, 32)
+    S = fp8comm.codec.segment_bytes(m, 32, wire_format=wire_format)
     seg = torch.empty(num_pieces * S, dtype=torch.uint8)
-    fp8comm.quantize_segments(x[:num_pieces].reshape(-1), seg, num_pieces, m, fp8_dtype=fp8_dtype)
-    kw = dict(fp8_dtype=fp8_dtype, post_div=num_pieces + 1)
+    fp8comm.quantize_segments(x[:num_pieces].reshape(-1), seg, num_pieces, m, wire_format=wire_format)
+    kw = dict(wire_format=wire_format, post_div=num_pieces + 1)
     if own:
         kw.update(own=x[num_pieces], own_premul=0.5)
 
@@ -217,43 +262,62 @@ def _requant(seg, P, m, S, kw):
     return out
 
 
-@pytest.mark.parametrize("fp8_dtype", FP8)
-def test_round_trip_through_both_paths(fp8_dtype):
+@pytest.mark.parametrize("wire_format", FORMATS)
+def test_round_trip_through_both_paths(wire_format):
     """The full pipeline of a compressed all_reduce (quantize, sum and
     re-quantize, decode) gives the same bits on both paths."""
     P, m = 4, 1 << 14
-    x = inputs(P * m // 6 + 1, torch.float32, seed=3)[: P * m]
-    S = fp8comm.codec.segment_bytes(m, 32)
+    x = inputs(P * m // 11 + 1, torch.float32, seed=3)[: P * m]
+    S = fp8comm.codec.segment_bytes(m, 32, wire_format=wire_format)
+    kw = dict(wire_format=wire_format)
 
     def run():
         send = torch.empty(P * S, dtype=torch.uint8)
-        fp8comm.quantize_segments(x, send, P, m, fp8_dtype=fp8_dtype)
+        fp8comm.quantize_segments(x, send, P, m, **kw)
         mine = torch.empty(P * S, dtype=torch.uint8)
         for r in range(P):  # every rank's reduced segment, as if gathered: its own input plus the others' pieces
             pieces = torch.cat([send[q * S:(q + 1) * S] for q in range(P) if q != r])
-            fp8comm.dequant_sum_requantize(pieces, mine[r * S:(r + 1) * S], P - 1, m, fp8_dtype=fp8_dtype,
-                                           own=x[r * m:(r + 1) * m])
+            fp8comm.dequant_sum_requantize(pieces, mine[r * S:(r + 1) * S], P - 1, m, own=x[r * m:(r + 1) * m],
+                                           **kw)
         out = torch.empty(x.numel())
-        fp8comm.dequantize_segments(mine, out, P, m, fp8_dtype=fp8_dtype)
+        fp8comm.dequantize_segments(mine, out, P, m, **kw)
         return out
 
     scalar, simd = both_paths(run)
     assert same(scalar, simd)
 
 
-@pytest.mark.parametrize("fp8_dtype", FP8)
-def test_large_float32_decode_same_bits(fp8_dtype):
+@pytest.mark.parametrize("wire_format", FORMATS)
+def test_large_float32_decode_same_bits(wire_format):
     """Decodes of 8 MiB and more of float32 per thread take streaming stores
     (codec_cpu_avx2.cpp, stream_bytes): the same bits, and nothing written
     around the output."""
     P, m = 2, (5 << 20) // 2 + 48
-    seg = random_segments(P, m, 32, seed=5)
-    kw = dict(fp8_dtype=fp8_dtype)
+    seg = random_segments(P, m, 32, seed=5, wire_format=wire_format)
+    kw = dict(wire_format=wire_format)
     # the output 32 bytes into a fresh tensor (aligned, so it streams) and 8 short of its end
     scalar, simd = both_paths(lambda: _run(lambda o: fp8comm.dequantize_segments(seg, o[8:-8], P, m, **kw),
                                            P * m - 5 + 16, torch.float32))
     assert same(scalar, simd)
     assert (simd[:8] == 7.0).all() and (simd[-8:] == 7.0).all()
+
+
+@pytest.mark.parametrize("n", [1, 31, 33, 32 * 8 * 3 + 15, 4096 + 7])
+@pytest.mark.parametrize("wire_format", FORMATS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_quantize_and_dequantize_odd_counts_same_bits(n, wire_format, dtype):
+    """fp8comm.quantize / dequantize of a count that is no whole number of
+    blocks (for MXFP4, of bytes either: the last byte holds one code)."""
+    x = inputs(n // 11 + 1, dtype, seed=n)[:n]
+
+    def run():
+        codes, scales = fp8comm.quantize(x, wire_format=wire_format)
+        back = fp8comm.dequantize(codes, scales, dtype=dtype, numel=n)
+        return codes.view(torch.uint8), scales.view(torch.uint8), back
+
+    scalar, simd = both_paths(run)
+    for a, b in zip(scalar, simd):
+        assert same(a, b)
 
 
 def test_switch_reports_and_restores():
