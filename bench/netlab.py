@@ -232,7 +232,7 @@ FSDP_CONFIGS = [
      ["--no-fp8-compute", "--wire", "e5m2", "--comm-block-size", "512", "--rounding", "stochastic"], {}),
     # Four bits: MXFP4 on the fp8 group (every compressed op), and on the
     # gradients' reduce-scatter through fp8comm.fsdp, with error feedback.
-    ("fp8gloo, mxfp4", ["--no-fp8-compute"], {"FP8COMM_WIRE_FORMAT": "mxfp4"}),
+    ("fp8gloo (mxfp4 wire)", ["--no-fp8-compute"], {"FP8COMM_WIRE_FORMAT": "mxfp4"}),
     ("mxfp4 via fp8comm.fsdp", ["--no-fp8-compute", "--wire", "mxfp4"], {}),
     ("mxfp4 via fp8comm.fsdp + error feedback", ["--no-fp8-compute", "--wire", "mxfp4", "--error-feedback", "fp32"],
      {}),
