@@ -36,7 +36,6 @@ void with_block(int block_size, Fn&& fn) {
   }
 }
 
-using x86::code_offset;
 using x86::splat;
 
 // ---------------------------------------------------------------- element I/O
@@ -303,7 +302,7 @@ struct Accumulated {
 template <WireFormat F, Lanes L, typename Source>
 FP8C_AVX2_INLINE void encode_scaled(Source x, int64_t vectors, __m256 inv, __m256i limit, uint8_t* codes) {
   for (int64_t i = 0; i < vectors; i += 2) {
-    store_codes16<F>(codes + code_offset<F>(8 * i), encode8<F, L>(_mm256_mul_ps(x(i), inv), limit),
+    store_codes16<F>(codes + code_bytes<F>(8 * i), encode8<F, L>(_mm256_mul_ps(x(i), inv), limit),
                      encode8<F, L>(_mm256_mul_ps(x(i + 1), inv), limit));
   }
 }
@@ -367,7 +366,7 @@ FP8C_AVX2_INLINE uint8_t quantize_block_stochastic(Source x, int64_t vectors, co
     const __m256i lo = encode8_stochastic<F>(_mm256_mul_ps(x(i), inv), limit, rounding_bits8(run, at + 8 * i));
     const __m256i hi =
         encode8_stochastic<F>(_mm256_mul_ps(x(i + 1), inv), limit, rounding_bits8(run, at + 8 * i + 8));
-    store_codes16<F>(codes + code_offset<F>(8 * i), lo, hi);
+    store_codes16<F>(codes + code_bytes<F>(8 * i), lo, hi);
   }
   return stored_scale_byte<F>(sb, max_lane(raw) >= 0x7F800000u);
 }
@@ -409,7 +408,7 @@ FP8C_AVX2_INLINE bool quantize_group_normal(Source x, uint8_t* codes, uint8_t* s
   if (!x86::plain_scales<F>(raw, low, scales, inv_of)) return false;
   const __m256i limit = splat(T::kMaxCode);
   for (int64_t b = 0; b < kGroup; ++b) {
-    encode_scaled<F, L>(Shifted<Source>{x, 4 * b}, 4, _mm256_set1_ps(inv_of[b]), limit, codes + code_offset<F>(32 * b));
+    encode_scaled<F, L>(Shifted<Source>{x, 4 * b}, 4, _mm256_set1_ps(inv_of[b]), limit, codes + code_bytes<F>(32 * b));
   }
   return true;
 }
@@ -457,24 +456,24 @@ FP8C_AVX2_INLINE void sum_block(const BlockCodes& pieces, const Storage<E>* own,
   for (int64_t r = 0; fast && r < pieces.num_segments; ++r) {
     const int64_t at = r * pieces.stride;
     factor[r] = raw_decode_factor<F>(pieces.scales[at + j], daz);
-    fast = factor[r] != 0.0f && plain_codes<F>(pieces.codes + at + code_offset<F>(j * B), B);
+    fast = factor[r] != 0.0f && plain_codes<F>(pieces.codes + at + code_bytes<F>(j * B), B);
   }
   if (fast) {
     const uint8_t* src[kMaxFastPieces];
-    for (int64_t r = 0; r < pieces.num_segments; ++r) src[r] = pieces.codes + r * pieces.stride + code_offset<F>(j * B);
+    for (int64_t r = 0; r < pieces.num_segments; ++r) src[r] = pieces.codes + r * pieces.stride + code_bytes<F>(j * B);
     for (int64_t i = 0; i < B; i += 16) {  // sixteen lanes at a time: one load of each piece's codes
       __m256 s0, s1;
       if (own != nullptr) {
         s0 = _mm256_mul_ps(load8<E>(own + j * B + i), premul);
         s1 = _mm256_mul_ps(load8<E>(own + j * B + i + 8), premul);
       } else {
-        decode16_raw<F>(src[0] + code_offset<F>(i), s0, s1);
+        decode16_raw<F>(src[0] + code_bytes<F>(i), s0, s1);
         s0 = _mm256_mul_ps(s0, _mm256_set1_ps(factor[0]));
         s1 = _mm256_mul_ps(s1, _mm256_set1_ps(factor[0]));
       }
       for (int64_t r = first_piece; r < pieces.num_segments; ++r) {
         __m256 d0, d1;
-        decode16_raw<F>(src[r] + code_offset<F>(i), d0, d1);
+        decode16_raw<F>(src[r] + code_bytes<F>(i), d0, d1);
         const __m256 f = _mm256_set1_ps(factor[r]);
         s0 = _mm256_add_ps(s0, _mm256_mul_ps(d0, f));
         s1 = _mm256_add_ps(s1, _mm256_mul_ps(d1, f));
@@ -494,12 +493,12 @@ FP8C_AVX2_INLINE void sum_block(const BlockCodes& pieces, const Storage<E>* own,
   }
   for (int64_t i = 0; i < B; i += 8) {
     __m256 s = own != nullptr ? _mm256_mul_ps(load8<E>(own + j * B + i), premul)
-                              : _mm256_mul_ps(decode8<F>(pieces.codes + code_offset<F>(j * B + i)),
+                              : _mm256_mul_ps(decode8<F>(pieces.codes + code_bytes<F>(j * B + i)),
                                               _mm256_set1_ps(scale_from_byte(pieces.scales[j])));
     for (int64_t r = first_piece; r < pieces.num_segments; ++r) {
       const int64_t at = r * pieces.stride;
       const __m256 scale = _mm256_set1_ps(scale_from_byte(pieces.scales[at + j]));
-      s = _mm256_add_ps(s, _mm256_mul_ps(decode8<F>(pieces.codes + at + code_offset<F>(j * B + i)), scale));
+      s = _mm256_add_ps(s, _mm256_mul_ps(decode8<F>(pieces.codes + at + code_bytes<F>(j * B + i)), scale));
     }
     if (post_div != 1) s = _mm256_div_ps(s, div);
     if constexpr (kOutput) s = canonical_nan8(s);
@@ -515,23 +514,23 @@ FP8C_AVX2 void quantize_run(const Storage<E>* src, int64_t blocks, Count B, floa
   if (stochastic != nullptr) {
     for (; j < blocks; ++j) {
       scales[j] = quantize_block_stochastic<F>(ScaledInput<E, kPremul>{src + j * B, pm}, B / 8, *stochastic, j * B,
-                                               codes + code_offset<F>(j * B));
+                                               codes + code_bytes<F>(j * B));
     }
     return;
   }
   if constexpr (std::is_same_v<Count, Block32>) {
     for (; j + kGroup <= blocks; j += kGroup) {
-      if (quantize_group_normal<F>(ScaledInput<E, kPremul>{src + j * B, pm}, codes + code_offset<F>(j * B),
+      if (quantize_group_normal<F>(ScaledInput<E, kPremul>{src + j * B, pm}, codes + code_bytes<F>(j * B),
                                    scales + j)) {
         continue;
       }
       for (int64_t b = j; b < j + kGroup; ++b) {
-        scales[b] = quantize_block<F>(ScaledInput<E, kPremul>{src + b * B, pm}, B / 8, codes + code_offset<F>(b * B));
+        scales[b] = quantize_block<F>(ScaledInput<E, kPremul>{src + b * B, pm}, B / 8, codes + code_bytes<F>(b * B));
       }
     }
   }
   for (; j < blocks; ++j) {
-    scales[j] = quantize_block<F>(ScaledInput<E, kPremul>{src + j * B, pm}, B / 8, codes + code_offset<F>(j * B));
+    scales[j] = quantize_block<F>(ScaledInput<E, kPremul>{src + j * B, pm}, B / 8, codes + code_bytes<F>(j * B));
   }
 }
 
@@ -541,21 +540,21 @@ FP8C_AVX2 void dequantize_run(const uint8_t* codes, const uint8_t* scales, int64
   const bool daz = denormals_are_zero();
   const bool stream = E == ElemType::F32 && stream_output(dst, std::max<int64_t>(blocks * B * 4, output_bytes));
   for (int64_t j = 0; j < blocks; ++j) {
-    const uint8_t* c = codes + code_offset<F>(j * B);
+    const uint8_t* c = codes + code_bytes<F>(j * B);
     Storage<E>* d = dst + j * B;
     const float factor = raw_decode_factor<F>(scales[j], daz);
     if (factor != 0.0f && plain_codes<F>(c, B)) {
       const __m256 f = _mm256_set1_ps(factor);
       if constexpr (E == ElemType::F32) {  // finite codes times a factor <= 2^127: no NaN, stored as they are
         for (int64_t i = 0; i < B; i += 8) {
-          store_f32(d + i, _mm256_mul_ps(decode8_raw<F>(c + code_offset<F>(i)), f), stream);
+          store_f32(d + i, _mm256_mul_ps(decode8_raw<F>(c + code_bytes<F>(i)), f), stream);
         }
         continue;
       }
-      for (int64_t i = 0; i < B; i += 8) store8<E>(d + i, _mm256_mul_ps(decode8_raw<F>(c + code_offset<F>(i)), f));
+      for (int64_t i = 0; i < B; i += 8) store8<E>(d + i, _mm256_mul_ps(decode8_raw<F>(c + code_bytes<F>(i)), f));
     } else {
       const __m256 scale = _mm256_set1_ps(scale_from_byte(scales[j]));
-      for (int64_t i = 0; i < B; i += 8) store8<E>(d + i, _mm256_mul_ps(decode8<F>(c + code_offset<F>(i)), scale));
+      for (int64_t i = 0; i < B; i += 8) store8<E>(d + i, _mm256_mul_ps(decode8<F>(c + code_bytes<F>(i)), scale));
     }
   }
   if (stream) _mm_sfence();
@@ -589,7 +588,7 @@ FP8C_AVX2 void dequant_sum_requantize_run(const BlockCodes& pieces, const Storag
     for (; j < j0 + blocks; ++j) {
       sum_block<E, F, false>(pieces, own, own_premul, B, post_div, j, daz, acc);
       scales[j - j0] = quantize_block_stochastic<F>(Accumulated{acc}, B / 8, *stochastic, (j - j0) * B,
-                                                    codes + code_offset<F>((j - j0) * B));
+                                                    codes + code_bytes<F>((j - j0) * B));
     }
     return;
   }
@@ -598,16 +597,16 @@ FP8C_AVX2 void dequant_sum_requantize_run(const BlockCodes& pieces, const Storag
       for (int64_t b = 0; b < kGroup; ++b) {
         sum_block<E, F, false>(pieces, own, own_premul, B, post_div, j + b, daz, acc + b * B);
       }
-      if (quantize_group_normal<F>(Accumulated{acc}, codes + code_offset<F>((j - j0) * B), scales + (j - j0))) continue;
+      if (quantize_group_normal<F>(Accumulated{acc}, codes + code_bytes<F>((j - j0) * B), scales + (j - j0))) continue;
       for (int64_t b = 0; b < kGroup; ++b) {
         scales[j - j0 + b] =
-            quantize_block<F>(Accumulated{acc + b * B}, B / 8, codes + code_offset<F>((j - j0 + b) * B));
+            quantize_block<F>(Accumulated{acc + b * B}, B / 8, codes + code_bytes<F>((j - j0 + b) * B));
       }
     }
   }
   for (; j < j0 + blocks; ++j) {
     sum_block<E, F, false>(pieces, own, own_premul, B, post_div, j, daz, acc);
-    scales[j - j0] = quantize_block<F>(Accumulated{acc}, B / 8, codes + code_offset<F>((j - j0) * B));
+    scales[j - j0] = quantize_block<F>(Accumulated{acc}, B / 8, codes + code_bytes<F>((j - j0) * B));
   }
 }
 

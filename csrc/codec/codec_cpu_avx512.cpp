@@ -30,7 +30,6 @@ constexpr int64_t kBlock = 32;
 constexpr int64_t kGroup = x86::kGroupBlocks;  // blocks per group
 constexpr int64_t kVectors = 2 * kGroup;       // vectors of sixteen per group
 
-using x86::code_offset;
 
 FP8C_AVX512_INLINE __m512i splat(uint32_t v) { return _mm512_set1_epi32(static_cast<int>(v)); }
 
@@ -158,7 +157,7 @@ FP8C_AVX512_INLINE uint8_t quantize_block_stochastic(__m512 v0, __m512 v1, const
   const __m512 inv = _mm512_set1_ps(inv_scale_from_byte(sb));
   const __m512i limit = splat(code_limit<F>(sb));
   store_codes16<F>(codes, encode16_stochastic<F>(_mm512_mul_ps(v0, inv), limit, rounding_bits16(run, at)));
-  store_codes16<F>(codes + code_offset<F>(16),
+  store_codes16<F>(codes + code_bytes<F>(16),
                    encode16_stochastic<F>(_mm512_mul_ps(v1, inv), limit, rounding_bits16(run, at + 16)));
   const __mmask16 nonfinite =
       _mm512_cmpge_epu32_mask(a0, splat(0x7F800000)) | _mm512_cmpge_epu32_mask(a1, splat(0x7F800000));
@@ -175,8 +174,8 @@ FP8C_AVX512_INLINE bool quantize_group(const __m512* v, uint8_t* codes, uint8_t*
   if (!x86::plain_scales<F>(raw, low, scales, inv)) return false;
   for (int64_t b = 0; b < kGroup; ++b) {
     const __m512 s = _mm512_set1_ps(inv[b]);
-    store_codes16<F>(codes + code_offset<F>(kBlock * b), encode16<F>(_mm512_mul_ps(v[2 * b], s)));
-    store_codes16<F>(codes + code_offset<F>(kBlock * b + 16), encode16<F>(_mm512_mul_ps(v[2 * b + 1], s)));
+    store_codes16<F>(codes + code_bytes<F>(kBlock * b), encode16<F>(_mm512_mul_ps(v[2 * b], s)));
+    store_codes16<F>(codes + code_bytes<F>(kBlock * b + 16), encode16<F>(_mm512_mul_ps(v[2 * b + 1], s)));
   }
   return true;
 }
@@ -193,7 +192,7 @@ FP8C_AVX512 void quantize_run(const Storage<E>* src, int64_t blocks, float premu
         v0 = _mm512_mul_ps(v0, pm);
         v1 = _mm512_mul_ps(v1, pm);
       }
-      scales[j] = quantize_block_stochastic<F>(v0, v1, *stochastic, j * kBlock, codes + code_offset<F>(j * kBlock));
+      scales[j] = quantize_block_stochastic<F>(v0, v1, *stochastic, j * kBlock, codes + code_bytes<F>(j * kBlock));
     }
     return;
   }
@@ -203,12 +202,12 @@ FP8C_AVX512 void quantize_run(const Storage<E>* src, int64_t blocks, float premu
       v[i] = load16<E>(src + j * kBlock + 16 * i);
       if constexpr (kPremul) v[i] = _mm512_mul_ps(v[i], pm);  // x * 1 is x (x86::premul_is_identity)
     }
-    uint8_t* c = codes + code_offset<F>(j * kBlock);
+    uint8_t* c = codes + code_bytes<F>(j * kBlock);
     if (quantize_group<F>(v, c, scales + j)) continue;
     avx2::quantize_full_blocks(src + j * kBlock, E, F, kGroup, kBlock, premul, c, scales + j);
   }
   if (j < blocks) {
-    avx2::quantize_full_blocks(src + j * kBlock, E, F, blocks - j, kBlock, premul, codes + code_offset<F>(j * kBlock),
+    avx2::quantize_full_blocks(src + j * kBlock, E, F, blocks - j, kBlock, premul, codes + code_bytes<F>(j * kBlock),
                                scales + j);
   }
 }
@@ -264,12 +263,12 @@ FP8C_AVX512_INLINE bool sum_group(const BlockCodes& pieces, const Storage<E>* ow
     }
     for (int64_t r = 0; r < pieces.num_segments; ++r) {
       const int64_t at = r * pieces.stride;
-      const uint8_t* c = pieces.codes + at + code_offset<F>(blk * kBlock);
+      const uint8_t* c = pieces.codes + at + code_bytes<F>(blk * kBlock);
       const float factor = x86::raw_decode_factor<F>(pieces.scales[at + blk], daz);
       if (factor == 0.0f || !x86::plain_codes<F>(c, kBlock)) return false;
       const __m512 f = _mm512_set1_ps(factor);
       const __m512 d0 = _mm512_mul_ps(decode16_raw<F>(c), f);
-      const __m512 d1 = _mm512_mul_ps(decode16_raw<F>(c + code_offset<F>(16)), f);
+      const __m512 d1 = _mm512_mul_ps(decode16_raw<F>(c + code_bytes<F>(16)), f);
       if (own == nullptr && r == 0) {
         s0 = d0;
         s1 = d1;
@@ -305,7 +304,7 @@ FP8C_AVX512 void sum_requantize_run(const BlockCodes& pieces, const OwnAddend& a
   StochasticRun rest;
   int64_t j = j0;
   for (; j + kGroup <= j0 + blocks; j += kGroup) {
-    uint8_t* c = codes + code_offset<F>((j - j0) * kBlock);
+    uint8_t* c = codes + code_bytes<F>((j - j0) * kBlock);
     uint8_t* s = scales + (j - j0);
     __m512 v[kVectors];
     if (sum_group<E, F>(pieces, own, addend.premul, post_div, j, daz, v)) {
@@ -313,7 +312,7 @@ FP8C_AVX512 void sum_requantize_run(const BlockCodes& pieces, const OwnAddend& a
       if (stochastic != nullptr) {
         for (int64_t b = 0; b < kGroup; ++b) {
           s[b] = quantize_block_stochastic<F>(v[2 * b], v[2 * b + 1], *stochastic, (j - j0 + b) * kBlock,
-                                              c + code_offset<F>(b * kBlock));
+                                              c + code_bytes<F>(b * kBlock));
         }
         continue;
       }
@@ -323,7 +322,7 @@ FP8C_AVX512 void sum_requantize_run(const BlockCodes& pieces, const OwnAddend& a
   }
   if (j < j0 + blocks) {
     avx2::dequant_sum_requantize_full_blocks(pieces, addend, post_div, j, j0 + blocks - j,
-                                             codes + code_offset<F>((j - j0) * kBlock), scales + (j - j0),
+                                             codes + code_bytes<F>((j - j0) * kBlock), scales + (j - j0),
                                              run_from(stochastic, j - j0, rest));
   }
 }

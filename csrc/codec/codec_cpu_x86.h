@@ -125,14 +125,6 @@ FP8C_GROUP_INLINE bool plain_codes(const uint8_t* codes, Count B) {
   return _mm_testz_si128(special, special);
 }
 
-// Bytes before code i of a run of codes: code_bytes<F>(i) for the
-// non-negative counts (even for 4-bit codes) the kernels use, as a plain
-// shift; -fwrapv keeps the compiler from folding code_bytes' i * 8 / 8 to i.
-template <WireFormat F>
-FP8C_GROUP_INLINE constexpr int64_t code_offset(int64_t i) {
-  return WireTraits<F>::kCodeBits == 8 ? i : i >> 1;
-}
-
 // Sixteen 4-bit codes, one per byte in element order, as the eight bytes the
 // wire holds (element 2i in the low nibble of byte i) in the low half.
 FP8C_GROUP_INLINE __m128i pack_nibbles16(__m128i bytes) {

@@ -221,10 +221,12 @@ inline int code_bits(WireFormat w) {
   return dispatch_wire_format(w, [](auto c) { return WireTraits<decltype(c)::value>::kCodeBits; });
 }
 
-// Bytes holding the codes of n elements (n a multiple of two for 4-bit codes).
+// Bytes holding the codes of n >= 0 elements (n a multiple of two for 4-bit codes).
 template <WireFormat W>
 FP8C_HD constexpr int64_t code_bytes(int64_t n) {
-  return n * WireTraits<W>::kCodeBits / 8;
+  static_assert(WireTraits<W>::kCodeBits == 8 || WireTraits<W>::kCodeBits == 4, "codes of 8 or 4 bits");
+  // A shift, not n * bits / 8: under -fwrapv the compiler may not fold that to n.
+  return WireTraits<W>::kCodeBits == 8 ? n : n >> 1;
 }
 
 // Smallest e with amax <= max * 2^e (the block maximum never saturates),
