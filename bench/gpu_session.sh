@@ -9,7 +9,7 @@
 #                  compiler errors are printed, not pip's tail
 #   has-cuda       fp8comm._C.has_cuda and a GPU torch can see
 #   codec-cast-tests  the bit-for-bit CUDA codec and cast tests, and Fp8Linear's GEMMs (named files)
-#   codec-bench    quantize / dequantize GB/s against a device-to-device copy of the same bytes
+#   codec-bench    quantize / dequantize GB/s (E4M3 and MXFP4) against a device-to-device copy of the same bytes
 #   linear-bench   Llama-8B shapes: BF16, FP8 with eager casts, FP8 with the fused casts
 #   comm-bench     fp8nccl against nccl at world size 1, up to 256 MiB, rows written as they finish
 #   model          the performance model fed with the measured codec figures (modeled)
@@ -64,7 +64,7 @@ SANITIZER_ERROR_RC=86
 # two LANES run side by side. The plan's length is SERIAL + the longer lane.
 declare -A CAP=(
   [env]=15 [build]=190 [has-cuda]=20 [codec-cast-tests]=50
-  [codec-bench]=35 [linear-bench]=45 [comm-bench]=40 [model]=10
+  [codec-bench]=40 [linear-bench]=45 [comm-bench]=40 [model]=10
   [cuda-streams]=30 [cuda-backend]=45 [cuda-eager-init]=25 [cuda-multirank]=40
   [memcheck]=75 [racecheck]=45
 )
@@ -458,7 +458,7 @@ session() {
     return 0
   fi
   pytest_step codec-cast-tests "${CODEC_CAST_TESTS[@]}" "${GEMM_TESTS[@]}"
-  bench_step codec-bench 24 python3 bench/codec.py --device cuda --sizes 1M,16M,64M,256M --json "$OUT/codec.json"
+  bench_step codec-bench 48 python3 bench/codec.py --device cuda --sizes 1M,16M,64M,256M --wire-format e4m3,mxfp4 --json "$OUT/codec.json"
   bench_step linear-bench 30 python3 bench/linear.py --reps 10 --casts --json "$OUT/linear.json"
   bench_step comm-bench 50 torchrun --nproc_per_node=1 -m fp8comm.bench.comm --max-bytes 256M --reps 10 \
     --json "$OUT/comm-1rank.json"

@@ -54,7 +54,9 @@ def codec_from_json(path: str) -> dict:
         data = json.load(f)
     rows = data["rows"]
     biggest = max(r["numel"] for r in rows)
-    at = [r for r in rows if r["numel"] == biggest and r["dtype"] in ("bfloat16", "float32")]
+    # The model's bytes are E4M3's (wire_bytes_per_element); other formats' rows are left out.
+    at = [r for r in rows if r["numel"] == biggest and r["dtype"] in ("bfloat16", "float32")
+          and r.get("wire_format", "e4m3") == "e4m3"]
     copy = max(r["gb_per_s"] for r in at if r["op"] == "copy_fp32")
     effs = [r["fraction_of_copy"] for r in at if r["op"] in ("quantize", "dequantize")]
     return {"device": data["device"], "memory_gbps": copy, "efficiency": min(effs),
