@@ -34,6 +34,11 @@ after a barrier of the whole job, as it starts after a collective step).
 --check also compares each case's result with plain gloo's collective on
 the node (the hop between nodes left out), so the phases are known to do
 the collective's work.
+
+--wire-format FMT also times, interleaved with the exact phases, the same
+node phases compressed: fp8gloo's flat reduce_scatter and all_gather in FMT
+on the node group, one after the other (what eight bits inside a node
+would cost, against the exact phases the inter_node scope runs).
 """
 from __future__ import annotations
 
@@ -122,6 +127,22 @@ class NodePhases:
             start = min(r * k, n)
             self.tensor[start:start + min(k, n - start)].copy_(piece[:min(k, n - start)])
 
+    def compressed(self, group):
+        """The node phases as fp8gloo's flat collectives on `group`."""
+        if self.op != "all_gather":
+            source = self.input
+            if self.staging.numel() > source.numel():  # all_reduce's padding
+                self.staging.narrow(0, 0, source.numel()).copy_(source)
+                self.staging.narrow(0, source.numel(), self.staging.numel() - source.numel()).zero_()
+                source = self.staging
+            dist.reduce_scatter_tensor(self.chunk, source, group=group)
+        if self.op != "reduce_scatter":
+            gathered = self.staging if self.op == "all_reduce" else self.tensor
+            dist.all_gather_into_tensor(gathered, self.chunk if self.op == "all_reduce" else self.gathered,
+                                        group=group)
+            if self.op == "all_reduce":
+                self.tensor.copy_(gathered[:self.tensor.numel()])
+
     def check(self):
         """The phases' result against plain gloo's collective on the node;
         the pieces are added in rank order, as gloo may not, so sums compare
@@ -158,6 +179,7 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--local-size", type=int, default=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     p.add_argument("--json", metavar="PATH", help="rank 0 writes {cases: [{op, bytes, median_s, times_s}]}")
+    p.add_argument("--wire-format", help="also time the phases compressed in this format (fp8gloo on the node)")
     args = p.parse_args(argv)
     dist.init_process_group("gloo")
     world, rank, L = dist.get_world_size(), dist.get_rank(), args.local_size
@@ -165,6 +187,13 @@ def main(argv=None) -> int:
         raise SystemExit(f"node_phases: needs nodes of at least 2 ranks dividing the world ({world}); got {L}")
     nodes = world // L
     groups = [dist.new_group(list(range(b * L, (b + 1) * L))) for b in range(nodes)]
+    fp8_groups = None
+    if args.wire_format:
+        import fp8comm
+
+        options = fp8comm.Options(wire_format=args.wire_format, compress="all")
+        fp8_groups = [dist.new_group(list(range(b * L, (b + 1) * L)), backend="fp8gloo", pg_options=options)
+                      for b in range(nodes)]
     cases = []
     for case in args.cases.split(","):
         op, size, dtype_name = (case.split(":") + ["float32"])[:3]
@@ -175,12 +204,24 @@ def main(argv=None) -> int:
         phases.after()
         if args.check:
             phases.check()
-        times = [timed(phases.before) + timed(phases.after) for _ in range(args.reps)]
-        cases.append({"op": op, "bytes": parse_size(size), "dtype": dtype_name, "median_s": statistics.median(times),
-                      "times_s": times})
+        group8 = fp8_groups[rank // L] if fp8_groups else None
+        if group8 is not None:
+            phases.compressed(group8)  # warm-up
+        times, compressed = [], []
+        for _ in range(args.reps):
+            times.append(timed(phases.before) + timed(phases.after))
+            if group8 is not None:
+                compressed.append(timed(lambda: phases.compressed(group8)))
+        case_result = {"op": op, "bytes": parse_size(size), "dtype": dtype_name,
+                       "median_s": statistics.median(times), "times_s": times}
+        line = f"node_phases {op} {parse_size(size) >> 20} MiB: {statistics.median(times) * 1e3:.1f} ms"
+        if compressed:
+            case_result.update(wire_format=args.wire_format, compressed_median_s=statistics.median(compressed),
+                               compressed_times_s=compressed)
+            line += f", {args.wire_format} {statistics.median(compressed) * 1e3:.1f} ms"
+        cases.append(case_result)
         if rank == 0:
-            print(f"node_phases {op} {parse_size(size) >> 20} MiB: {statistics.median(times) * 1e3:.1f} ms "
-                  f"({nodes} nodes x {L} ranks)", flush=True)
+            print(f"{line} ({nodes} nodes x {L} ranks)", flush=True)
     if rank == 0 and args.json:
         with open(args.json, "w") as f:
             json.dump({"benchmark": "node_phases", "nodes": nodes, "local_size": L, "cases": cases}, f, indent=1)

@@ -59,6 +59,16 @@ std::optional<fp8comm::WireFormat> fp8_dtype_option(const py::object& v) {
   return fp8comm::find_wire_format(name);
 }
 
+// node_wire_format as given: "exact" or a wire format's name.
+std::optional<std::string> node_wire_format_option(const py::object& v) {
+  if (v.is_none()) return std::nullopt;
+  TORCH_CHECK_VALUE(py::isinstance<py::str>(v), "fp8comm.Options: node_wire_format must be 'exact' or ",
+                    fp8comm::wire_format_choices(), ", got ", py::repr(v).cast<std::string>());
+  const std::string name = v.cast<std::string>();
+  fp8comm::check_node_wire_format(name, "");
+  return name;
+}
+
 std::optional<std::string> wire_format_name(const std::optional<fp8comm::WireFormat>& f) {
   if (!f) return std::nullopt;
   return std::string(fp8comm::wire_format_name(*f));
@@ -132,7 +142,7 @@ block_size: elements per FP8 block, )" FP8C_BLOCK_SIZE_RULE R"( (FP8COMM_BLOCK_S
 wire_format: the element format of every compressed hop: "e4m3" or "e5m2" (8-bit FP8
     codes) or "mxfp4" (OCP MX FP4: 4-bit E2M1 codes, two per byte; use block_size=32
     for the MX format's blocks) (FP8COMM_WIRE_FORMAT, e4m3). In the "inter_node" scope
-    it is the hop between nodes; inside a node stays exact.
+    it is the hop between nodes; inside a node, node_wire_format.
 fp8_dtype: deprecated spelling of wire_format for the FP8 formats ("e4m3" /
     torch.float8_e4m3fn, "e5m2" / torch.float8_e5m2).
 min_numel: per-rank element count below which a collective passes through exactly
@@ -145,6 +155,9 @@ cpu_threads: threads per process for the CPU codec (FP8COMM_CPU_THREADS; unset: 
     process's share of its host's cores). Per process: ranks may differ.
 scope: "all" compresses every link; "inter_node" only the hop between nodes, exact
     inside a node (FP8COMM_SCOPE, all).
+node_wire_format: the inter_node scope's phases inside a node: "exact", or compressed in
+    "e4m3", "e5m2" or "mxfp4" where the link inside a node costs more than the codec
+    (FP8COMM_NODE_WIRE_FORMAT, exact). Any other value needs scope="inter_node".
 rounding: "nearest" (even) or "stochastic": every quantization of a compressed collective
     rounds each element up or down at random, unbiased (FP8COMM_ROUNDING, nearest).
 rounding_seed: the integer seed of stochastic rounding's random bits; with the call
@@ -257,7 +270,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init([](const py::object& block_size, const py::object& fp8_dtype, const py::object& min_numel,
                        const py::object& compress, const py::object& cpu_threads, const py::object& scope,
                        const py::object& track_error, const py::object& rounding, const py::object& rounding_seed,
-                       const py::object& wire_format) {
+                       const py::object& wire_format, const py::object& node_wire_format) {
              auto o = c10::make_intrusive<Options>();
              o->block_size = int_option(block_size, "block_size", FP8C_BLOCK_SIZE_RULE);
              o->wire_format = wire_format_option(wire_format);
@@ -274,12 +287,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              o->track_error = bool_option(track_error, "track_error");
              o->rounding = rounding_option(rounding);
              o->rounding_seed = int_option(rounding_seed, "rounding_seed", "an int");
+             o->node_wire_format = node_wire_format_option(node_wire_format);
              return o;
            }),
            py::arg("block_size") = py::none(), py::arg("fp8_dtype") = py::none(), py::arg("min_numel") = py::none(),
            py::arg("compress") = py::none(), py::arg("cpu_threads") = py::none(), py::arg("scope") = py::none(),
            py::arg("track_error") = py::none(), py::arg("rounding") = py::none(),
-           py::arg("rounding_seed") = py::none(), py::arg("wire_format") = py::none())
+           py::arg("rounding_seed") = py::none(), py::arg("wire_format") = py::none(),
+           py::arg("node_wire_format") = py::none())
       .def_property_readonly("block_size", [](const Options& o) { return o.block_size; })
       .def_property_readonly("wire_format", [](const Options& o) { return wire_format_name(o.wire_format); })
       .def_property_readonly("fp8_dtype", [](const Options& o) { return wire_format_name(o.wire_format); },
@@ -291,6 +306,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                if (!o.scope) return py::none();
                                return py::str(fp8comm::scope_name(*o.scope));
                              })
+      .def_property_readonly("node_wire_format", [](const Options& o) { return o.node_wire_format; })
       .def_property_readonly("track_error", [](const Options& o) { return o.track_error; })
       .def_property_readonly("rounding", [](const Options& o) { return rounding_value(o.rounding); })
       .def_property_readonly("rounding_seed", [](const Options& o) { return o.rounding_seed; })
@@ -309,6 +325,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                ", min_numel=" + show(o.min_numel) + ", compress=" + show(o.compress) +
                ", cpu_threads=" + show(o.cpu_threads) +
                ", scope=" + (o.scope ? "'" + std::string(fp8comm::scope_name(*o.scope)) + "'" : std::string("None")) +
+               ", node_wire_format=" + show(o.node_wire_format) +
                ", track_error=" + show(o.track_error) +
                ", rounding=" + py::repr(rounding_value(o.rounding)).cast<std::string>() +
                ", rounding_seed=" + show(o.rounding_seed) + ")";
@@ -318,10 +335,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
             return py::make_tuple(o.block_size, wire_format_name(o.wire_format), o.min_numel, o.compress, o.timeout.count(),
                                   o.group_name, o.global_ranks_in_group, o.cpu_threads,
                                   o.scope ? py::object(py::str(fp8comm::scope_name(*o.scope))) : py::object(py::none()),
-                                  o.track_error, rounding_value(o.rounding), o.rounding_seed);
+                                  o.track_error, rounding_value(o.rounding), o.rounding_seed, o.node_wire_format);
           },
           [](const py::tuple& t) {
-            TORCH_CHECK_VALUE(t.size() == 12, "fp8comm.Options: cannot unpickle a state of ", t.size(), " fields");
+            TORCH_CHECK_VALUE(t.size() == 13, "fp8comm.Options: cannot unpickle a state of ", t.size(), " fields");
             auto o = c10::make_intrusive<Options>();
             o->block_size = t[0].cast<std::optional<int64_t>>();
             o->wire_format = wire_format_option(t[1]);
@@ -335,12 +352,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
             o->track_error = t[9].cast<std::optional<bool>>();
             o->rounding = rounding_option(t[10]);
             o->rounding_seed = t[11].cast<std::optional<int64_t>>();
+            o->node_wire_format = node_wire_format_option(t[12]);
             return o;
           }))
       .def("__eq__", [](const Options& a, const Options& b) {
         return a.block_size == b.block_size && a.wire_format == b.wire_format && a.min_numel == b.min_numel &&
                a.compress == b.compress && a.cpu_threads == b.cpu_threads && a.scope == b.scope &&
-               a.track_error == b.track_error && a.rounding == b.rounding && a.rounding_seed == b.rounding_seed;
+               a.track_error == b.track_error && a.rounding == b.rounding && a.rounding_seed == b.rounding_seed &&
+               a.node_wire_format == b.node_wire_format;
       });
 
   py::class_<ProcessGroupFp8, c10d::Backend, c10::intrusive_ptr<ProcessGroupFp8>>(m, "ProcessGroupFp8")
@@ -438,6 +457,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("fp8_dtype",
                              [](ProcessGroupFp8& pg) { return fp8comm::wire_format_name(*pg.options().wire_format); },
                              "Deprecated: wire_format.")
+      .def_property_readonly("node_wire_format", [](ProcessGroupFp8& pg) { return *pg.options().node_wire_format; })
       .def_property_readonly("min_numel", [](ProcessGroupFp8& pg) { return *pg.options().min_numel; })
       .def_property_readonly("compressed_ops", [](ProcessGroupFp8& pg) { return *pg.options().compress; });
 

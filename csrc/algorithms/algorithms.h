@@ -18,6 +18,7 @@
 #include <ATen/ATen.h>
 
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "quantization_error.h"
@@ -66,6 +67,9 @@ struct NodeTransports {
   Transport intra;
   Transport inter;
   std::vector<int64_t> group_ranks;  // (node b, local index l) at b * L + l
+  // The phases inside a node: exact, or compressed in this format with the
+  // flat algorithms (Options.node_wire_format).
+  std::optional<WireFormat> node_format;
 
   int64_t rank_at(int64_t node, int64_t local) const { return group_ranks[node * intra.size() + local]; }
 };

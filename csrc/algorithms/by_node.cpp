@@ -1,5 +1,8 @@
-// The inter_node scope: exact phases inside each node around the flat
-// compressed algorithm among one rank per node (DESIGN.md, "Topology").
+// The inter_node scope: phases inside each node around the flat compressed
+// algorithm among one rank per node (DESIGN.md, "Topology"). The phases
+// inside are exact, overlapped chunk by chunk with the hop; or, with a node
+// wire format, the flat compressed algorithms on the node's transport,
+// each phase after the other.
 #include <ATen/ScalarOps.h>
 
 #include <algorithm>
@@ -56,10 +59,52 @@ at::Tensor local_index_view(const NodeTransports& g, const std::vector<at::Tenso
   return flat.as_strided({N, k}, {step * k, 1}, flat.storage_offset() + first * k);
 }
 
+// Error feedback keeps what the hop between nodes drops; compressed phases
+// inside a node would drop more, which it does not keep.
+void check_no_residual(const NodeTransports& g, const at::Tensor& residual, const char* op) {
+  TORCH_CHECK(!residual.defined(), "fp8comm ", op, ": error feedback keeps only the error of the hop between ",
+              "nodes, and this group also compresses inside nodes (node_wire_format='",
+              wire_format_name(*g.node_format), "'); use node_wire_format='exact' with error feedback");
+}
+
+// all_reduce with compressed phases inside the node: reduce_scatter of the
+// node's sum, the hop's all_reduce of this rank's chunk, all_gather of the
+// chunks; the tensor written by the last phase only.
+void all_reduce_compressed_inside(NodeTransports& g, const WireLayout& wire, Workspace& ws, const at::Tensor& tensor,
+                                  const Reduction& red, QuantizationError* error) {
+  const WireLayout node_wire = wire.for_node_phases(*g.node_format);
+  const int64_t L = g.intra.size(), n = tensor.numel();
+  const int64_t k = (n + L - 1) / L;
+  at::Tensor flat = tensor.view({-1});
+  const bool padded = L * k != n;
+  at::Tensor source = flat;
+  if (padded || red.premul_tensor || red.premul != 1.0f) {
+    source = node_buffer(ws, Workspace::kNodeStaging, L * k, tensor);
+    source.narrow(0, 0, n).copy_(flat);
+    if (padded) source.narrow(0, n, L * k - n).zero_();
+    premultiply(source, red);
+  }
+  at::Tensor chunk = node_buffer(ws, Workspace::kNodeChunk, k, tensor);
+  reduce_scatter(g.intra, node_wire, ws, chunk, {source}, Reduction{}, error);
+  all_reduce(g.inter, wire, ws, chunk, between_nodes(red), error);
+  if (!padded) {
+    all_gather(g.intra, node_wire, ws, {flat}, chunk, error);
+    return;
+  }
+  at::Tensor gathered = node_buffer(ws, Workspace::kNodeExchange, L * k, tensor);
+  all_gather(g.intra, node_wire, ws, {gathered}, chunk, error);
+  flat.copy_(gathered.narrow(0, 0, n));
+}
+
 }  // namespace
 
 void all_reduce_by_node(NodeTransports& g, const WireLayout& wire, Workspace& ws, const at::Tensor& tensor,
                         const Reduction& red, QuantizationError* error, const at::Tensor& residual) {
+  if (g.node_format) {
+    check_no_residual(g, residual, "all_reduce");
+    all_reduce_compressed_inside(g, wire, ws, tensor, red, error);
+    return;
+  }
   const int64_t L = g.intra.size(), n = tensor.numel();
   const int64_t k = (n + L - 1) / L;
   at::Tensor flat = tensor.view({-1});
@@ -137,14 +182,17 @@ void reduce_scatter_by_node(NodeTransports& g, const WireLayout& wire, Workspace
                             const std::vector<at::Tensor>& input_segments, const Reduction& red,
                             QuantizationError* error, const at::Tensor& residual) {
   const int64_t L = g.intra.size(), N = g.inter.size(), k = output.numel();
+  if (g.node_format) check_no_residual(g, residual, "reduce_scatter");
   // Local rank l reduces the segments of the ranks with local index l, one
   // per node in node order: read where they lie, else (a list input, ranks
-  // not evenly spaced, a PREMUL_SUM factor to apply) copied into staging.
+  // not evenly spaced, a PREMUL_SUM factor to apply, compressed phases
+  // inside the node: one flat input) copied into staging.
   const bool premul = red.premul_tensor || red.premul != 1.0f;
+  const bool stage_all = premul || g.node_format.has_value();
   std::vector<at::Tensor> pieces(L);
   at::Tensor staging;
   for (int64_t l = 0; l < L; ++l) {
-    if (!premul) pieces[l] = local_index_view(g, input_segments, l, k);
+    if (!stage_all) pieces[l] = local_index_view(g, input_segments, l, k);
     if (pieces[l].defined()) continue;
     if (!staging.defined()) staging = node_buffer(ws, Workspace::kNodeStaging, L * N * k, output);
     pieces[l] = staging.narrow(0, l * N * k, N * k).view({N, k});
@@ -152,6 +200,11 @@ void reduce_scatter_by_node(NodeTransports& g, const WireLayout& wire, Workspace
     premultiply(pieces[l], red);
   }
   at::Tensor chunk = node_buffer(ws, Workspace::kNodeChunk, N * k, output);
+  if (g.node_format) {
+    reduce_scatter(g.intra, wire.for_node_phases(*g.node_format), ws, chunk, {staging}, Reduction{}, error);
+    reduce_scatter(g.inter, wire, ws, output, {chunk}, between_nodes(red), error);
+    return;
+  }
   at::Tensor scratch = node_buffer(ws, Workspace::kNodeExchange, g.intra.reduce_scatter_scratch_numel(N * k), output);
   Transport::PendingSum sum = g.intra.start_reduce_scatter_sum(chunk, pieces, scratch);
   g.intra.finish_reduce_scatter_sum(sum, "intra-node reduce_scatter");
@@ -173,6 +226,21 @@ void all_gather_by_node(NodeTransports& g, const WireLayout& wire, Workspace& ws
                         const std::vector<at::Tensor>& output_segments, const at::Tensor& input,
                         QuantizationError* error) {
   const int64_t N = g.inter.size(), k = input.numel();
+  if (g.node_format) {
+    // The hop's output in node order, then the node's all_gather of it:
+    // local rank l's piece holds the inputs of the ranks with local index l.
+    const int64_t L = g.intra.size();
+    at::Tensor chunks = node_buffer(ws, Workspace::kNodeChunk, N * k, input);
+    at::Tensor gathered = node_buffer(ws, Workspace::kNodeExchange, L * N * k, input);
+    all_gather(g.inter, wire, ws, {chunks}, input, error);
+    all_gather(g.intra, wire.for_node_phases(*g.node_format), ws, {gathered}, chunks, error);
+    for (int64_t l = 0; l < L; ++l) {
+      for (int64_t b = 0; b < N; ++b) {
+        segment(output_segments, g.rank_at(b, l), k).copy_(gathered.narrow(0, (l * N + b) * k, k));
+      }
+    }
+    return;
+  }
   // The hop's output, the inputs of the ranks with this local index, chunk
   // by chunk: each chunk's N pieces together, in node order. Each chunk goes
   // to the node's other ranks once the hop has decoded it, while the next

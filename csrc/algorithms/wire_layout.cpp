@@ -2,9 +2,22 @@
 
 namespace fp8comm {
 
+namespace {
+// Mixed into a call's key for the phases inside a node: no chunk start
+// (at_chunk's input) comes near it.
+constexpr uint64_t kNodePhasesKey = ~uint64_t{0};
+}  // namespace
+
 WireLayout WireLayout::for_call(int64_t seed, uint64_t call, int64_t rank) const {
   WireLayout w = *this;
   w.rounding_key_ = mix_key(mix_key(mix_key(0, static_cast<uint64_t>(seed)), call), static_cast<uint64_t>(rank));
+  return w;
+}
+
+WireLayout WireLayout::for_node_phases(WireFormat format) const {
+  WireLayout w = *this;
+  w.format_ = format;
+  w.rounding_key_ = mix_key(rounding_key_, kNodePhasesKey);
   return w;
 }
 

@@ -77,6 +77,11 @@ std::vector<std::string> parse_compress(const std::vector<std::string>& raw, con
   return ops;
 }
 
+void check_node_wire_format(const std::string& name, const std::string& where) {
+  TORCH_CHECK_VALUE(name == "exact" || find_wire_format(name), "fp8comm.Options: node_wire_format must be 'exact' or ",
+                    wire_format_choices(), ", got '", name, "'", where);
+}
+
 c10::intrusive_ptr<Options> Options::resolved() const {
   auto r = c10::make_intrusive<Options>(*this);
   r->block_size = block_size ? *block_size : env::kBlockSize.as_int();
@@ -110,6 +115,19 @@ c10::intrusive_ptr<Options> Options::resolved() const {
                       "' (from FP8COMM_SCOPE)");
     r->scope = *found;
   }
+  if (!node_wire_format) {
+    r->node_wire_format = env::kNodeWireFormat.value_or_fallback();
+    check_node_wire_format(*r->node_wire_format, " (from FP8COMM_NODE_WIRE_FORMAT)");
+    // The variable sets the inter_node groups' node phases; a group given
+    // scope='all' has none.
+    if (scope && *scope == Scope::kAll) r->node_wire_format = "exact";
+  }
+  // Only the inter_node scope has phases inside a node: a compressed format
+  // asked for on a group that compresses every link would go unused.
+  TORCH_CHECK_VALUE(*r->node_wire_format == "exact" || *r->scope == Scope::kInterNode,
+                    "fp8comm.Options: node_wire_format='", *r->node_wire_format,
+                    "' sets the inter_node scope's phases inside a node, but scope is '", scope_name(*r->scope),
+                    "'; set scope='inter_node' (FP8COMM_SCOPE) or leave node_wire_format 'exact'");
   if (!rounding) {
     const std::string name = env::kRounding.value_or_fallback();
     Rounding found;
@@ -127,14 +145,22 @@ bool Options::compresses(const CompressedAlgorithm* algorithm) const {
   return std::find(compress->begin(), compress->end(), algorithm->name) != compress->end();
 }
 
+std::optional<WireFormat> Options::node_format() const {
+  TORCH_CHECK(node_wire_format, "fp8comm.Options: node_format() of options that are not resolved");
+  if (*node_wire_format == "exact") return std::nullopt;
+  return find_wire_format(*node_wire_format);
+}
+
 std::map<std::string, std::string> Options::fingerprint() const {
-  TORCH_CHECK(block_size && wire_format && min_numel && compress && scope && rounding && rounding_seed,
+  TORCH_CHECK(block_size && wire_format && min_numel && compress && scope && node_wire_format && rounding &&
+                  rounding_seed,
               "fp8comm.Options: fingerprint() of options that are not resolved");
   return {{"block_size", std::to_string(*block_size)},
           {"wire_format", wire_format_name(*wire_format)},
           {"min_numel", std::to_string(*min_numel)},
           {"compress", compress->empty() ? "none" : join(*compress)},
           {"scope", scope_name(*scope)},
+          {"node_wire_format", *node_wire_format},
           {"rounding", rounding_name(*rounding)},
           {"rounding_seed", std::to_string(*rounding_seed)}};
 }

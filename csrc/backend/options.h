@@ -37,6 +37,9 @@ struct Options : c10d::Backend::Options {
   std::optional<int64_t> min_numel;                 // per-rank elements below which calls pass through
   std::optional<std::vector<std::string>> compress;  // a subset of compressible_ops(), in their order
   std::optional<Scope> scope;
+  // The inter_node scope's phases inside a node: "exact", or the name of the
+  // wire format they are compressed in (DESIGN.md, "Topology").
+  std::optional<std::string> node_wire_format;
   // How compressed collectives round to FP8 (DESIGN.md, "Stochastic
   // rounding"), and the seed of stochastic rounding's random bits.
   std::optional<Rounding> rounding;
@@ -57,6 +60,8 @@ struct Options : c10d::Backend::Options {
   // Of a resolved Options:
   // Whether `algorithm` (null: none, never) is switched on.
   bool compresses(const CompressedAlgorithm* algorithm) const;
+  // The wire format of the phases inside a node; none: exact.
+  std::optional<WireFormat> node_format() const;
   // What every rank of a group must agree on, by name: each changes the
   // bytes or the calls on the wire (device segments carry no header).
   std::map<std::string, std::string> fingerprint() const;
@@ -66,5 +71,7 @@ struct Options : c10d::Backend::Options {
 // against compressible_ops(); `where` names the source in errors.
 std::vector<std::string> parse_compress(const std::vector<std::string>& items, const std::string& where);
 std::vector<std::string> split_commas(const std::string& s);
+// Checks a node_wire_format name ("exact" or a wire format's); `where` names the source.
+void check_node_wire_format(const std::string& name, const std::string& where);
 
 }  // namespace fp8comm

@@ -73,13 +73,14 @@ inline constexpr EnvVar kCompress{"FP8COMM_COMPRESS", "all_reduce,reduce_scatter
 inline constexpr EnvVar kCpuSimd{"FP8COMM_CPU_SIMD", "1", "CPU codec kernels: 1 every kernel the CPU runs, avx2 no AVX-512 kernels, 0 scalar loops (same bytes)"};
 inline constexpr EnvVar kCpuThreads{"FP8COMM_CPU_THREADS", "cores / ranks on the host", "Options.cpu_threads: threads per process for the CPU codec; unset: the process's share of its host's cores"};
 inline constexpr EnvVar kScope{"FP8COMM_SCOPE", "all", "Options.scope: all compresses every link; inter_node only the hop between nodes (exact inside a node)"};
+inline constexpr EnvVar kNodeWireFormat{"FP8COMM_NODE_WIRE_FORMAT", "exact", "Options.node_wire_format: the inter_node scope's phases inside a node, exact or compressed in e4m3, e5m2 or mxfp4"};
 inline constexpr EnvVar kLocalSize{"FP8COMM_LOCAL_SIZE", "LOCAL_WORLD_SIZE, else host names", "ranks per node, numbered contiguously: simulated nodes on one host (tests, netlab)"};
 inline constexpr EnvVar kRounding{"FP8COMM_ROUNDING", "nearest", "Options.rounding: how compressed collectives round to FP8, nearest (even) or stochastic (unbiased, keyed by the seed)"};
 inline constexpr EnvVar kRoundingSeed{"FP8COMM_ROUNDING_SEED", "0", "Options.rounding_seed: the integer seed of stochastic rounding's random bits; the same seed gives the same bytes"};
 inline constexpr EnvVar kTrackError{"FP8COMM_TRACK_ERROR", "0", "Options.track_error: 1 measures the quantization error of every compressed call on this rank (get_stats: SQNR per op); CPU groups only"};
 inline constexpr EnvVar kFusedCast{"FP8COMM_FUSED_CAST", "0", "Fp8Linear on CUDA: 1 casts through the fused CUDA kernels (the CPU always does)"};
 // clang-format on
-inline constexpr const EnvVar* kAll[] = {&kBlockSize, &kWireFormat, &kFp8Dtype, &kMinNumel, &kCompress, &kCpuSimd, &kCpuThreads, &kScope, &kRounding, &kRoundingSeed, &kLocalSize, &kTrackError, &kFusedCast};
+inline constexpr const EnvVar* kAll[] = {&kBlockSize, &kWireFormat, &kFp8Dtype, &kMinNumel, &kCompress, &kCpuSimd, &kCpuThreads, &kScope, &kNodeWireFormat, &kRounding, &kRoundingSeed, &kLocalSize, &kTrackError, &kFusedCast};
 }  // namespace env
 
 }  // namespace fp8comm

@@ -30,7 +30,7 @@ def test_unset_fields_stay_unset_until_resolved(monkeypatch):
     assert r.compress == ("all_reduce", "reduce_scatter", "all_gather")
     assert r.fingerprint() == {"block_size": "32", "wire_format": "mxfp4", "min_numel": "7",
                                "compress": "all_reduce,reduce_scatter,all_gather", "scope": "all",
-                               "rounding": "nearest", "rounding_seed": "0"}
+                               "node_wire_format": "exact", "rounding": "nearest", "rounding_seed": "0"}
 
 
 def test_scope_from_the_option_or_the_environment(monkeypatch):
@@ -43,6 +43,42 @@ def test_scope_from_the_option_or_the_environment(monkeypatch):
     monkeypatch.setenv("FP8COMM_SCOPE", "nodes")
     with pytest.raises(ValueError, match="scope must be 'all' or 'inter_node', got 'nodes' \\(from FP8COMM_SCOPE\\)"):
         fp8comm.Options().resolved()
+
+
+def test_node_wire_format_from_the_option_or_the_environment(monkeypatch):
+    assert fp8comm.Options().node_wire_format is None
+    assert fp8comm.Options().resolved().node_wire_format == "exact"
+    r = fp8comm.Options(scope="inter_node", node_wire_format="e4m3").resolved()
+    assert r.node_wire_format == "e4m3" and r.fingerprint()["node_wire_format"] == "e4m3"
+    monkeypatch.setenv("FP8COMM_NODE_WIRE_FORMAT", "mxfp4")
+    monkeypatch.setenv("FP8COMM_SCOPE", "inter_node")
+    assert fp8comm.Options().resolved().node_wire_format == "mxfp4"
+    assert fp8comm.Options(node_wire_format="exact").resolved().node_wire_format == "exact"
+    # The variable is for inter_node groups: a group given scope="all" has no node phases.
+    assert fp8comm.Options(scope="all").resolved().node_wire_format == "exact"
+
+
+def test_node_wire_format_needs_the_inter_node_scope(monkeypatch):
+    with pytest.raises(ValueError, match="node_wire_format='e4m3' sets the inter_node scope's phases inside a node, "
+                                         "but scope is 'all'; set scope='inter_node'"):
+        fp8comm.Options(node_wire_format="e4m3").resolved()
+    with pytest.raises(ValueError, match="but scope is 'all'"):
+        fp8comm.Options(node_wire_format="e5m2", scope="all").resolved()
+    monkeypatch.setenv("FP8COMM_NODE_WIRE_FORMAT", "e4m3")  # FP8COMM_SCOPE left at all: forgotten
+    with pytest.raises(ValueError, match="but scope is 'all'"):
+        fp8comm.Options().resolved()
+
+
+@pytest.mark.parametrize("value", ["fp8", "E4M3 ", 8])
+def test_node_wire_format_must_be_exact_or_a_wire_format(value):
+    with pytest.raises(ValueError, match="node_wire_format must be 'exact' or "):
+        fp8comm.Options(node_wire_format=value)
+
+
+def test_node_wire_format_from_the_environment_is_checked(monkeypatch):
+    monkeypatch.setenv("FP8COMM_NODE_WIRE_FORMAT", "int8")
+    with pytest.raises(ValueError, match="got 'int8' \\(from FP8COMM_NODE_WIRE_FORMAT\\)"):
+        fp8comm.Options(scope="inter_node").resolved()
 
 
 def test_rounding_from_the_option_or_the_environment(monkeypatch):
@@ -123,11 +159,13 @@ def test_unset_compress_from_environment_none(monkeypatch):
 def test_deepcopy_and_pickle_keep_every_field():
     """torch deep-copies a parent group's options when it splits the group."""
     opts = fp8comm.Options(block_size=64, wire_format="mxfp4", compress="all_gather", scope="inter_node",
-                           rounding="stochastic", rounding_seed=3)
+                           rounding="stochastic", rounding_seed=3, node_wire_format="e4m3")
     for clone in (copy.deepcopy(opts), pickle.loads(pickle.dumps(opts))):
         assert clone == opts and clone is not opts
         assert clone.min_numel is None and clone.compress == ("all_gather",) and clone.scope == "inter_node"
-        assert (clone.rounding, clone.rounding_seed) == ("stochastic", 3)
+        assert (clone.rounding, clone.rounding_seed, clone.node_wire_format) == ("stochastic", 3, "e4m3")
+    assert "node_wire_format='e4m3'" in repr(opts)
+    assert fp8comm.Options(node_wire_format="e4m3") != fp8comm.Options(node_wire_format="exact")
     assert fp8comm.Options(rounding="stochastic") != fp8comm.Options(rounding="nearest")
     assert fp8comm.Options(rounding_seed=1) != fp8comm.Options(rounding_seed=2)
     assert fp8comm.Options(scope="all") != fp8comm.Options(scope="inter_node")
