@@ -4,7 +4,7 @@ all_gather run them chunk by chunk while the hop moves bytes), and the term
 bench/model.py's by_node_seconds adds in series for reduce_scatter
 (bench/netlab.py runs it over the unshaped lab).
 
-    torchrun --nnodes N --nproc_per_node L bench/node_phases.py --cases all_reduce:64M [--check] [--json PATH]
+    torchrun --nnodes N --nproc_per_node L bench/node_phases.py --cases all_reduce:64M [--check] [--wire-format e4m3] [--json PATH]
 
 Each case is OP:BYTES[:DTYPE], the collective's full tensor (all_reduce's
 tensor, reduce_scatter's input, all_gather's output; float32 unless DTYPE
@@ -46,6 +46,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 
 import torch
@@ -224,7 +225,10 @@ def main(argv=None) -> int:
             print(f"{line} ({nodes} nodes x {L} ranks)", flush=True)
     if rank == 0 and args.json:
         with open(args.json, "w") as f:
-            json.dump({"benchmark": "node_phases", "nodes": nodes, "local_size": L, "cases": cases}, f, indent=1)
+            json.dump({"benchmark": "node_phases", "date": time.strftime("%Y-%m-%d"),
+                       "command": f"torchrun --nnodes 1 --nproc_per_node {world} bench/node_phases.py "
+                                  + " ".join(sys.argv[1:]),
+                       "torch": torch.__version__, "nodes": nodes, "local_size": L, "cases": cases}, f, indent=1)
     dist.destroy_process_group()
     return 0
 

@@ -70,6 +70,9 @@ struct NodeTransports {
   // The phases inside a node: exact, or compressed in this format with the
   // flat algorithms (Options.node_wire_format).
   std::optional<WireFormat> node_format;
+  // Their buffers, apart from the hop's (whose chunks are in flight while
+  // they run); set with node_format.
+  Workspace* node_workspace = nullptr;
 
   int64_t rank_at(int64_t node, int64_t local) const { return group_ranks[node * intra.size() + local]; }
 };

@@ -67,32 +67,47 @@ void check_no_residual(const NodeTransports& g, const at::Tensor& residual, cons
               wire_format_name(*g.node_format), "'); use node_wire_format='exact' with error feedback");
 }
 
-// all_reduce with compressed phases inside the node: reduce_scatter of the
-// node's sum, the hop's all_reduce of this rank's chunk, all_gather of the
-// chunks; the tensor written by the last phase only.
+// all_reduce with compressed phases inside the node, on the hop's chunks as
+// the exact phases are: the node's reduce_scatter of chunk i runs while the
+// hop's earlier chunks travel, and chunk i's all_gather inside the node once
+// the hop has decoded it, while its later chunks travel. The all_gathers
+// write a staging buffer; the tensor is written once every phase is done.
 void all_reduce_compressed_inside(NodeTransports& g, const WireLayout& wire, Workspace& ws, const at::Tensor& tensor,
                                   const Reduction& red, QuantizationError* error) {
-  const WireLayout node_wire = wire.for_node_phases(*g.node_format);
+  TORCH_INTERNAL_ASSERT(g.node_workspace, "fp8comm: compressed node phases without their workspace");
+  const WireLayout node_sum = wire.for_node_phase(*g.node_format, 0);
+  const WireLayout node_gather = wire.for_node_phase(*g.node_format, 1);
   const int64_t L = g.intra.size(), n = tensor.numel();
   const int64_t k = (n + L - 1) / L;
   at::Tensor flat = tensor.view({-1});
-  const bool padded = L * k != n;
   at::Tensor source = flat;
-  if (padded || red.premul_tensor || red.premul != 1.0f) {
+  if (L * k != n || red.premul_tensor || red.premul != 1.0f) {
     source = node_buffer(ws, Workspace::kNodeStaging, L * k, tensor);
     source.narrow(0, 0, n).copy_(flat);
-    if (padded) source.narrow(0, n, L * k - n).zero_();
+    if (L * k > n) source.narrow(0, n, L * k - n).zero_();
     premultiply(source, red);
   }
   at::Tensor chunk = node_buffer(ws, Workspace::kNodeChunk, k, tensor);
-  reduce_scatter(g.intra, node_wire, ws, chunk, {source}, Reduction{}, error);
-  all_reduce(g.inter, wire, ws, chunk, between_nodes(red), error);
-  if (!padded) {
-    all_gather(g.intra, node_wire, ws, {flat}, chunk, error);
-    return;
-  }
   at::Tensor gathered = node_buffer(ws, Workspace::kNodeExchange, L * k, tensor);
-  all_gather(g.intra, node_wire, ws, {gathered}, chunk, error);
+  // Piece l of hop chunk c: elements l * k + c.begin.. of a [L, k] buffer.
+  auto pieces = [&](const at::Tensor& buffer, const Chunk& c) {
+    std::vector<at::Tensor> out;
+    for (int64_t l = 0; l < L; ++l) out.push_back(buffer.narrow(0, l * k + c.begin, c.numel));
+    return out;
+  };
+  const std::vector<Chunk> hop_chunks = chunk_plan(g.inter, wire, ChunkOf::kTensor, k).chunks;
+  ChunkHooks hooks;
+  hooks.ready = [&](size_t i) {
+    const Chunk& c = hop_chunks[i];
+    reduce_scatter(g.intra, node_sum.at_chunk(c.begin), *g.node_workspace, chunk.narrow(0, c.begin, c.numel),
+                   pieces(source, c), Reduction{}, error);
+  };
+  hooks.done = [&](size_t i) {
+    const Chunk& c = hop_chunks[i];
+    all_gather(g.intra, node_gather.at_chunk(c.begin), *g.node_workspace, pieces(gathered, c),
+               chunk.narrow(0, c.begin, c.numel), error);
+  };
+  all_reduce(g.inter, wire, ws, chunk, between_nodes(red), error, &hooks);
   flat.copy_(gathered.narrow(0, 0, n));
 }
 
@@ -201,7 +216,7 @@ void reduce_scatter_by_node(NodeTransports& g, const WireLayout& wire, Workspace
   }
   at::Tensor chunk = node_buffer(ws, Workspace::kNodeChunk, N * k, output);
   if (g.node_format) {
-    reduce_scatter(g.intra, wire.for_node_phases(*g.node_format), ws, chunk, {staging}, Reduction{}, error);
+    reduce_scatter(g.intra, wire.for_node_phase(*g.node_format, 0), ws, chunk, {staging}, Reduction{}, error);
     reduce_scatter(g.inter, wire, ws, output, {chunk}, between_nodes(red), error);
     return;
   }
@@ -233,7 +248,7 @@ void all_gather_by_node(NodeTransports& g, const WireLayout& wire, Workspace& ws
     at::Tensor chunks = node_buffer(ws, Workspace::kNodeChunk, N * k, input);
     at::Tensor gathered = node_buffer(ws, Workspace::kNodeExchange, L * N * k, input);
     all_gather(g.inter, wire, ws, {chunks}, input, error);
-    all_gather(g.intra, wire.for_node_phases(*g.node_format), ws, {gathered}, chunks, error);
+    all_gather(g.intra, wire.for_node_phase(*g.node_format, 1), ws, {gathered}, chunks, error);
     for (int64_t l = 0; l < L; ++l) {
       for (int64_t b = 0; b < N; ++b) {
         segment(output_segments, g.rank_at(b, l), k).copy_(gathered.narrow(0, (l * N + b) * k, k));

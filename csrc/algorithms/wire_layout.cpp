@@ -3,8 +3,8 @@
 namespace fp8comm {
 
 namespace {
-// Mixed into a call's key for the phases inside a node: no chunk start
-// (at_chunk's input) comes near it.
+// Mixed into a call's key for the phases inside a node, less the phase: no
+// chunk start (at_chunk's input) comes near it.
 constexpr uint64_t kNodePhasesKey = ~uint64_t{0};
 }  // namespace
 
@@ -14,10 +14,10 @@ WireLayout WireLayout::for_call(int64_t seed, uint64_t call, int64_t rank) const
   return w;
 }
 
-WireLayout WireLayout::for_node_phases(WireFormat format) const {
+WireLayout WireLayout::for_node_phase(WireFormat format, int phase) const {
   WireLayout w = *this;
   w.format_ = format;
-  w.rounding_key_ = mix_key(rounding_key_, kNodePhasesKey);
+  w.rounding_key_ = mix_key(rounding_key_, kNodePhasesKey - static_cast<uint64_t>(phase));
   return w;
 }
 

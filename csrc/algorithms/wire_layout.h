@@ -33,9 +33,10 @@ class WireLayout {
   // group's seed, the call's number among the group's compressed calls and
   // the quantizing rank.
   WireLayout for_call(int64_t seed, uint64_t call, int64_t rank) const;
-  // This call's layout for the phases inside a node (inter_node scope) in
-  // `format`: their own random bits, apart from the hop's.
-  WireLayout for_node_phases(WireFormat format) const;
+  // This call's layout for a phase inside a node (inter_node scope) in
+  // `format`: random bits of its own, apart from the hop's and from the
+  // node's other phase (0: its reduce_scatter, 1: its all_gather).
+  WireLayout for_node_phase(WireFormat format, int phase) const;
   // This layout for the chunk whose first element is `begin` in its plan.
   WireLayout at_chunk(int64_t begin) const;
   Rounding rounding() const { return rounding_; }

@@ -247,6 +247,9 @@ class ProcessGroupFp8 : public c10d::Backend {
   // every rank, part of stochastic rounding's key.
   uint64_t compressed_calls_ = 0;
   Workspace workspace_;
+  // The compressed phases inside a node (node_wire_format), which run while
+  // the hop's buffers in workspace_ are in flight.
+  Workspace node_workspace_;
   // The last split() and what it made (none: this rank is outside it).
   struct LastSplit {
     c10::weak_intrusive_ptr<c10d::Store> store;

@@ -52,9 +52,7 @@ def flat_case(name: str, n: int, dtype, reduce_kind: str):
     factor = 0.37
     per_rank = n * c.world if family == "reduce_scatter" else n
     x = rank_input(c.rank, per_rank, dtype, seed=3)
-    fp8comm.reset_stats(c.group)
-    out = ops.run(name, ops.Call(c.group, c.rank, c.world, op=ops.reduce_op(reduce_kind, factor)), [x.clone()])[0]
-    stats = fp8comm.get_stats(c.group)
+    out, stats = ops.run_counted(name, c.group, c.rank, c.world, x, ops.reduce_op(reduce_kind, factor))
     premul = factor if reduce_kind == "premul_sum" else 1.0
     ys = [rank_input(r, per_rank, dtype, seed=3).float() * premul for r in range(c.world)]
     div = c.world if reduce_kind == "avg" else 1

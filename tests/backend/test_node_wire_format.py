@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 import fp8comm
+from tests.backend.test_mxfp4_collectives import all_reduce_stats
 from tests.support.harness import PoolSpec, ctx
 from tests.support.inputs import rank_input, same_bits
 from tests.support.reference import sqnr_db
@@ -107,9 +108,7 @@ def compressed_inside_case(name: str, n: int, dtype, local: int, inside: str, ho
     factor = 0.37
     per_rank = n * c.world if family == "reduce_scatter" else n
     x = rank_input(c.rank, per_rank, dtype, seed=5)
-    fp8comm.reset_stats(c.group)
-    got = ops.run(name, ops.Call(c.group, c.rank, c.world, op=ops.reduce_op(reduce_kind, factor)), [x.clone()])[0]
-    stats = fp8comm.get_stats(c.group)
+    got, stats = ops.run_counted(name, c.group, c.rank, c.world, x, ops.reduce_op(reduce_kind, factor))
     model = None
     if reduce_kind != "avg":
         model = _model(family, x, intra, inter, local, factor if reduce_kind == "premul_sum" else None)
@@ -182,14 +181,6 @@ def test_avg_and_premul_sum(pool, reduce_kind):
             assert r["sqnr"] >= MIN_SQNR_DB[pool.hop][FAMILIES[name]], r["sqnr"]
             if r["model"] is not None:
                 assert same_bits(r["result"], r["model"])
-
-
-def all_reduce_stats(n: int):
-    c = ctx()
-    x = rank_input(c.rank, n, torch.float32, seed=9)
-    fp8comm.reset_stats(c.group)
-    dist.all_reduce(x, group=c.group)
-    return fp8comm.get_stats(c.group)
 
 
 @pytest.mark.pools("fp8gloo-2x2-mxfp4-e4m3", "fp8gloo-2x3-e4m3-e5m2")

@@ -226,3 +226,13 @@ def run(name: str, call: Call, inputs: list, outputs: list | None = None) -> lis
     if issued.work is not None and call.async_op:
         issued.work.wait()
     return issued.outputs
+
+
+def run_counted(name: str, group, rank: int, world: int, x: torch.Tensor, op) -> tuple:
+    """Op `name` on `group` with this rank's input `x` (left as it was), its
+    stats counted from zero: (the one output, fp8comm.get_stats(group))."""
+    import fp8comm
+
+    fp8comm.reset_stats(group)
+    out = run(name, Call(group, rank, world, op=op), [x.clone()])[0]
+    return out, fp8comm.get_stats(group)
