@@ -59,6 +59,20 @@ at::Tensor local_index_view(const NodeTransports& g, const std::vector<at::Tenso
   return flat.as_strided({N, k}, {step * k, 1}, flat.storage_offset() + first * k);
 }
 
+// What all_reduce's node reduce_scatter reads, L * k elements: the tensor
+// itself (it only reads it), or a staging copy where it needs padding or the
+// PREMUL_SUM factor.
+at::Tensor node_sum_source(Workspace& ws, const at::Tensor& tensor, const Reduction& red, int64_t padded_numel) {
+  const at::Tensor flat = tensor.view({-1});
+  const int64_t n = flat.numel();
+  if (padded_numel == n && !red.premul_tensor && red.premul == 1.0f) return flat;
+  at::Tensor source = node_buffer(ws, Workspace::kNodeStaging, padded_numel, tensor);
+  source.narrow(0, 0, n).copy_(flat);
+  if (padded_numel > n) source.narrow(0, n, padded_numel - n).zero_();
+  premultiply(source, red);
+  return source;
+}
+
 // Error feedback keeps what the hop between nodes drops; compressed phases
 // inside a node would drop more, which it does not keep.
 void check_no_residual(const NodeTransports& g, const at::Tensor& residual, const char* op) {
@@ -80,13 +94,7 @@ void all_reduce_compressed_inside(NodeTransports& g, const WireLayout& wire, Wor
   const int64_t L = g.intra.size(), n = tensor.numel();
   const int64_t k = (n + L - 1) / L;
   at::Tensor flat = tensor.view({-1});
-  at::Tensor source = flat;
-  if (L * k != n || red.premul_tensor || red.premul != 1.0f) {
-    source = node_buffer(ws, Workspace::kNodeStaging, L * k, tensor);
-    source.narrow(0, 0, n).copy_(flat);
-    if (L * k > n) source.narrow(0, n, L * k - n).zero_();
-    premultiply(source, red);
-  }
+  const at::Tensor source = node_sum_source(ws, tensor, red, L * k);
   at::Tensor chunk = node_buffer(ws, Workspace::kNodeChunk, k, tensor);
   at::Tensor gathered = node_buffer(ws, Workspace::kNodeExchange, L * k, tensor);
   // Piece l of hop chunk c: elements l * k + c.begin.. of a [L, k] buffer.
@@ -123,15 +131,7 @@ void all_reduce_by_node(NodeTransports& g, const WireLayout& wire, Workspace& ws
   const int64_t L = g.intra.size(), n = tensor.numel();
   const int64_t k = (n + L - 1) / L;
   at::Tensor flat = tensor.view({-1});
-  // The node reduce_scatter only reads its input, so it reads the tensor
-  // itself unless it needs padding or the PREMUL_SUM factor.
-  at::Tensor source = flat;
-  if (L * k != n || red.premul_tensor || red.premul != 1.0f) {
-    source = node_buffer(ws, Workspace::kNodeStaging, L * k, tensor);
-    source.narrow(0, 0, n).copy_(flat);
-    if (L * k > n) source.narrow(0, n, L * k - n).zero_();
-    premultiply(source, red);
-  }
+  const at::Tensor source = node_sum_source(ws, tensor, red, L * k);
   at::Tensor chunk = node_buffer(ws, Workspace::kNodeChunk, k, tensor);
   // The three phases overlap chunk by chunk, in the chunks of the hop's
   // all_reduce: the node's sum of chunk i + 1 travels while chunk i is
