@@ -45,6 +45,7 @@
 # FP8COMM_GPU_SESSION_DRYRUN=1 prints the plan and each step's command instead
 # of running it. FP8COMM_GPU_SESSION_BUDGET_S (default 560) is the script's own
 # clock: each step's cap is also cut to what is left, so the summary always comes back.
+# FP8COMM_GPU_SESSION_CAPS="STEP=S,..." sets steps' caps (before the budget is fitted).
 # For the self-tests only: FP8COMM_GPU_SESSION_SNAPSHOTS=DIR copies $OUT there after
 # each step; FP8COMM_GPU_SESSION_KILL_AFTER=STEP kills the script's process group
 # (SIGKILL) right after STEP, as a device call's limit would.
@@ -86,6 +87,7 @@ RESERVE_S=10   # kept back for the tables, the summary and the log archive
 DRYRUN=${FP8COMM_GPU_SESSION_DRYRUN:-0}
 SNAPSHOTS=${FP8COMM_GPU_SESSION_SNAPSHOTS:-}
 KILL_AFTER=${FP8COMM_GPU_SESSION_KILL_AFTER:-}
+CAP_OVERRIDES=${FP8COMM_GPU_SESSION_CAPS:-}
 SANITIZER_ERROR_RC=86
 HAVE_FLOCK=0
 if command -v flock >/dev/null; then HAVE_FLOCK=1; fi
@@ -152,6 +154,17 @@ SIGNALED=""
 log() { echo "== $(date +%T) $*"; }
 
 # ---------------------------------------------------------------- the plan
+apply_cap_overrides() {
+  local entry
+  for entry in ${CAP_OVERRIDES//,/ }; do
+    if ! [[ $entry =~ ^[A-Za-z0-9-]+=[0-9]+$ ]] || [ -z "${CAP[${entry%%=*}]:-}" ]; then
+      echo "usage: FP8COMM_GPU_SESSION_CAPS is STEP=SECONDS,... of known steps, not '$entry'" >&2
+      exit 2
+    fi
+    CAP[${entry%%=*}]=${entry#*=}
+  done
+}
+
 kept() { [ "$(status_of "$1")" != DROPPED ] && ! [[ " ${DROPPED[*]} " == *" $1 "* ]]; }
 
 sum_kept() {
@@ -823,8 +836,9 @@ PY
   local cfg=(--rootdir="$dir" -c "$dir/pytest.ini")
   CAP+=([selftest-background]=120 [selftest-env]=30 [selftest-build]=30 [selftest-nvcc-check]=30
     [selftest-pass]=120 [selftest-fail]=120 [selftest-all-skipped]=120 [selftest-hang]=60
-    [selftest-cut]=4 [selftest-after]=30 [memcheck]=120)
+    [selftest-cut]=6 [selftest-after]=30 [memcheck]=120)
   TEST_TIMEOUT+=([selftest-hang]=1 [selftest-cut]=60)
+  apply_cap_overrides
   TEST_TIMEOUT_GRACE=2
   # a quick pytest start: only the plugins named with -p (gpu_session_guard)
   export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1
@@ -858,6 +872,7 @@ lane_bg_selftest() {
 
 log "$MODE on $GPU ($MACHINE); results in $OUT"
 if [ "$MODE" = session ]; then
+  apply_cap_overrides
   fit_budget
   PLAN_LINE=$(plan_summary)
   log "plan: $PLAN_LINE"
