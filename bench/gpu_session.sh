@@ -95,11 +95,11 @@ if command -v flock >/dev/null; then HAVE_FLOCK=1; fi
 # Each step's cap in seconds. SERIAL runs first, one step at a time; then the
 # LANES run side by side. The plan's length is SERIAL + the longest lane.
 declare -A CAP=(
-  [env]=30 [build]=190 [codec-cast-tests]=50
+  [env]=40 [build]=190 [codec-cast-tests]=50
   [codec-bench]=40 [linear-bench]=45 [comm-bench]=40 [model]=10
   [cuda-streams]=35 [cuda-backend]=55 [cuda-eager-init]=30
-  [cuda-multirank]=140
-  [memcheck]=95 [racecheck]=45
+  [cuda-multirank]=130
+  [memcheck]=90 [racecheck]=45
   [nvcc-check]=60  # only in place of the steps a failed build leaves out: not in the plan
 )
 SERIAL=(env build codec-cast-tests codec-bench linear-bench comm-bench model)
