@@ -101,6 +101,13 @@ class Guard:
             entry[0] = "XFAIL" if hasattr(report, "wasxfail") else "SKIPPED"
             entry[2] = _first_line(report)
 
+    def pytest_collectreport(self, report):
+        # a module skipped or broken as a whole never reaches the tests' hooks
+        if report.failed:
+            self.write(f"ERROR\t0.00\t{report.nodeid}\t(collect) {_first_line(report)}")
+        elif report.skipped:
+            self.write(f"SKIPPED\t0.00\t{report.nodeid}\t{_first_line(report)}")
+
     def pytest_runtest_logfinish(self, nodeid, location):
         if self.timeout and self.log is not None:
             faulthandler.cancel_dump_traceback_later()
