@@ -4,7 +4,7 @@
 # With less device time left (status's budget_left_s, known before the call),
 # give the script what the command will really get, and the call a little more:
 #   run(command="FP8COMM_GPU_SESSION_BUDGET_S=B bash bench/gpu_session.sh", timeout_s=B+30)
-# where B is budget_left_s less the machine's start when none is warm (README,
+# where B is budget_left_s less the machine's start when none is warm, at most 560 (README,
 # "On a lent GPU"). A budget below the plan drops steps, lowest value first
 # (DROP_ORDER), then scales the caps of the steps after the build to fit.
 #
