@@ -26,31 +26,34 @@ _NVCC_RELEASE = re.compile(r"release (\d+)\.(\d+)")
 _NVCC_TOP = re.compile(r"^#\$ TOP=(.+)$", re.MULTILINE)
 
 
-# The oldest torch fp8comm builds against, and the releases CI builds and tests
-# (README, "Supported torch"): 2.13 (CPU build, the whole suite) and 2.11
-# (the CUDA build the lent GPU machines carry, .ci/cuda_torch_check).
+# The torch releases fp8comm supports (README, "Supported torch"): 2.11 through
+# 2.15. CI builds and tests the two ends and the middle: 2.13 (the CPU build,
+# both tiers), 2.11 (the CUDA build the lent GPU machines carry) and 2.15
+# (PyPI's newest), the last two with .ci/cuda_torch_check.
 MIN_TORCH = (2, 11)
-TESTED_TORCH = ((2, 11), (2, 13))
+MAX_TORCH = (2, 15)
+TESTED_TORCH = ((2, 11), (2, 13), (2, 15))
 
 
 def torch_version_check(version: str) -> tuple[str | None, str | None]:
     """(error, warning) for building against torch `version` ("2.11.0+cu130"):
-    an error below MIN_TORCH, a warning for a release CI does not test."""
+    an error below MIN_TORCH, a warning above MAX_TORCH."""
     m = re.match(r"(\d+)\.(\d+)", version or "")
     if not m:
-        return None, f"{WARNING_PREFIX} cannot read torch's version {version!r}; fp8comm is tested on " + _tested()
+        return None, f"{WARNING_PREFIX} cannot read torch's version {version!r}; fp8comm supports " + _supported()
     release = (int(m.group(1)), int(m.group(2)))
     if release < MIN_TORCH:
         return (f"fp8comm needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]} (its c10d Backend API), found {version}: "
-                f"install a newer torch (CI tests {_tested()})"), None
-    if release not in TESTED_TORCH:
-        return None, (f"{WARNING_PREFIX} torch {version} is not a release CI tests ({_tested()}); "
-                      "the build may work, but nothing here has checked it")
+                f"install a supported torch ({_supported()})"), None
+    if release > MAX_TORCH:
+        return None, (f"{WARNING_PREFIX} torch {version} is newer than the releases fp8comm supports "
+                      f"({_supported()}); the build may work, but nothing here has checked it")
     return None, None
 
 
-def _tested() -> str:
-    return " and ".join(f"{a}.{b}" for a, b in TESTED_TORCH)
+def _supported() -> str:
+    return (f"{MIN_TORCH[0]}.{MIN_TORCH[1]} through {MAX_TORCH[0]}.{MAX_TORCH[1]}; CI tests "
+            + ", ".join(f"{a}.{b}" for a, b in TESTED_TORCH))
 
 
 class BuildPlan(NamedTuple):

@@ -32,6 +32,13 @@ def load_build_config():
     return module
 
 
+def load_build_speed():
+    spec = importlib.util.spec_from_file_location("fp8comm_build_speed", os.path.join(ROOT, "build_speed.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def sources(pattern):
     return sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "csrc", "**", pattern), recursive=True))
 
@@ -65,7 +72,8 @@ for message in plan.warnings:
 
 # Codec bytes must not depend on FMA contraction (CPU and CUDA agree bit for bit);
 # -fno-trapping-math only lets the branch-free selects vectorize (IEEE results unchanged).
-cxx_flags = ["-O3", "-ffp-contract=off", "-fno-trapping-math", "-fvisibility=hidden", "-fopenmp"]  # at::parallel_for is OpenMP in headers
+# -g0: no debug information (Python's own flags ask for it), which torch's headers make large and slow.
+cxx_flags = ["-O3", "-ffp-contract=off", "-fno-trapping-math", "-fvisibility=hidden", "-fopenmp", "-g0"]  # at::parallel_for is OpenMP in headers
 define_macros = []
 if plan.cuda:
     os.environ["TORCH_CUDA_ARCH_LIST"] = plan.arch_list
@@ -80,6 +88,11 @@ else:
     ext = cpp_extension.CppExtension(
         "fp8comm._C", sources("*.cpp"), define_macros=define_macros, extra_compile_args=cxx_flags
     )
+
+# Torch-free units first, beside one precompiled header of torch's headers (build_speed.py).
+if not load_build_speed().install(cpp_extension):
+    print("fp8comm setup: this torch's cpp_extension has no ninja compile hook; building without the "
+          "precompiled header", file=sys.stderr)
 
 setup(
     ext_modules=[ext],

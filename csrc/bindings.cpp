@@ -5,7 +5,6 @@
 #include <pybind11/chrono.h>  // timeouts as datetime.timedelta
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/DynamicTypes.h>
-#include <torch/extension.h>
 
 #include "backend/fp8_work.h"
 #include "backend/options.h"

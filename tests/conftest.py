@@ -10,7 +10,11 @@ one spec, no id, is not parametrized. A test module declares, e.g.:
 
 A test that needs only some of them names their ids: `@pytest.mark.pools("flat-2")`.
 """
+import os
+
 import pytest
+
+from tests.support import tiers
 
 
 def _specs(module) -> list:
@@ -37,3 +41,26 @@ def pool(request):
     p = spec.start()
     yield p
     p.close()
+
+
+# ------------------------------------------------------------------ tiers
+# tests/support/tiers.py: the README's command runs the fast tier; CI runs
+# `--tier full` after it; `--tier all` runs both.
+def pytest_addoption(parser):
+    parser.addoption("--tier", choices=tiers.TIERS, default=os.environ.get(tiers.ENV, "fast"),
+                     help="fast (default: the README's test command), full (the exhaustive tier), or all")
+
+
+def pytest_configure(config):
+    os.environ[tiers.ENV] = config.getoption("--tier")
+
+
+def pytest_collection_modifyitems(config, items):
+    running = config.getoption("--tier")
+    if running == "all":
+        return
+    of = tiers.assign(items)
+    keep = [i for i in items if tiers.selected(of[i], running)]
+    if len(keep) != len(items):
+        config.hook.pytest_deselected(items=[i for i in items if not tiers.selected(of[i], running)])
+        items[:] = keep

@@ -119,15 +119,16 @@ def test_a_wrapper_nvcc_on_path_resolves_to_its_toolkit(tmp_path):
 
 
 @pytest.mark.parametrize("version,error,warning", [
-    ("2.13.0+cpu", False, False), ("2.11.0+cu130", False, False), ("2.12.1", False, True),
-    ("2.14.1", False, True), ("2.10.0", True, False), ("1.13.1", True, False), ("nightly", False, True)])
+    ("2.13.0+cpu", False, False), ("2.11.0+cu130", False, False), ("2.12.1", False, False),
+    ("2.15.0+cu132", False, False), ("2.16.0", False, True), ("3.0.0", False, True), ("2.10.0", True, False),
+    ("1.13.1", True, False), ("nightly", False, True)])
 def test_torch_version_check(version, error, warning):
     err, warn = bc.torch_version_check(version)
     assert (err is not None, warn is not None) == (error, warning)
     if err:
         assert "2.11" in err and version in err
     if warn:
-        assert warn.startswith(bc.WARNING_PREFIX) and "2.11 and 2.13" in warn
+        assert warn.startswith(bc.WARNING_PREFIX) and "2.11 through 2.15" in warn
 
 
 def test_the_tested_releases_are_the_ones_ci_installs():
@@ -136,7 +137,10 @@ def test_the_tested_releases_are_the_ones_ci_installs():
     with open(os.path.join(ROOT, ".ci", "cuda_torch_check")) as f:
         cuda = f.read()
     assert "torch==2.13.0" in run and "FP8COMM_CUDA_TORCH:-2.11.0" in cuda and "cuda_torch_check" in run
-    assert bc.TESTED_TORCH == ((2, 11), (2, 13))
+    assert "cuda_leg 2.11.0" in run and "cuda_leg 2.15.0" in run
+    assert bc.TESTED_TORCH == ((2, 11), (2, 13), (2, 15))
+    with open(os.path.join(ROOT, "pyproject.toml")) as f:
+        assert '"torch>=2.11,<2.16"' in f.read()
 
 
 def test_parse_nvcc_version():

@@ -1,0 +1,120 @@
+"""The two test tiers (DESIGN.md, "Testing strategy").
+
+fast: what `python -m pytest tests -q` runs (the README's test command).
+full: everything else; CI runs it after the fast tier (`--tier full`), and
+`--tier all` runs both.
+
+A test's tier follows one rule, applied at collection (tests/conftest.py):
+
+- A parametrized test keeps in the fast tier a pairwise-covering subset of its
+  cases: every value of every axis, and every pair of values of any two axes
+  that occurs in its grid (format x codec path, dtype x block size, op x pool,
+  ...), appears in at least one fast case. Its other cases (the higher-order
+  combinations of the exhaustive grid) are in the full tier. An axis is a
+  parameter, or a field of a parameter that is a dataclass or a named tuple
+  (a list of case objects is a grid too).
+- `@pytest.mark.full` puts a test (or a case, via pytest.param) in the full
+  tier whole: long studies, soaks, multi-seed statistics.
+- `@pytest.mark.fast` keeps every case of a test in the fast tier, where each
+  case is a different contract (a list of documented errors, say).
+
+Hypothesis runs `examples(n)` examples: n in the full tier, fewer in the fast
+one, and its tests run in both tiers.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+from collections import defaultdict
+from typing import Hashable, Iterable, Sequence
+
+TIERS = ("fast", "full", "all")
+ENV = "FP8COMM_TEST_TIER"  # set for the ranks a test starts, so they see the same tier
+_FAST_HYPOTHESIS_SHARE = 6
+
+
+def current() -> str:
+    """The tier being run ("fast" when not set: the README's command)."""
+    return os.environ.get(ENV, "fast")
+
+
+def examples(n: int) -> int:
+    """Hypothesis's max_examples: n in the full tier, n // 6 (at least 4) in the fast one."""
+    return n if current() != "fast" else max(4, n // _FAST_HYPOTHESIS_SHARE)
+
+
+def _key(value) -> Hashable:
+    try:
+        hash(value)
+        return (type(value).__name__, value)
+    except TypeError:
+        return (type(value).__name__, repr(value))
+
+
+def axes(params: dict) -> dict[str, Hashable]:
+    """The axes of one case: each parameter, and each field of a parameter that
+    is a dataclass or a named tuple (named `param.field`)."""
+    out = {}
+    for name, value in params.items():
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            for f in dataclasses.fields(value):
+                out[f"{name}.{f.name}"] = _key(getattr(value, f.name))
+        elif isinstance(value, tuple) and hasattr(value, "_fields"):
+            for field in value._fields:
+                out[f"{name}.{field}"] = _key(getattr(value, field))
+        else:
+            out[name] = _key(value)
+    return out
+
+
+def _pairs(case: dict[str, Hashable]) -> set:
+    names = sorted(case)
+    singles = {((n, case[n]),) for n in names}
+    return singles | {((a, case[a]), (b, case[b])) for a, b in itertools.combinations(names, 2)}
+
+
+def pairwise_cover(cases: Sequence[dict[str, Hashable]]) -> list[int]:
+    """Indices of a small subset of `cases` in which every value, and every
+    pair of values of two axes, that occurs in `cases` occurs at least once
+    (greedy set cover; deterministic: ties go to the earlier case)."""
+    covers = [_pairs(c) for c in cases]
+    uncovered = set().union(*covers) if covers else set()
+    chosen = []
+    while uncovered:
+        best = max(range(len(cases)), key=lambda i: (len(covers[i] & uncovered), -i))
+        chosen.append(best)
+        uncovered -= covers[best]
+    return sorted(chosen)
+
+
+def _is_hypothesis(item) -> bool:
+    return getattr(getattr(item, "obj", None), "is_hypothesis_test", False)
+
+
+def assign(items: Iterable) -> dict:
+    """{item: "fast" | "full" | "both"} for collected pytest items, by the rule
+    above ("both": a hypothesis test, at each tier's budget)."""
+    tier = {}
+    groups = defaultdict(list)
+    for item in items:
+        if item.get_closest_marker("full") is not None:
+            tier[item] = "full"
+        elif item.get_closest_marker("fast") is not None or not hasattr(item, "callspec"):
+            tier[item] = "fast"
+        else:
+            groups[(item.module.__name__ if item.module else "", item.originalname)].append(item)
+    for group in groups.values():
+        cases = [axes(i.callspec.params) for i in group]
+        fast = set(pairwise_cover(cases))
+        for n, item in enumerate(group):
+            tier[item] = "fast" if n in fast else "full"
+    for item, t in tier.items():
+        if t == "fast" and _is_hypothesis(item):
+            tier[item] = "both"
+    return tier
+
+
+def selected(tier_of_item: str, running: str) -> bool:
+    """Whether a test of tier `tier_of_item` runs when tier `running` is run."""
+    return running == "all" or tier_of_item in (running, "both")
