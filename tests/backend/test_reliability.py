@@ -26,6 +26,10 @@ from tests.support.ops import OPS, Call, Issued, reduce_op, run
 from tests.support.reference import sqnr_db
 from tests.support.scenarios.collectives import Exact
 
+# Its tests start their own ranks per case, and wait out timeouts: the fast tier
+# keeps each value of each axis once (tests/support/tiers.py).
+CASES_TAKE_SECONDS = True
+
 
 # ---------------------------------------------------------------- scenarios
 # Run on every rank of the pool: module-level, the ranks import this module.

@@ -28,6 +28,17 @@ from typing import Any, Callable
 import torch.multiprocessing as mp
 
 DEFAULT_TIMEOUT_S = 120.0
+# What the ranks' parent process has imported before it forks each rank: a
+# rank starts without importing torch itself, the better part of a pool's start.
+PRELOAD = ["torch", "torch.distributed", "fp8comm", "fp8comm._testing"]
+
+
+def _context():
+    """Ranks start from a forkserver (a clean process, never the test process
+    itself, which holds threads a fork must not copy) that has PRELOAD imported."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
 
 
 @dataclasses.dataclass
@@ -50,8 +61,12 @@ class ScenarioError(AssertionError):
     pass
 
 
-def _worker(rank, world, init_file, backend, pg_options_spec, env, timeout_s, inbox, outbox):
+def _worker(rank, world, init_file, backend, pg_options_spec, parent_env, env, timeout_s, inbox, outbox):
     global _CTX
+    # The environment of the test process when the pool started (the forkserver's
+    # is older), then the pool's own.
+    os.environ.clear()
+    os.environ.update(parent_env)
     os.environ.update(env)
     import datetime
 
@@ -126,14 +141,16 @@ class DistPool:
         """Spawns the ranks and waits until each has its process groups."""
         backend, pg_options, env, timeout_s = self._config
         self._dir = tempfile.TemporaryDirectory()
-        spawn = mp.get_context("spawn")
-        self._outbox = spawn.Queue()
-        self._inboxes = [spawn.Queue() for _ in range(self.world)]
+        ctx = _context()
+        self._outbox = ctx.Queue()
+        self._inboxes = [ctx.Queue() for _ in range(self.world)]
         init_file = os.path.join(self._dir.name, "init")
+        parent_env = dict(os.environ)
         self._procs = [
-            spawn.Process(
+            ctx.Process(
                 target=_worker,
-                args=(r, self.world, init_file, backend, pg_options, env, timeout_s, self._inboxes[r], self._outbox),
+                args=(r, self.world, init_file, backend, pg_options, parent_env, env, timeout_s, self._inboxes[r],
+                      self._outbox),
                 daemon=True,
             )
             for r in range(self.world)

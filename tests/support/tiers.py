@@ -11,8 +11,16 @@ A test's tier follows one rule, applied at collection (tests/conftest.py):
   that occurs in its grid (format x codec path, dtype x block size, op x pool,
   ...), appears in at least one fast case. Its other cases (the higher-order
   combinations of the exhaustive grid) are in the full tier. An axis is a
-  parameter, or a field of a parameter that is a dataclass or a named tuple
-  (a list of case objects is a grid too).
+  parameter, or a field of a parameter that is a dataclass, a named tuple or
+  a dict (a list of case objects is a grid too); a field with more than
+  DRAW_VALUES distinct values is a random draw (a seed, a size), not an axis.
+- A module's pools (tests/conftest.py's `pool`; starting one costs seconds
+  per rank) are cut first: the fast tier runs on a subset of them in which
+  each backend, world size, option set and attribute of the module's pools
+  appears once (a 2 x 3 grid of backends and worlds keeps three); and a test
+  that runs on a pool, or in a module that declares `CASES_TAKE_SECONDS =
+  True` (ranks that die or hang on purpose, started per case), keeps each
+  value of each of its axes once (one-wise) instead of each pair.
 - `@pytest.mark.full` puts a test (or a case, via pytest.param) in the full
   tier whole: long studies, soaks, multi-seed statistics.
 - `@pytest.mark.fast` keeps every case of a test in the fast tier, where each
@@ -32,6 +40,7 @@ from typing import Hashable, Iterable, Sequence
 TIERS = ("fast", "full", "all")
 ENV = "FP8COMM_TEST_TIER"  # set for the ranks a test starts, so they see the same tier
 _FAST_HYPOTHESIS_SHARE = 6
+DRAW_VALUES = 12
 
 
 def current() -> str:
@@ -54,10 +63,13 @@ def _key(value) -> Hashable:
 
 def axes(params: dict) -> dict[str, Hashable]:
     """The axes of one case: each parameter, and each field of a parameter that
-    is a dataclass or a named tuple (named `param.field`)."""
+    is a dataclass, a named tuple or a dict (named `param.field`)."""
     out = {}
     for name, value in params.items():
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        if isinstance(value, dict):
+            for field, v in value.items():
+                out[f"{name}.{field}"] = _key(v)
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
             for f in dataclasses.fields(value):
                 out[f"{name}.{f.name}"] = _key(getattr(value, f.name))
         elif isinstance(value, tuple) and hasattr(value, "_fields"):
@@ -88,6 +100,47 @@ def pairwise_cover(cases: Sequence[dict[str, Hashable]]) -> list[int]:
     return sorted(chosen)
 
 
+def _without_draws(cases: list[dict]) -> list[dict]:
+    """The cases less their fields (`param.field`) that take more than DRAW_VALUES values."""
+    values = defaultdict(set)
+    for c in cases:
+        for k, v in c.items():
+            values[k].add(v)
+    draws = {k for k, vs in values.items() if "." in k and len(vs) > DRAW_VALUES}
+    return [{k: v for k, v in c.items() if k not in draws} for c in cases]
+
+
+def _pool_axes(spec) -> dict[str, Hashable]:
+    return {k: v for k, v in axes({"pool": spec}).items() if k not in ("pool.id", "pool.timeout_s")}
+
+
+def one_wise_cover(cases: Sequence[dict[str, Hashable]]) -> list[int]:
+    """Indices of a small subset of `cases` in which every value of every axis
+    occurs at least once."""
+    covers = [{(k, v) for k, v in c.items()} for c in cases]
+    uncovered = set().union(*covers) if covers else set()
+    chosen = []
+    while uncovered:
+        best = max(range(len(cases)), key=lambda i: (len(covers[i] & uncovered), -i))
+        chosen.append(best)
+        uncovered -= covers[best]
+    return sorted(chosen)
+
+
+def _fast_pools(items) -> dict:
+    """{module name: the ids of the pool specs its fast tier runs on}."""
+    specs = defaultdict(dict)
+    for item in items:
+        spec = getattr(item, "callspec", None) and item.callspec.params.get("pool")
+        if spec is not None:
+            specs[item.module.__name__][id(spec)] = spec
+    out = {}
+    for module, by_id in specs.items():
+        ordered = list(by_id.values())
+        out[module] = {id(ordered[i]) for i in one_wise_cover([_pool_axes(s) for s in ordered])}
+    return out
+
+
 def _is_hypothesis(item) -> bool:
     return getattr(getattr(item, "obj", None), "is_hypothesis_test", False)
 
@@ -95,18 +148,24 @@ def _is_hypothesis(item) -> bool:
 def assign(items: Iterable) -> dict:
     """{item: "fast" | "full" | "both"} for collected pytest items, by the rule
     above ("both": a hypothesis test, at each tier's budget)."""
+    items = list(items)
     tier = {}
     groups = defaultdict(list)
+    pools = _fast_pools(items)
     for item in items:
+        spec = getattr(item, "callspec", None) and item.callspec.params.get("pool")
         if item.get_closest_marker("full") is not None:
+            tier[item] = "full"
+        elif spec is not None and id(spec) not in pools[item.module.__name__]:
             tier[item] = "full"
         elif item.get_closest_marker("fast") is not None or not hasattr(item, "callspec"):
             tier[item] = "fast"
         else:
             groups[(item.module.__name__ if item.module else "", item.originalname)].append(item)
     for group in groups.values():
-        cases = [axes(i.callspec.params) for i in group]
-        fast = set(pairwise_cover(cases))
+        cases = _without_draws([axes(i.callspec.params) for i in group])
+        multi_rank = "pool" in group[0].callspec.params or getattr(group[0].module, "CASES_TAKE_SECONDS", False)
+        fast = set(one_wise_cover(cases) if multi_rank else pairwise_cover(cases))
         for n, item in enumerate(group):
             tier[item] = "fast" if n in fast else "full"
     for item, t in tier.items():
@@ -118,3 +177,12 @@ def assign(items: Iterable) -> dict:
 def selected(tier_of_item: str, running: str) -> bool:
     """Whether a test of tier `tier_of_item` runs when tier `running` is run."""
     return running == "all" or tier_of_item in (running, "both")
+
+
+def pytest_collection_finish(session):
+    """With `-p tests.support.tiers --tier all --collect-only`: each test's tier,
+    a line each (TIER<TAB>FULL-MARKED<TAB>NODE ID), for a developer asking which
+    tier a test is in, and for tests/tools/test_tiers.py."""
+    for item, tier in assign(session.items).items():
+        marked = int(item.get_closest_marker("full") is not None)
+        print(f"TIER\t{tier}\t{marked}\t{item.nodeid}")

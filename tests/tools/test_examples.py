@@ -7,6 +7,9 @@ import re
 import socket
 import subprocess
 import sys
+
+import pytest
+
 from tests.support import REPO_ROOT
 
 ROOT = str(REPO_ROOT)
@@ -23,6 +26,7 @@ def torchrun(script, *args, timeout=600):
     return out.stdout
 
 
+@pytest.mark.full
 def test_fsdp2_fp8_compute_and_comm_tracks_the_baseline(tmp_path):
     """FP8 compute and communication train as well as the plain baseline:
     50 steps of FSDP2 on real text, Fp8Linear + fp8gloo vs nn.Linear + gloo,
@@ -42,6 +46,23 @@ def test_fsdp2_fp8_compute_and_comm_tracks_the_baseline(tmp_path):
     assert (base_run["fp8_comm"], fp8_run["fp8_comm"], fp8_run["fp8_compute"]) == (False, True, True)
     assert len(fp8_run["losses"]) == 50 and math.isfinite(fp8_run["eval_loss"])
     assert fp8_run["eval_tokens"] == 2 * 8 * 128 * 2  # 2 batches of 8 windows of 128 bytes, on each of 2 ranks
+    assert fp8_run["linear_stats"]["fp8_calls"] > 0 and fp8_run["bytes_sent"] < fp8_run["bytes_sent_uncompressed"]
+
+
+def test_fsdp2_main_job_compares_and_writes_what_the_study_reads(tmp_path):
+    """The main job's --compare path, short: both runs, the plot, the bytes
+    saved, and the JSON bench/convergence.py reads (how well it trains is the
+    full tier's test above)."""
+    png = tmp_path / "losses.png"
+    out = torchrun("train_fsdp.py", "--compare", str(png), "--steps", "4", "--eval-batches", "1",
+                   "--json", str(tmp_path / "runs.json"))
+    assert re.search(r"final loss \(mean of last \d+ steps\): baseline ([\d.]+), fp8 ([\d.]+)", out), out
+    assert png.stat().st_size > 10_000
+    saved = re.search(r"comm bytes sent ([\d.]+) MiB of ([\d.]+) MiB", out)
+    assert float(saved.group(1)) < 0.8 * float(saved.group(2))
+    base_run, fp8_run = json.loads((tmp_path / "runs.json").read_text())["runs"]
+    assert (base_run["fp8_comm"], fp8_run["fp8_comm"], fp8_run["fp8_compute"]) == (False, True, True)
+    assert len(fp8_run["losses"]) == 4 and all(math.isfinite(x) for x in fp8_run["losses"])
     assert fp8_run["linear_stats"]["fp8_calls"] > 0 and fp8_run["bytes_sent"] < fp8_run["bytes_sent_uncompressed"]
 
 
