@@ -57,9 +57,12 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     running = config.getoption("--tier")
+    of = tiers.assign(items)
+    dropped = tiers.unplaced(of)
+    if dropped:
+        raise pytest.UsageError(f"tests/support/tiers.py left these with no fast case and no full mark: {dropped[:5]}")
     if running == "all":
         return
-    of = tiers.assign(items)
     keep = [i for i in items if tiers.selected(of[i], running)]
     if len(keep) != len(items):
         config.hook.pytest_deselected(items=[i for i in items if not tiers.selected(of[i], running)])

@@ -174,6 +174,17 @@ def assign(items: Iterable) -> dict:
     return tier
 
 
+def unplaced(of: dict) -> list[str]:
+    """The test functions the rule left with no case in the fast tier that
+    are not marked full: a cover must never drop a function (checked on
+    every collection, tests/conftest.py)."""
+    by_function = defaultdict(list)
+    for item, t in of.items():
+        by_function[item.nodeid.split("[")[0]].append((t, item.get_closest_marker("full") is not None))
+    return sorted(f for f, cases in by_function.items()
+                  if not any(t in ("fast", "both") for t, _ in cases) and not all(m for _, m in cases))
+
+
 def selected(tier_of_item: str, running: str) -> bool:
     """Whether a test of tier `tier_of_item` runs when tier `running` is run."""
     return running == "all" or tier_of_item in (running, "both")
