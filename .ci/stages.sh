@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Stage runner for .ci/run (sourced): `stage NAME CMD...` runs CMD, prints its
 # seconds, and holds them to NAME's budget in .ci/budgets. A failing command
 # ends the run at once (after the report); a stage over its budget is reported

@@ -426,6 +426,9 @@ pytest_args() {
   PYTEST_ARGS=(-m pytest -v -p no:cacheprovider -p gpu_session_guard --results-log="$LOGS/$name.results"
     --test-timeout="$per_test" --test-timeout-grace="$TEST_TIMEOUT_GRACE" --durations=10 -rfEs
     --junitxml="$LOGS/$name.xml")
+  # On the GPU: every case of both tiers (a GPU is rare), in this process (one
+  # GPU; the results log is this process's), not pyproject's xdist workers.
+  if [ "$MODE" = session ]; then PYTEST_ARGS+=(--tier all -n 0); fi
 }
 
 # pytest_step NAME PYTEST_ARGS...
