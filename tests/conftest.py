@@ -61,9 +61,12 @@ def pytest_collection_modifyitems(config, items):
     dropped = tiers.unplaced(of)
     if dropped:
         raise pytest.UsageError(f"tests/support/tiers.py left these with no fast case and no full mark: {dropped[:5]}")
-    if running == "all":
-        return
-    keep = [i for i in items if tiers.selected(of[i], running)]
-    if len(keep) != len(items):
-        config.hook.pytest_deselected(items=[i for i in items if not tiers.selected(of[i], running)])
-        items[:] = keep
+    if running != "all":
+        keep = [i for i in items if tiers.selected(of[i], running)]
+        if len(keep) != len(items):
+            config.hook.pytest_deselected(items=[i for i in items if not tiers.selected(of[i], running)])
+            items[:] = keep
+    # Modules that declare STARTS_FIRST (the longest) go first, so that xdist's
+    # workers, which take modules in this order, end together (stable: a
+    # module's tests stay together and in order).
+    items.sort(key=lambda i: not getattr(i.module, "STARTS_FIRST", False))

@@ -29,6 +29,8 @@ from tests.support.scenarios.collectives import Exact
 # Its tests start their own ranks per case, and wait out timeouts: the fast tier
 # keeps each value of each axis once (tests/support/tiers.py).
 CASES_TAKE_SECONDS = True
+# One of the longest modules: it starts first (tests/conftest.py).
+STARTS_FIRST = True
 
 
 # ---------------------------------------------------------------- scenarios

@@ -32,6 +32,9 @@ from tests.support.harness import PoolSpec, ctx
 from tests.support.scenarios import fsdp as S
 from tests.support.torch_features import torch_release
 
+# One of the longest modules: it starts first (tests/conftest.py).
+STARTS_FIRST = True
+
 
 # ---------------------------------------------------------------- scenarios
 # Run on every rank of the pool: module-level, the ranks import this module.

@@ -22,6 +22,9 @@ import pytest
 
 from tests.support import REPO_ROOT
 
+# One of the longest modules: it starts first (tests/conftest.py).
+STARTS_FIRST = True
+
 ROOT = str(REPO_ROOT)
 DOC = os.path.join(ROOT, "docs", "integrations.md")
 TIMEOUT_S = 300

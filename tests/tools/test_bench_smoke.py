@@ -9,6 +9,9 @@ import sys
 import fp8comm
 from tests.support import REPO_ROOT
 
+# One of the longest modules: it starts first (tests/conftest.py).
+STARTS_FIRST = True
+
 ROOT = str(REPO_ROOT)
 
 

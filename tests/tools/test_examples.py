@@ -14,6 +14,9 @@ from tests.support import REPO_ROOT
 
 ROOT = str(REPO_ROOT)
 
+# One of the longest modules: it starts first (tests/conftest.py).
+STARTS_FIRST = True
+
 
 def torchrun(script, *args, timeout=600):
     with socket.socket() as sock:  # a free port for the static rendezvous
