@@ -6,6 +6,8 @@ fails on each.
     python tests/tools/plant_bugs.py --only ef-residual-sign sr-key-without-rank
     python tests/tools/plant_bugs.py --list          # the mutants, and what each plants
     python tests/tools/plant_bugs.py --workdir DIR   # default /tmp/fp8comm-plant-bugs
+    python tests/tools/plant_bugs.py --only NAME --tier full --hints-only
+                                                     # does the full tier catch what the fast one misses?
 
 Run it after any change to the tiers: a mutant the fast tier no longer
 catches means the tier lost a case that mattered.
@@ -60,7 +62,7 @@ class Mutant:
     path: str  # relative to the repository root
     old: str  # occurs exactly once in `path`
     new: str
-    hints: tuple[str, ...]  # the test files expected to catch it (fast tier)
+    hints: tuple[str, ...]  # the test files (or node ids) expected to catch it, in the fast tier
     plants: str  # the bug, in words
 
     @property
@@ -146,7 +148,7 @@ MUTANTS = [
         path="csrc/backend/process_group_fp8.cpp",
         old="per_rank_numel >= *options_->min_numel;",
         new="per_rank_numel >= *options_->min_numel - 1;",
-        hints=("tests/backend/test_reliability.py",),
+        hints=("tests/backend/test_reliability.py::test_min_numel_boundary",),
         plants="compresses(): a call of min_numel - 1 elements per rank is compressed instead of passed through",
     ),
 ]
@@ -238,16 +240,18 @@ def check_import(workdir: Path) -> None:
 FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+)", re.MULTILINE)
 
 
-def run_pytest(workdir: Path, targets: list[str], log_name: str) -> tuple[int, str, float]:
-    """pytest -x on `targets` in the fast tier: (return code, first failing node id or "", seconds)."""
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-rfE", "-p", "no:cacheprovider", "--tier", "fast", *targets]
+def run_pytest(workdir: Path, targets: list[str], tier: str, log_name: str) -> tuple[int, str, float]:
+    """pytest -x on `targets` in `tier`: (return code, first failing node id or "", seconds)."""
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-rfE", "-p", "no:cacheprovider", "--tier", tier, *targets]
+    log = workdir / LOGS / f"{log_name}.pytest.log"
     t0 = time.monotonic()
-    out = subprocess.run(cmd, cwd=workdir, env=test_env(workdir), capture_output=True, text=True)
+    with open(log, "w") as f:  # written as it runs: `tail -f` shows a long run's progress
+        f.write(" ".join(cmd) + "\n\n")
+        f.flush()
+        rc = subprocess.run(cmd, cwd=workdir, env=test_env(workdir), stdout=f, stderr=subprocess.STDOUT).returncode
     seconds = time.monotonic() - t0
-    text = out.stdout + out.stderr
-    (workdir / LOGS / f"{log_name}.pytest.log").write_text(" ".join(cmd) + "\n\n" + text)
-    failed = FAILED.search(text)
-    return out.returncode, failed.group(1) if failed else "", seconds
+    failed = FAILED.search(log.read_text())
+    return rc, failed.group(1) if failed else "", seconds
 
 
 def judge(rc: int, node: str) -> tuple[bool, str]:
@@ -285,7 +289,7 @@ def apply(workdir: Path, m: Mutant) -> str:
     return text
 
 
-def run_mutant(workdir: Path, m: Mutant) -> Outcome:
+def run_mutant(workdir: Path, m: Mutant, tier: str, hints_only: bool) -> Outcome:
     result = Outcome(m)
     original = apply(workdir, m)
     try:
@@ -294,19 +298,20 @@ def run_mutant(workdir: Path, m: Mutant) -> Outcome:
             if not ok:
                 result.stage, result.by = "build failed", f"see {LOGS}/{m.name}.build.log"
                 return result
-        rc, node, seconds = run_pytest(workdir, list(m.hints), f"{m.name}.hints")
+        rc, node, seconds = run_pytest(workdir, list(m.hints), tier, f"{m.name}.{tier}.hints")
         result.test_s += seconds
         result.caught, result.by = judge(rc, node)
         result.stage = "hints"
         if rc == 5:
             result.stage = "hints collected nothing"
             return result
-        if not result.caught:
-            print(f"plant_bugs: {m.name}: its hint files pass; running the whole fast tier", flush=True)
-            rc, node, seconds = run_pytest(workdir, ["tests"], f"{m.name}.fast")
+        if not result.caught and not hints_only:
+            print(f"plant_bugs: {m.name}: its hints pass; running the whole {tier} tier "
+                  f"(progress: {workdir / LOGS / f'{m.name}.{tier}.pytest.log'})", flush=True)
+            rc, node, seconds = run_pytest(workdir, ["tests"], tier, f"{m.name}.{tier}")
             result.test_s += seconds
             result.caught, result.by = judge(rc, node)
-            result.stage = "fast tier"
+            result.stage = f"{tier} tier"
         return result
     finally:
         (workdir / m.path).write_text(original)
@@ -329,6 +334,11 @@ def main(argv=None) -> int:
     parser.add_argument("--only", nargs="+", metavar="NAME", choices=list(BY_NAME), help="run only these mutants")
     parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help=f"the scratch copy (default {DEFAULT_WORKDIR})")
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    parser.add_argument("--tier", choices=("fast", "full", "all"), default="fast",
+                        help="the tier the tests run in (default fast, the one this script checks; full: which "
+                             "full-tier test catches a mutant the fast tier misses)")
+    parser.add_argument("--hints-only", action="store_true",
+                        help="run only the hints, not the whole tier after hints that pass")
     args = parser.parse_args(argv)
 
     mutants = [BY_NAME[n] for n in args.only] if args.only else MUTANTS
@@ -358,7 +368,7 @@ def main(argv=None) -> int:
     try:
         for m in mutants:
             print(f"plant_bugs: {m.name}: {m.path}: {m.plants}", flush=True)
-            o = run_mutant(workdir, m)
+            o = run_mutant(workdir, m, args.tier, args.hints_only)
             print(f"plant_bugs: {m.name}: {'caught' if o.caught else 'NOT CAUGHT'} ({o.stage}) {o.by} "
                   f"[build {o.build_s:.0f} s, tests {o.test_s:.0f} s]", flush=True)
             outcomes.append(o)
@@ -373,9 +383,10 @@ def main(argv=None) -> int:
     print_table(outcomes)
     missed = [o.mutant.name for o in outcomes if not o.caught]
     if missed:
-        print(f"\nplant_bugs: NOT CAUGHT by the fast tier: {', '.join(missed)}")
+        where = "their hints" if args.hints_only else f"the {args.tier} tier"
+        print(f"\nplant_bugs: NOT CAUGHT by {where}: {', '.join(missed)}")
         return 1
-    print(f"\nplant_bugs: the fast tier caught all {len(outcomes)} mutants")
+    print(f"\nplant_bugs: the {args.tier} tier caught all {len(outcomes)} mutants")
     return 0
 
 
