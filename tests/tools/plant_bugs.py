@@ -39,6 +39,7 @@ import dataclasses
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -254,19 +255,23 @@ def run_pytest(workdir: Path, targets: list[str], tier: str, log_name: str) -> t
     return rc, failed.group(1) if failed else "", seconds
 
 
+# A test process that dies of one of these crashed in the code under test: caught.
+CRASHES = {signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGILL, signal.SIGFPE}
+
+
 def judge(rc: int, node: str) -> tuple[bool, str]:
     """(caught, what caught it) from a pytest run. 0: passed; 1: tests failed;
-    5: nothing collected; other codes: interrupted, or the process died (a
-    crash in the extension counts as caught)."""
+    2: collection errors; 5: nothing collected; a crash counts as caught, a
+    kill from outside (a timeout, Ctrl-C) does not."""
     if rc == 0:
         return False, ""
-    if rc == 1:
-        return True, node or "(a failure pytest did not name)"
     if rc == 5:
         return False, "(no tests collected)"
     if rc < 0:
-        return True, node or f"(pytest killed by signal {-rc})"
-    return True, node or f"(pytest exit status {rc})"
+        if -rc in CRASHES:
+            return True, node or f"(pytest died of {signal.Signals(-rc).name})"
+        return False, f"(pytest killed by {signal.Signals(-rc).name}: no verdict)"
+    return True, node or f"(pytest exit status {rc}, no failing test named)"
 
 
 # ---------------------------------------------------------------- mutants
