@@ -294,11 +294,13 @@ def apply(workdir: Path, m: Mutant) -> str:
     return text
 
 
-def run_mutant(workdir: Path, m: Mutant, tier: str, hints_only: bool) -> Outcome:
+def run_mutant(workdir: Path, m: Mutant, tier: str, hints_only: bool, rebuild: bool) -> Outcome:
+    """Plants m, builds when m or the mutant before it changed a built file
+    (the extension must not keep the previous mutant), runs the tests, restores."""
     result = Outcome(m)
     original = apply(workdir, m)
     try:
-        if m.needs_build:
+        if rebuild:
             ok, result.build_s = build(workdir, m.name)
             if not ok:
                 result.stage, result.by = "build failed", f"see {LOGS}/{m.name}.build.log"
@@ -370,16 +372,18 @@ def main(argv=None) -> int:
     check_import(workdir)
 
     outcomes = []
+    built_mutant = False  # the extension holds the last mutant's objects
     try:
         for m in mutants:
             print(f"plant_bugs: {m.name}: {m.path}: {m.plants}", flush=True)
-            o = run_mutant(workdir, m, args.tier, args.hints_only)
+            o = run_mutant(workdir, m, args.tier, args.hints_only, rebuild=m.needs_build or built_mutant)
+            built_mutant = m.needs_build
             print(f"plant_bugs: {m.name}: {'caught' if o.caught else 'NOT CAUGHT'} ({o.stage}) {o.by} "
                   f"[build {o.build_s:.0f} s, tests {o.test_s:.0f} s]", flush=True)
             outcomes.append(o)
     finally:
         ok = True
-        if any(m.needs_build for m in mutants):  # the restored sources rebuilt: the copy is clean again
+        if built_mutant:  # the restored sources rebuilt: the copy is clean again
             ok, _ = build(workdir, "restored")
             if not ok:
                 print(f"plant_bugs: rebuilding the restored copy failed; see {workdir / LOGS}", file=sys.stderr)
