@@ -20,12 +20,13 @@ How it works:
    each mutant's rebuild, compiles only what changed, and the link.
 2. Each mutant is a small hand-made edit: its original text must occur in its
    file exactly once (else the mutant is stale and the script fails). The edit
-   is applied, the extension rebuilt when a .cpp/.h file changed (the .cu
-   kernels need no build: tests/codec/test_kernels_on_host.py compiles them on
-   the host, cached by a hash of the sources), and pytest run from the copy
+   is applied, the extension rebuilt when a .cpp/.h file changed, this
+   mutant's or the one before's (the .cu kernels need no build:
+   tests/codec/test_kernels_on_host.py compiles them on the host, cached by a
+   hash of the sources), and pytest (-x) run from the copy
    with PYTHONPATH=<copy> (so the copy's fp8comm is imported, not an editable
-   install elsewhere): first on the mutant's hint files in the fast tier, then,
-   only if those pass, on the whole fast tier. Then the file is restored; the
+   install elsewhere): first on the mutant's hint files in the fast tier
+   (--tier), then, only if those pass, on the whole fast tier. Then the file is restored; the
    next rebuild recompiles it, and a last rebuild leaves the copy clean.
 3. A table of the outcomes is printed; the exit status is non-zero if any
    mutant was not caught (or could not be planted or built).
