@@ -336,3 +336,24 @@ def test_stochastic_all_reduce_is_bitwise_equal_reproducible_and_unbiased(pool):
     rne_bias = (nearest[0][0].double() - exact).mean().abs().item()
     assert rne_bias > 0.01 * BIASED, rne_bias  # the input is one nearest rounds with a bias
     assert sr_bias < rne_bias / 10, (sr_bias, rne_bias)
+
+
+def reduce_scatter_of_one_value(n: int = 4096):
+    """reduce_scatter, stochastic, of the same constant on every rank: the
+    distinct values of this rank's output."""
+    group = dist.new_group(backend="fp8gloo", pg_options=fp8comm.Options(min_numel=1024, rounding="stochastic"))
+    out = torch.empty(n)
+    dist.reduce_scatter_tensor(out, torch.full((n * ctx().world,), BIASED), group=group)
+    dist.destroy_process_group(group)
+    return torch.unique(out).tolist()
+
+
+def test_ranks_round_independently(pool):
+    """Each rank's stochastic rounding draws its own bits (the rank is in the
+    key): ranks that round the same value the same way everywhere would add
+    their errors coherently (P times one error, not its square-root growth).
+    On the same input, ranks whose bits were the same would give every
+    element the same sum (2 values: all up or all down); independent ranks give
+    the mixed sums in between too."""
+    for rank, values in enumerate(pool.run(reduce_scatter_of_one_value)):
+        assert len(values) > 2, f"rank {rank}: every element summed to one of {values}: the ranks drew the same bits"

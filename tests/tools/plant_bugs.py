@@ -126,7 +126,7 @@ MUTANTS = [
         path="csrc/algorithms/wire_layout.cpp",
         old="w.rounding_key_ = mix_key(mix_key(mix_key(0, static_cast<uint64_t>(seed)), call), static_cast<uint64_t>(rank));",
         new="w.rounding_key_ = mix_key(mix_key(0, static_cast<uint64_t>(seed)), call);",
-        hints=("tests/codec/test_stochastic_rounding.py", "tests/backend/test_node_wire_format.py"),
+        hints=("tests/codec/test_stochastic_rounding.py::test_ranks_round_independently",),
         plants="WireLayout::for_call: the stochastic-rounding key leaves out the rank (every rank draws the same bits)",
     ),
     Mutant(
