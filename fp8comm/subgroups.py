@@ -56,10 +56,12 @@ def split(parent, store, ranks: list[int], options):
 
 def _nccl_of_fp8_backends(get_split_source):
     """torch's _get_split_source, answering an fp8 backend's NCCL transport
-    for the fp8 backend itself (None where its transport is not NCCL)."""
+    for the fp8 backend itself (None where its transport is not NCCL). Its
+    arguments pass through as given: torch 2.15 added the requested backend
+    (and answers None when it is not the parent's)."""
 
-    def split_source(pg):
-        source = get_split_source(pg)
+    def split_source(pg, *args, **kwargs):
+        source = get_split_source(pg, *args, **kwargs)
         if isinstance(source, _C.ProcessGroupFp8):
             inner = source.transport("cuda")
             return inner if dist.is_nccl_available() and isinstance(inner, dist.ProcessGroupNCCL) else None
