@@ -86,18 +86,22 @@ def _pairs(case: dict[str, Hashable]) -> set:
     return singles | {((a, case[a]), (b, case[b])) for a, b in itertools.combinations(names, 2)}
 
 
-def pairwise_cover(cases: Sequence[dict[str, Hashable]]) -> list[int]:
-    """Indices of a small subset of `cases` in which every value, and every
-    pair of values of two axes, that occurs in `cases` occurs at least once
-    (greedy set cover; deterministic: ties go to the earlier case)."""
-    covers = [_pairs(c) for c in cases]
+def _greedy_cover(covers: list[set]) -> list[int]:
+    """Indices of a small subset of `covers` whose union is the union of all
+    (greedy set cover; deterministic: ties go to the earlier one)."""
     uncovered = set().union(*covers) if covers else set()
     chosen = []
     while uncovered:
-        best = max(range(len(cases)), key=lambda i: (len(covers[i] & uncovered), -i))
+        best = max(range(len(covers)), key=lambda i: (len(covers[i] & uncovered), -i))
         chosen.append(best)
         uncovered -= covers[best]
     return sorted(chosen)
+
+
+def pairwise_cover(cases: Sequence[dict[str, Hashable]]) -> list[int]:
+    """Indices of a small subset of `cases` in which every value, and every
+    pair of values of two axes, that occurs in `cases` occurs at least once."""
+    return _greedy_cover([_pairs(c) for c in cases])
 
 
 def _without_draws(cases: list[dict]) -> list[dict]:
@@ -117,14 +121,7 @@ def _pool_axes(spec) -> dict[str, Hashable]:
 def one_wise_cover(cases: Sequence[dict[str, Hashable]]) -> list[int]:
     """Indices of a small subset of `cases` in which every value of every axis
     occurs at least once."""
-    covers = [{(k, v) for k, v in c.items()} for c in cases]
-    uncovered = set().union(*covers) if covers else set()
-    chosen = []
-    while uncovered:
-        best = max(range(len(cases)), key=lambda i: (len(covers[i] & uncovered), -i))
-        chosen.append(best)
-        uncovered -= covers[best]
-    return sorted(chosen)
+    return _greedy_cover([set(c.items()) for c in cases])
 
 
 def _fast_pools(items) -> dict:
