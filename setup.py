@@ -23,17 +23,9 @@ from setuptools import setup
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
 
-def load_build_config():
-    # Loaded by path: build_config.py sits next to this file and is not part of the package.
-    path = os.path.join(ROOT, "build_config.py")
-    spec = importlib.util.spec_from_file_location("fp8comm_build_config", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def load_build_speed():
-    spec = importlib.util.spec_from_file_location("fp8comm_build_speed", os.path.join(ROOT, "build_speed.py"))
+def load(name):
+    # Loaded by path: build_config.py and build_speed.py sit next to this file and are not part of the package.
+    spec = importlib.util.spec_from_file_location(f"fp8comm_{name}", os.path.join(ROOT, f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -43,7 +35,7 @@ def sources(pattern):
     return sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "csrc", "**", pattern), recursive=True))
 
 
-build_config = load_build_config()
+build_config = load("build_config")
 torch_error, torch_warning = build_config.torch_version_check(torch.__version__)
 if torch_error:
     sys.exit(f"fp8comm setup: {torch_error}")
@@ -90,7 +82,7 @@ else:
     )
 
 # Torch-free units first, beside one precompiled header of torch's headers (build_speed.py).
-if not load_build_speed().install(cpp_extension):
+if not load("build_speed").install(cpp_extension):
     print("fp8comm setup: this torch's cpp_extension has no ninja compile hook; building without the "
           "precompiled header", file=sys.stderr)
 
