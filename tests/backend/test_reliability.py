@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fp8comm
+from tests.support import tiers
 from tests.support.bounds import NONE, Violations, bound_violations
 from tests.support.groups import fp8_group, inner_transports
 from tests.support.harness import DistPool, ctx
@@ -749,7 +750,7 @@ def test_fuzz_promises(fuzz_pools, world, op, form, reduce, fmt):
     bitwise identical on every rank, and the calls really compressed."""
     pool = fuzz_pools.get(world)
 
-    @settings(max_examples=FUZZ_EXAMPLES, deadline=None, database=None,
+    @settings(max_examples=tiers.examples(FUZZ_EXAMPLES), deadline=None, database=None,
               suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
     @given(
         n=st.one_of(st.integers(1, 300), st.integers(301, 100_000)),
@@ -776,7 +777,7 @@ def test_fuzz_promises(fuzz_pools, world, op, form, reduce, fmt):
     check()
 
 
-@settings(max_examples=10, deadline=None, database=None,
+@settings(max_examples=tiers.examples(10), deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(n=st.integers(1, 3000), kind=st.sampled_from(PATTERNS),
        dtype=st.sampled_from(["float32", "bfloat16", "float16"]), seed=st.integers(0, 10_000))

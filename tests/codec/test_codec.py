@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fp8comm
+from tests.support import tiers
 from tests.support.reference import dequantize as ref_dequantize
 from tests.support.reference import half_ulp, sqnr_db
 from tests.support.reference import quantize as ref_quantize
@@ -147,7 +148,7 @@ def test_any_shape_and_non_contiguous_input():
     assert sqnr_db(xt, y) >= 31
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=tiers.examples(60), deadline=None)
 @given(
     n=st.integers(0, 5000),
     log_scale=st.floats(-30, 30),

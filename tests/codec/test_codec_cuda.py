@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fp8comm
+from tests.support import tiers
 
 pytestmark = pytest.mark.cuda
 
@@ -154,7 +155,7 @@ def test_ops_run_on_the_current_stream():
     assert torch.equal(bits(codes), bits(c_cpu)) and torch.equal(bits(back), bits(fp8comm.dequantize(c_cpu, s_cpu)))
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=tiers.examples(40), deadline=None)
 @given(
     n=st.integers(0, 20_000),
     log_scale=st.floats(-35, 35),
