@@ -191,19 +191,23 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def(
       "wire_formats",
       [] {
-        std::vector<std::tuple<std::string, py::object, int, float>> rows;
+        std::vector<py::tuple> rows;
         for (const auto& row : fp8comm::kWireFormatTable) {
           const auto [bits, max] = fp8comm::dispatch_wire_format(row.format, [](auto c) {
             using T = fp8comm::WireTraits<decltype(c)::value>;
             return std::pair<int, float>(T::kCodeBits, T::kMax);
           });
-          auto dtype =
-              py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(row.codes_type)));
-          rows.emplace_back(fp8comm::wire_format_name(row.format), dtype, bits, max);
+          auto dtype = [](c10::ScalarType t) {
+            return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(t)));
+          };
+          rows.push_back(py::make_tuple(fp8comm::wire_format_name(row.format), dtype(row.codes_type), bits, max,
+                                        dtype(row.scales_type), fp8comm::required_block_size(row.format),
+                                        fp8comm::segment_scale_bytes(row.format)));
         }
         return rows;
       },
-      "(name, torch dtype of its codes, bits per code, largest finite value) of every wire format "
+      "(name, torch dtype of its codes, bits per code, largest finite value, torch dtype of its block scales, "
+      "the block size it requires (0: any), bytes of its segment scale) of every wire format "
       "(csrc/codec/fp8_block_math.h, fp8_dtype_table.h).");
 
   m.def(

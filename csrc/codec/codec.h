@@ -13,8 +13,10 @@ namespace fp8comm {
 
 // Where the codes of P segments live. Element i of segment r is element
 // r * segment_numel + i of the flat tensor; it is valid when that index is
-// below the tensor's numel. Segment r's scales start at scales + r * stride and
-// its codes at codes + r * stride, so a wire segment `[scales][codes]` is one
+// below the tensor's numel. Segment r's block scales start at scales + r *
+// stride (its segment scale, for a format that has one, in the
+// segment_scale_bytes(format) bytes before them) and its codes at codes + r *
+// stride, so a wire segment `[segment scale][block scales][codes]` is one
 // contiguous run of segment_bytes() bytes.
 struct BlockCodes {
   uint8_t* scales = nullptr;
@@ -26,8 +28,8 @@ struct BlockCodes {
   // capacity are written as zeros. A wire segment has capacity m rounded up to
   // the block, so padding decodes to 0 and sums to 0.
   int64_t capacity = 0;
-  // Zero bytes written after each segment's last scale (wire alignment), so no
-  // uninitialized memory ever goes on the wire.
+  // Zero bytes written after each segment's last block scale (wire
+  // alignment), so no uninitialized memory ever goes on the wire.
   int64_t scale_padding = 0;
   int block_size = 32;
   WireFormat format = WireFormat::E4M3;
@@ -62,9 +64,12 @@ struct OwnAddend {
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline int64_t align16(int64_t a) { return (a + 15) & ~int64_t{15}; }
 
-// Scale bytes of a wire segment of m elements, padded so its codes start on a
-// 16-byte boundary (vector loads and stores).
-inline int64_t segment_scale_bytes(int64_t m, int64_t block) { return align16(ceil_div(m, block)); }
+// Scale bytes of a wire segment of m elements (its segment scale, if any,
+// and its block scales), padded so its codes start on a 16-byte boundary
+// (vector loads and stores).
+inline int64_t segment_scale_bytes(int64_t m, int64_t block, WireFormat format) {
+  return align16(segment_scale_bytes(format) + ceil_div(m, block));
+}
 // Code bytes of a wire segment of m elements: whole blocks of codes (blocks
 // are a multiple of 16 elements, so 4-bit codes fill whole bytes and every
 // block's codes start on an 8-byte boundary).
@@ -72,20 +77,21 @@ inline int64_t segment_code_bytes(int64_t m, int64_t block, WireFormat format) {
   return ceil_div(m, block) * block * code_bits(format) / 8;
 }
 inline int64_t segment_bytes(int64_t m, int64_t block, WireFormat format) {
-  return segment_scale_bytes(m, block) + segment_code_bytes(m, block, format);
+  return segment_scale_bytes(m, block, format) + segment_code_bytes(m, block, format);
 }
 
 // The layout of P wire segments of m elements each, back to back from `base`.
 inline BlockCodes wire_segments(uint8_t* base, int64_t num_segments, int64_t m, int block,
                                 WireFormat format) {
   BlockCodes c;
-  c.scales = base;
-  c.codes = base + segment_scale_bytes(m, block);
+  const int64_t head = segment_scale_bytes(format);
+  c.scales = base + head;
+  c.codes = base + segment_scale_bytes(m, block, format);
   c.stride = segment_bytes(m, block, format);
   c.num_segments = num_segments;
   c.segment_numel = m;
   c.capacity = ceil_div(m, block) * block;
-  c.scale_padding = segment_scale_bytes(m, block) - ceil_div(m, block);
+  c.scale_padding = segment_scale_bytes(m, block, format) - head - ceil_div(m, block);
   c.block_size = block;
   c.format = format;
   return c;

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "../common/env.h"
 #include "codec.h"
@@ -94,16 +95,25 @@ FP8C_HD uint32_t any_nonfinite(Count n, Value value) {
   return nonfinite;
 }
 
-// Two passes over the (cache-hot) block: a pure max-reduction, then the
-// encode; gcc vectorizes each, but not a reduction fused with stores.
-template <ElemType E, WireFormat F, typename Count, typename Encode = NearestEncode<F>>
-FP8C_HD uint8_t quantize_run(const Storage<E>* s, Count n, float premul, uint8_t* codes, Encode encode = {}) {
+// The finite amax of a block's n elements x * premul, as bits.
+template <ElemType E, typename Count>
+FP8C_HD uint32_t run_amax(const Storage<E>* s, Count n, float premul) {
   uint32_t amax = 0;
   for (int64_t i = 0; i < n; ++i) amax = std::max(amax, finite_abs_bits(Elem<E>::load(s[i]) * premul));
-  const uint8_t sb = scale_byte<F>(amax);
-  const float inv = inv_scale_from_byte(sb);
-  const uint32_t limit = code_limit<F>(sb);
-  for (int64_t i = 0; i < n; ++i) store_code<F>(codes, i, encode((Elem<E>::load(s[i]) * premul) * inv, limit, i));
+  return amax;
+}
+
+// Two passes over the (cache-hot) block: a pure max-reduction, then the
+// encode; gcc vectorizes each, but not a reduction fused with stores. g: the
+// segment's scale (block_encoding).
+template <ElemType E, WireFormat F, typename Count, typename Encode = NearestEncode<F>>
+FP8C_HD uint8_t quantize_run(const Storage<E>* s, Count n, float premul, float g, uint8_t* codes,
+                             Encode encode = {}) {
+  const uint8_t sb = block_scale_byte<F>(run_amax<E>(s, n, premul), g);
+  const BlockEncoding enc = block_encoding<F>(sb, g);
+  for (int64_t i = 0; i < n; ++i) {
+    store_code<F>(codes, i, encode(to_code_units<F>(Elem<E>::load(s[i]) * premul, enc), enc.limit, i));
+  }
   return stored_scale_byte<F>(sb, any_nonfinite<F>(n, [&](int64_t i) { return Elem<E>::load(s[i]) * premul; }));
 }
 
@@ -130,20 +140,49 @@ const float* decode_table() {
 }
 
 template <ElemType E, WireFormat F, typename Count>
-FP8C_HD void dequantize_run(const uint8_t* codes, float scale, Count n, Storage<E>* d) {
+FP8C_HD void dequantize_run(const uint8_t* codes, float scale, Count n, Storage<E>* d) {  // scale: block_scale
   const float* lut = decode_table<F>();
   for (int64_t i = 0; i < n; ++i) d[i] = Elem<E>::store(lut[load_code<F>(codes, i)] * scale);
 }
 
 template <WireFormat F, typename Count, typename Encode = NearestEncode<F>>
-FP8C_HD uint8_t requantize_run(const float* acc, Count n, uint8_t* codes, Encode encode = {}) {
-  uint32_t amax = 0;
-  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, finite_abs_bits(acc[i]));
-  const uint8_t sb = scale_byte<F>(amax);
-  const float inv = inv_scale_from_byte(sb);
-  const uint32_t limit = code_limit<F>(sb);
-  for (int64_t i = 0; i < n; ++i) store_code<F>(codes, i, encode(acc[i] * inv, limit, i));
+FP8C_HD uint8_t requantize_run(const float* acc, Count n, float g, uint8_t* codes, Encode encode = {}) {
+  const uint8_t sb = block_scale_byte<F>(run_amax<ElemType::F32>(acc, n, 1.0f), g);
+  const BlockEncoding enc = block_encoding<F>(sb, g);
+  for (int64_t i = 0; i < n; ++i) store_code<F>(codes, i, encode(to_code_units<F>(acc[i], enc), enc.limit, i));
   return stored_scale_byte<F>(sb, any_nonfinite<F>(n, [&](int64_t i) { return acc[i]; }));
+}
+
+// Whether the SIMD kernels (codec_cpu_avx2.cpp, codec_cpu_avx512.cpp) take a
+// format's whole blocks: they are written for E8M0 scales; other scale kinds
+// take the loops here.
+template <WireFormat F>
+constexpr bool kSimdKernels = WireTraits<F>::kScaleKind == ScaleKind::kE8M0;
+
+// For a format with a segment scale: each segment's g, from the finite amax
+// of what goes into it (amax_of(r, j): block j of segment r), stored before
+// the segment's block scales. A pass of its own, since every block's scale
+// depends on it.
+template <WireFormat F, typename AmaxOf>
+void store_segment_scales(const BlockCodes& dst, int64_t blocks_per_segment, int64_t grain, AmaxOf amax_of) {
+  if constexpr (WireTraits<F>::kSegmentScaleBytes != 0) {
+    std::vector<std::atomic<uint32_t>> amax(dst.num_segments);
+    for (auto& a : amax) a.store(0, std::memory_order_relaxed);
+    parallel_blocks(dst.num_segments * blocks_per_segment, grain, [&](int64_t b, int64_t end) {
+      for (int64_t blk = b; blk < end;) {
+        const int64_t r = blk / blocks_per_segment;
+        const int64_t stop = std::min(end, (r + 1) * blocks_per_segment);
+        uint32_t m = 0;
+        for (; blk < stop; ++blk) m = std::max(m, amax_of(r, blk - r * blocks_per_segment));
+        uint32_t seen = amax[r].load(std::memory_order_relaxed);
+        while (m > seen && !amax[r].compare_exchange_weak(seen, m, std::memory_order_relaxed)) {
+        }
+      }
+    });
+    for (int64_t r = 0; r < dst.num_segments; ++r) {
+      store_segment_scale<F>(dst.scales + r * dst.stride, segment_scale<F>(amax[r].load()));
+    }
+  }
 }
 
 // Blocks [begin, end) of all segments, numbered segment-major; with `simd`,
@@ -163,10 +202,11 @@ FP8C_VECTOR_CLONES void quantize_blocks(const Storage<E>* src, int64_t numel, fl
     const Storage<E>* s = src + first;
     uint8_t* codes = dst.codes + r * dst.stride + code_bytes<F>(j * B);
     uint8_t* scales = dst.scales + r * dst.stride + j;
+    const float g = load_segment_scale<F>(dst.scales + r * dst.stride);
     int64_t run = 1;
     const bool stochastic = dst.rounding == Rounding::kStochastic;
     const StochasticRun sr = stochastic ? dst.stochastic_run(r, j * B) : StochasticRun{};
-    if (simd != Simd::kOff && valid == B) {
+    if (kSimdKernels<F> && simd != Simd::kOff && valid == B) {
       run = std::min(end - blk, (seg_valid - j * B) / B);  // whole blocks left in this segment
       if (simd == Simd::kAvx512 && B == 32) {
         avx512::quantize_blocks32(s, E, F, run, premul, codes, scales, stochastic ? &sr : nullptr);
@@ -175,11 +215,11 @@ FP8C_VECTOR_CLONES void quantize_blocks(const Storage<E>* src, int64_t numel, fl
                                    stochastic ? &sr : nullptr);
       }
     } else if (stochastic) {
-      *scales = quantize_run<E, F>(s, valid, premul, codes, StochasticEncode<F>{sr});
+      *scales = quantize_run<E, F>(s, valid, premul, g, codes, StochasticEncode<F>{sr});
       zero_codes<F>(codes, valid, width);
     } else {
-      *scales = valid == 32 ? quantize_run<E, F>(s, Full32{}, premul, codes)
-                            : quantize_run<E, F>(s, valid, premul, codes);
+      *scales = valid == 32 ? quantize_run<E, F>(s, Full32{}, premul, g, codes)
+                            : quantize_run<E, F>(s, valid, premul, g, codes);
       zero_codes<F>(codes, valid, width);
     }
     if (j + run == blocks_per_segment) {
@@ -202,14 +242,14 @@ FP8C_VECTOR_CLONES void dequantize_blocks(const BlockCodes src, Storage<E>* dst,
     const int64_t valid = std::max<int64_t>(0, std::min(width, numel - first));
     const uint8_t* scales = src.scales + r * src.stride + j;
     const uint8_t* codes = src.codes + r * src.stride + code_bytes<F>(j * B);
-    if (simd && valid == B) {
+    if (kSimdKernels<F> && simd && valid == B) {
       const int64_t run = std::min(end - blk, std::min(src.segment_numel - j * B, numel - first) / B);
       avx2::dequantize_full_blocks(codes, scales, F, run, static_cast<int>(B), dst + first, E, output_bytes);
       blk += run;
       continue;
     }
     ++blk;
-    const float scale = scale_from_byte(*scales);
+    const float scale = block_scale<F>(*scales, load_segment_scale<F>(src.scales + r * src.stride));
     if (valid == 32) {
       dequantize_run<E, F>(codes, scale, Full32{}, dst + first);
     } else {
@@ -236,13 +276,14 @@ FP8C_HD void sum_run(const BlockCodes& pieces, const OwnAddend& own, int post_di
       for (int64_t i = valid; i < width; ++i) acc[i] = 0.0f;
     }
   } else {
-    const float scale = scale_from_byte(pieces.scales[j]);
+    const float scale = block_scale<F>(pieces.scales[j], load_segment_scale<F>(pieces.scales));
     const uint8_t* codes = pieces.codes + code_bytes<F>(j * B);
     for (int64_t i = 0; i < width; ++i) acc[i] = lut[load_code<F>(codes, i)] * scale;
     first_piece = 1;
   }
   for (int64_t r = first_piece; r < pieces.num_segments; ++r) {
-    const float scale = scale_from_byte(pieces.scales[r * pieces.stride + j]);
+    const float g = load_segment_scale<F>(pieces.scales + r * pieces.stride);
+    const float scale = block_scale<F>(pieces.scales[r * pieces.stride + j], g);
     const uint8_t* codes = pieces.codes + r * pieces.stride + code_bytes<F>(j * B);
     for (int64_t i = 0; i < width; ++i) acc[i] += lut[load_code<F>(codes, i)] * scale;
   }
@@ -277,7 +318,7 @@ FP8C_VECTOR_CLONES void dequant_sum_blocks(const BlockCodes pieces, const OwnAdd
   float acc[kMaxBlockSize];
   for (int64_t j = begin; j < end; ++j) {
     const int64_t width = std::min(B, numel - j * B);
-    const int64_t whole = simd ? std::min(end - j, whole_blocks_from(j, B, numel, own)) : 0;
+    const int64_t whole = kSimdKernels<F> && simd ? std::min(end - j, whole_blocks_from(j, B, numel, own)) : 0;
     if (whole > 0) {
       avx2::dequant_sum_full_blocks(pieces, own, post_div, j, whole, dst + j * B, E);
       j += whole - 1;
@@ -299,7 +340,7 @@ FP8C_VECTOR_CLONES void dequant_sum_requantize_blocks(const BlockCodes pieces, c
   const int64_t total_blocks = ceil_div(out.capacity, B);
   int64_t j = begin;
   const bool stochastic = out.rounding == Rounding::kStochastic;
-  if (simd != Simd::kOff) {
+  if (kSimdKernels<F> && simd != Simd::kOff) {
     const int64_t whole = std::min(end - begin, whole_blocks_from(begin, B, out.capacity, own));
     const StochasticRun sr = stochastic ? out.stochastic_run(0, begin * B) : StochasticRun{};
     if (whole > 0 && simd == Simd::kAvx512 && B == 32) {
@@ -314,14 +355,16 @@ FP8C_VECTOR_CLONES void dequant_sum_requantize_blocks(const BlockCodes pieces, c
     j += std::max<int64_t>(0, whole);
   }
   float acc[kMaxBlockSize];
+  const float g = load_segment_scale<F>(out.scales);
   for (; j < end; ++j) {
     const int64_t width = std::min(B, out.capacity - j * B);
     sum_block<E, F>(pieces, own, post_div, j, width, acc);
     uint8_t* codes = out.codes + code_bytes<F>(j * B);
     if (stochastic) {
-      out.scales[j] = requantize_run<F>(acc, width, codes, StochasticEncode<F>{out.stochastic_run(0, j * B)});
+      out.scales[j] = requantize_run<F>(acc, width, g, codes, StochasticEncode<F>{out.stochastic_run(0, j * B)});
     } else {
-      out.scales[j] = width == 32 ? requantize_run<F>(acc, Full32{}, codes) : requantize_run<F>(acc, width, codes);
+      out.scales[j] =
+          width == 32 ? requantize_run<F>(acc, Full32{}, g, codes) : requantize_run<F>(acc, width, g, codes);
     }
   }
   if (end == total_blocks) {
@@ -358,13 +401,18 @@ bool set_cpu_avx512(bool enabled) {
 }
 
 void quantize_cpu(const void* src, ElemType type, int64_t numel, float premul, const BlockCodes& dst) {
-  check_block_size(dst.block_size, "fp8comm codec");
+  check_block_size(dst.block_size, dst.format, "fp8comm codec");
   const int64_t total = dst.num_segments * ceil_div(dst.capacity, dst.block_size);
   with_codec_types(type, dst.format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
     constexpr WireFormat F = decltype(f)::value;
     auto* s = static_cast<const Storage<E>*>(src);
     const Simd simd = simd_level();
+    const int64_t B = dst.block_size;
+    store_segment_scales<F>(dst, ceil_div(dst.capacity, B), grain_blocks(dst.block_size), [&](int64_t r, int64_t j) {
+      const int64_t valid = std::min(B, std::min(dst.segment_numel, numel - r * dst.segment_numel) - j * B);
+      return valid > 0 ? run_amax<E>(s + r * dst.segment_numel + j * B, valid, premul) : 0u;
+    });
     parallel_blocks(total, grain_blocks(dst.block_size), [&](int64_t b, int64_t end) {
       quantize_blocks<E, F>(s, numel, premul, dst, b, end, simd);
     });
@@ -372,7 +420,7 @@ void quantize_cpu(const void* src, ElemType type, int64_t numel, float premul, c
 }
 
 void dequantize_cpu(const BlockCodes& src, void* dst, ElemType type, int64_t numel, int64_t whole_output_bytes) {
-  check_block_size(src.block_size, "fp8comm codec");
+  check_block_size(src.block_size, src.format, "fp8comm codec");
   const int64_t total = src.num_segments * ceil_div(src.segment_numel, src.block_size);
   with_codec_types(type, src.format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
@@ -388,7 +436,7 @@ void dequantize_cpu(const BlockCodes& src, void* dst, ElemType type, int64_t num
 
 void dequant_sum_cpu(const BlockCodes& pieces, const OwnAddend& own, int post_div, void* dst, ElemType type,
                      int64_t numel) {
-  check_block_size(pieces.block_size, "fp8comm codec");
+  check_block_size(pieces.block_size, pieces.format, "fp8comm codec");
   TORCH_CHECK(numel <= pieces.segment_numel, "fp8comm codec: dequant_sum output larger than a piece");
   TORCH_CHECK(!own.present || own.type == type, "fp8comm codec: dequant_sum's own addend must have the output's dtype");
   TORCH_CHECK(own.present || pieces.num_segments >= 1, "fp8comm codec: dequant_sum of no pieces and no own addend");
@@ -407,7 +455,7 @@ void dequant_sum_cpu(const BlockCodes& pieces, const OwnAddend& own, int post_di
 }
 
 void dequant_sum_requantize_cpu(const BlockCodes& pieces, const OwnAddend& own, int post_div, const BlockCodes& out) {
-  check_block_size(pieces.block_size, "fp8comm codec");
+  check_block_size(pieces.block_size, pieces.format, "fp8comm codec");
   TORCH_CHECK(out.block_size == pieces.block_size && out.format == pieces.format &&
                   out.capacity <= pieces.capacity,
               "fp8comm codec: dequant_sum_requantize output layout does not match its pieces");
@@ -420,6 +468,13 @@ void dequant_sum_requantize_cpu(const BlockCodes& pieces, const OwnAddend& own, 
   with_codec_types(own.type, pieces.format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
     constexpr WireFormat F = decltype(f)::value;
+    const int64_t B = out.block_size;
+    store_segment_scales<F>(out, total, grain, [&](int64_t, int64_t j) {
+      float acc[kMaxBlockSize];
+      const int64_t width = std::min(B, out.capacity - j * B);
+      sum_block<E, F>(pieces, own, post_div, j, width, acc);
+      return run_amax<ElemType::F32>(acc, width, 1.0f);
+    });
     parallel_blocks(total, grain, [&](int64_t b, int64_t end) {
       dequant_sum_requantize_blocks<E, F>(pieces, own, post_div, out, b, end, simd);
     });

@@ -619,7 +619,7 @@ bool supported() {
 
 void quantize_full_blocks(const void* src, ElemType type, WireFormat format, int64_t blocks, int block_size,
                           float premul, uint8_t* codes, uint8_t* scales, const StochasticRun* stochastic) {
-  with_codec_types(type, format, [&](auto e, auto f) {
+  with_codec_types_of_kind<ScaleKind::kE8M0>(type, format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
     constexpr WireFormat F = decltype(f)::value;
     auto* s = static_cast<const Storage<E>*>(src);
@@ -635,7 +635,7 @@ void quantize_full_blocks(const void* src, ElemType type, WireFormat format, int
 
 void dequantize_full_blocks(const uint8_t* codes, const uint8_t* scales, WireFormat format, int64_t blocks,
                             int block_size, void* dst, ElemType type, int64_t output_bytes) {
-  with_codec_types(type, format, [&](auto e, auto f) {
+  with_codec_types_of_kind<ScaleKind::kE8M0>(type, format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
     with_block(block_size, [&](auto B) {
       dequantize_run<E, decltype(f)::value>(codes, scales, blocks, B, static_cast<Storage<E>*>(dst), output_bytes);
@@ -645,7 +645,7 @@ void dequantize_full_blocks(const uint8_t* codes, const uint8_t* scales, WireFor
 
 void dequant_sum_full_blocks(const BlockCodes& pieces, const OwnAddend& own, int post_div, int64_t first_block,
                              int64_t blocks, void* dst, ElemType type) {
-  with_codec_types(type, pieces.format, [&](auto e, auto f) {
+  with_codec_types_of_kind<ScaleKind::kE8M0>(type, pieces.format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
     const auto* o = own.present ? static_cast<const Storage<E>*>(own.src) : nullptr;
     with_block(pieces.block_size, [&](auto B) {
@@ -658,7 +658,7 @@ void dequant_sum_full_blocks(const BlockCodes& pieces, const OwnAddend& own, int
 void dequant_sum_requantize_full_blocks(const BlockCodes& pieces, const OwnAddend& own, int post_div,
                                         int64_t first_block, int64_t blocks, uint8_t* codes, uint8_t* scales,
                                         const StochasticRun* stochastic) {
-  with_codec_types(own.type, pieces.format, [&](auto e, auto f) {
+  with_codec_types_of_kind<ScaleKind::kE8M0>(own.type, pieces.format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
     const auto* o = own.present ? static_cast<const Storage<E>*>(own.src) : nullptr;
     with_block(pieces.block_size, [&](auto B) {

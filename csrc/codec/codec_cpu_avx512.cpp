@@ -337,7 +337,7 @@ bool supported() {
 
 void quantize_blocks32(const void* src, ElemType type, WireFormat format, int64_t blocks, float premul,
                        uint8_t* codes, uint8_t* scales, const StochasticRun* stochastic) {
-  with_codec_types(type, format, [&](auto e, auto f) {
+  with_codec_types_of_kind<ScaleKind::kE8M0>(type, format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
     constexpr WireFormat F = decltype(f)::value;
     auto* s = static_cast<const Storage<E>*>(src);
@@ -352,7 +352,7 @@ void quantize_blocks32(const void* src, ElemType type, WireFormat format, int64_
 void dequant_sum_requantize_blocks32(const BlockCodes& pieces, const OwnAddend& own, int post_div,
                                      int64_t first_block, int64_t blocks, uint8_t* codes, uint8_t* scales,
                                      const StochasticRun* stochastic) {
-  with_codec_types(own.type, pieces.format, [&](auto e, auto f) {
+  with_codec_types_of_kind<ScaleKind::kE8M0>(own.type, pieces.format, [&](auto e, auto f) {
     sum_requantize_run<decltype(e)::value, decltype(f)::value>(pieces, own, post_div, first_block, blocks, codes,
                                                                scales, stochastic);
   });

@@ -51,45 +51,77 @@ void check_out(const char* op, const at::Tensor& out, const at::Tensor& like, in
   elem_type_of(out.scalar_type(), op);
 }
 
-std::tuple<at::Tensor, at::Tensor> quantize(const at::Tensor& x, int64_t block_size, const std::string& wire_format,
-                                            const std::string& rounding, int64_t rounding_key) {
+// One buffer of [segment scale][block scales] (the segment scale's bytes
+// only for a format that has one), as a flat BlockCodes reads them.
+at::Tensor scale_buffer(int64_t blocks, WireFormat format, const at::TensorOptions& options) {
+  return at::empty({segment_scale_bytes(format) + blocks}, options.dtype(at::kByte));
+}
+
+// (codes, block scales, segment scale): the segment scale is one float32
+// for a format that has one, else empty.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize(const at::Tensor& x, int64_t block_size,
+                                                        const std::string& wire_format, const std::string& rounding,
+                                                        int64_t rounding_key) {
   const char* op = "fp8comm.quantize";
-  check_block_size(block_size, op);
   const WireFormat format = wire_format_of(wire_format, op);
+  check_block_size(block_size, format, op);
   elem_type_of(x.scalar_type(), op);
   const at::Tensor src = x.contiguous();
   const int64_t n = src.numel();
   const int64_t per_code = 8 / code_bits(format);  // codes per tensor element
-  at::Tensor codes = at::empty({ceil_div(n, per_code)}, src.options().dtype(codes_type_of(format)));
-  at::Tensor scales = at::empty({ceil_div(n, block_size)}, src.options().dtype(at::kFloat8_e8m0fnu));
-  const BlockCodes dst = with_rounding(flat_codes(scales, codes, n, block_size, format), op, rounding, rounding_key);
-  if (n > 0) quantize_into(src, 1.0f, std::nullopt, dst);
-  return {codes, scales};
+  const WireFormatRow& row = wire_format_row(format);
+  at::Tensor codes = at::empty({ceil_div(n, per_code)}, src.options().dtype(row.codes_type));
+  const int64_t head = segment_scale_bytes(format);
+  at::Tensor buffer = scale_buffer(ceil_div(n, block_size), format, src.options());
+  at::Tensor scales = buffer.narrow(0, head, buffer.numel() - head);
+  BlockCodes dst = with_rounding(flat_codes(scales, codes, n, block_size, format), op, rounding, rounding_key);
+  if (n > 0) {
+    quantize_into(src, 1.0f, std::nullopt, dst);
+  } else {
+    // No elements: the segment scale of a segment of zeros.
+    dispatch_wire_format(format, [&](auto f) { store_segment_scale<decltype(f)::value>(dst.scales, 1.0f); });
+  }
+  at::Tensor segment_scale = head > 0 ? buffer.narrow(0, 0, head).view(at::kFloat) : src.new_empty({0}, at::kFloat);
+  return {codes, scales.view(row.scales_type), segment_scale};
 }
 
-at::Tensor dequantize(const at::Tensor& codes, const at::Tensor& scales, int64_t block_size,
-                      at::ScalarType dtype, int64_t numel) {
+at::Tensor dequantize(const at::Tensor& codes, const at::Tensor& scales, const std::optional<at::Tensor>& segment_scale,
+                      int64_t block_size, at::ScalarType dtype, int64_t numel, const std::string& wire_format) {
   const char* op = "fp8comm.dequantize";
-  check_block_size(block_size, op);
-  const auto format = find_wire_format(codes.scalar_type());
-  TORCH_CHECK(format, op, ": codes must be the codes of a wire format (", wire_format_choices(), ": ",
-              "torch.float8_e4m3fn, torch.float8_e5m2 or torch.float4_e2m1fn_x2), got ", codes.scalar_type());
+  const WireFormat format = wire_format_of(wire_format, op);
+  check_block_size(block_size, format, op);
+  const WireFormatRow& row = wire_format_row(format);
+  TORCH_CHECK_VALUE(codes.scalar_type() == row.codes_type, op, ": the codes of wire_format '", wire_format,
+                    "' are ", row.codes_type, ", got ", codes.scalar_type());
   elem_type_of(dtype, op);
-  const int64_t per_code = 8 / code_bits(*format);
+  const int64_t per_code = 8 / code_bits(format);
   const int64_t n = numel < 0 ? codes.numel() * per_code : numel;
   TORCH_CHECK(ceil_div(n, per_code) == codes.numel(), op, ": ", codes.numel(), " ", codes.scalar_type(),
               " elements hold ", codes.numel() * per_code, " codes, not numel=", numel,
               " (an odd count of 4-bit codes is given as numel)");
-  TORCH_CHECK(scales.scalar_type() == at::kFloat8_e8m0fnu || scales.scalar_type() == at::kByte, op,
-              ": scales must be float8_e8m0fnu or uint8, got ", scales.scalar_type());
+  TORCH_CHECK(scales.scalar_type() == row.scales_type || scales.scalar_type() == at::kByte, op,
+              ": the scales of wire_format '", wire_format, "' must be ", row.scales_type, " or uint8, got ",
+              scales.scalar_type());
   TORCH_CHECK(codes.device() == scales.device(), op, ": codes on ", codes.device(),
               " but scales on ", scales.device());
   TORCH_CHECK(scales.numel() == ceil_div(n, block_size), op, ": ", n, " codes in blocks of ",
               block_size, " need ", ceil_div(n, block_size), " scales, got ", scales.numel());
+  const int64_t head = segment_scale_bytes(format);
+  const bool has_segment_scale = segment_scale && segment_scale->numel() > 0;
+  TORCH_CHECK_VALUE(has_segment_scale == (head > 0), op, ": wire_format '", wire_format, "' ",
+                    head > 0 ? "needs the segment scale quantize returned third (one float32)"
+                             : "has no segment scale; pass none");
+  at::Tensor buffer = scale_buffer(scales.numel(), format, codes.options());
+  if (head > 0) {
+    TORCH_CHECK_VALUE(segment_scale->numel() == 1 && segment_scale->scalar_type() == at::kFloat, op,
+                      ": segment_scale must be one float32, got ", segment_scale->numel(), " ",
+                      segment_scale->scalar_type());
+    buffer.narrow(0, 0, head).copy_(segment_scale->reshape({1}).view(at::kByte));
+  }
+  buffer.narrow(0, head, scales.numel()).copy_(scales.reshape({-1}).view(at::kByte));
   const at::Tensor c = codes.contiguous();
-  const at::Tensor s = scales.contiguous();
   at::Tensor out = at::empty({n}, codes.options().dtype(dtype));
-  if (n > 0) dequantize_into(flat_codes(s, c, n, block_size, *format), out);
+  if (n > 0) dequantize_into(flat_codes(buffer.narrow(0, head, scales.numel()), c, n, block_size, format), out);
   return out;
 }
 
@@ -98,8 +130,8 @@ void quantize_segments(const at::Tensor& x, const at::Tensor& out, int64_t num_s
                        double premul, const std::optional<at::Tensor>& premul_tensor, const std::string& rounding,
                        int64_t rounding_key) {
   const char* op = "fp8comm.quantize_segments";
-  check_block_size(block_size, op);
   const WireFormat format = wire_format_of(wire_format, op);
+  check_block_size(block_size, format, op);
   check_wire(op, "out", out, num_segments, segment_numel, block_size, format);
   elem_type_of(x.scalar_type(), op);
   TORCH_CHECK(x.device() == out.device(), op, ": x on ", x.device(), " but out on ", out.device());
@@ -120,8 +152,8 @@ void quantize_segments(const at::Tensor& x, const at::Tensor& out, int64_t num_s
 void dequantize_segments(const at::Tensor& segments, const at::Tensor& out, int64_t num_segments,
                          int64_t segment_numel, int64_t block_size, const std::string& wire_format) {
   const char* op = "fp8comm.dequantize_segments";
-  check_block_size(block_size, op);
   const WireFormat format = wire_format_of(wire_format, op);
+  check_block_size(block_size, format, op);
   check_wire(op, "segments", segments, num_segments, segment_numel, block_size, format);
   check_out(op, out, segments, num_segments * segment_numel);
   dequantize_into(wire_segments(static_cast<uint8_t*>(segments.data_ptr()), num_segments,
@@ -153,9 +185,9 @@ void dequant_sum(const at::Tensor& pieces, const at::Tensor& out, int64_t num_pi
                  int64_t block_size, const std::string& wire_format, int64_t post_div, const std::optional<at::Tensor>& own,
                  double own_premul) {
   const char* op = "fp8comm.dequant_sum";
-  check_block_size(block_size, op);
   check_post_div(op, post_div);
   const WireFormat format = wire_format_of(wire_format, op);
+  check_block_size(block_size, format, op);
   check_wire(op, "pieces", pieces, num_pieces, segment_numel, block_size, format, own ? 0 : 1);
   check_out(op, out, pieces, segment_numel);
   TORCH_CHECK(!own || own->scalar_type() == out.scalar_type(), op, ": own is ", own ? own->scalar_type() : at::kFloat,
@@ -170,9 +202,9 @@ void dequant_sum_requantize(const at::Tensor& pieces, const at::Tensor& out, int
                             const std::optional<at::Tensor>& own, double own_premul, const std::string& rounding,
                             int64_t rounding_key) {
   const char* op = "fp8comm.dequant_sum_requantize";
-  check_block_size(block_size, op);
   check_post_div(op, post_div);
   const WireFormat format = wire_format_of(wire_format, op);
+  check_block_size(block_size, format, op);
   check_wire(op, "pieces", pieces, num_pieces, segment_numel, block_size, format, own ? 0 : 1);
   check_wire(op, "out", out, 1, segment_numel, block_size, format);
   TORCH_CHECK(out.device() == pieces.device(), op, ": out on ", out.device(), " but pieces on ",
@@ -191,8 +223,10 @@ void dequant_sum_requantize(const at::Tensor& pieces, const at::Tensor& out, int
 TORCH_LIBRARY(fp8comm, m) {
   m.def(
       "quantize(Tensor x, int block_size, str wire_format, str rounding=\"nearest\", int rounding_key=0) -> "
-      "(Tensor codes, Tensor scales)");
-  m.def("dequantize(Tensor codes, Tensor scales, int block_size, ScalarType dtype, int numel=-1) -> Tensor");
+      "(Tensor codes, Tensor scales, Tensor segment_scale)");
+  m.def(
+      "dequantize(Tensor codes, Tensor scales, Tensor? segment_scale, int block_size, ScalarType dtype, "
+      "int numel, str wire_format) -> Tensor");
   m.def(
       "quantize_segments(Tensor x, Tensor(a!) out, int num_segments, int segment_numel, "
       "int block_size, str wire_format, float premul=1.0, Tensor? premul_tensor=None, "

@@ -25,6 +25,14 @@ void check_block_size(int64_t block_size, const char* what) {
                     block_size);
 }
 
+void check_block_size(int64_t block_size, WireFormat format, const char* what) {
+  check_block_size(block_size, what);
+  const int required = required_block_size(format);
+  TORCH_CHECK_VALUE(required == 0 || block_size == required, what, ": wire_format '", wire_format_name(format),
+                    "' has blocks of ", required, " elements, got block_size=", block_size, "; use block_size=",
+                    required, " (or leave it unset) with it");
+}
+
 namespace {
 
 // The device's current stream as a cudaStream_t, with the device made current.

@@ -17,6 +17,8 @@ ElemType elem_type_of(at::ScalarType dtype, const char* what);
 bool is_codec_dtype(at::ScalarType dtype);  // float32, bfloat16, float16
 // The one block-size rule (is_valid_block_size); raises ValueError naming `what`.
 void check_block_size(int64_t block_size, const char* what);
+// The same, and the block size `format` requires (WireTraits::kBlockSize).
+void check_block_size(int64_t block_size, WireFormat format, const char* what);
 
 // The same operations as codec.h; `src`/`dst` are contiguous tensors on the
 // device whose memory `codes` points into. premul_tensor (one float32 element

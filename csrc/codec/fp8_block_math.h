@@ -121,30 +121,61 @@ struct Fp8Traits<Fp8Dtype::E5M2> : MiniFloatBits<8, 15, 2, 0x7B, true, true, 0x7
 static_assert(Fp8Traits<Fp8Dtype::E4M3>::kMax == 448.0f && Fp8Traits<Fp8Dtype::E5M2>::kMax == 57344.0f,
               "fp8_max of the OCP FP8 formats");
 
-// The wire element formats of the block codec (DESIGN.md, "Wire format"):
-// each block of codes has one E8M0 scale byte. A format is one WireTraits
-// entry (its bits, code width included), one case in dispatch_wire_format and
-// one row in the torch table (fp8_dtype_table.h); the codec reaches it through
-// those alone. The enum values are the segment header's format byte.
-enum class WireFormat : int { E4M3 = 0, E5M2 = 1, MXFP4 = 2 };
+// How a wire format stores the scales of its blocks (DESIGN.md, "Wire
+// format"); the scale functions below (block_scale_byte, block_encoding,
+// block_scale) are the one place that reads it.
+enum class ScaleKind : int {
+  // One E8M0 byte per block: the power of two 2^(byte - 127); 0xFF is NaN.
+  kE8M0 = 0,
+  // One E4M3 byte per block times one FP32 power of two per segment, stored
+  // in the 4 bytes before the segment's block scales; E4M3's 0x7F is NaN.
+  kE4M3TimesSegment = 1,
+};
+
+// The wire element formats of the block codec (DESIGN.md, "Wire format"). A
+// format is one WireTraits entry (its element bits, code width included; its
+// scale kind; the block size it requires, 0 for any valid one), one case in
+// dispatch_wire_format and one row in the torch table (fp8_dtype_table.h);
+// the codec reaches it through those alone. The enum values are the segment
+// header's format byte.
+enum class WireFormat : int { E4M3 = 0, E5M2 = 1, MXFP4 = 2, NVFP4 = 3 };
+
+// The scale part of a format's traits.
+template <ScaleKind S, int BlockSize>
+struct ScaleTraits {
+  static constexpr ScaleKind kScaleKind = S;
+  static constexpr int kBlockSize = BlockSize;  // 0: any valid block size
+  static constexpr int kSegmentScaleBytes = S == ScaleKind::kE4M3TimesSegment ? 4 : 0;
+  static constexpr uint8_t kNanScale = S == ScaleKind::kE8M0 ? 0xFF : 0x7F;
+};
 
 template <WireFormat W>
 struct WireTraits;
 
 template <>
-struct WireTraits<WireFormat::E4M3> : Fp8Traits<Fp8Dtype::E4M3> {};
+struct WireTraits<WireFormat::E4M3> : Fp8Traits<Fp8Dtype::E4M3>, ScaleTraits<ScaleKind::kE8M0, 0> {};
 
 template <>
-struct WireTraits<WireFormat::E5M2> : Fp8Traits<Fp8Dtype::E5M2> {};
+struct WireTraits<WireFormat::E5M2> : Fp8Traits<Fp8Dtype::E5M2>, ScaleTraits<ScaleKind::kE8M0, 0> {};
 
-// OCP MX FP4: E2M1 codes {0, 0.5, 1, 1.5, 2, 3, 4, 6} and sign, two per byte
-// (element 2i in the low nibble, 2i + 1 in the high one). No Inf or NaN code:
-// a block holding a non-finite input gets the E8M0 NaN scale (kNanScaleByte),
-// so all of it decodes to NaN; its codes are those of its finite elements, 0
-// for the non-finite ones.
+// E2M1 codes {0, 0.5, 1, 1.5, 2, 3, 4, 6} and sign, two per byte (element 2i
+// in the low nibble, 2i + 1 in the high one). No Inf or NaN code: a block
+// holding a non-finite input gets its scale kind's NaN scale, so all of it
+// decodes to NaN; its codes are those of its finite elements, 0 for the
+// non-finite ones.
+using E2M1Bits = MiniFloatBits<4, 1, 1, 0x7, false, false, 0x0>;
+
+// OCP MX FP4: E2M1 with an E8M0 scale per block.
 template <>
-struct WireTraits<WireFormat::MXFP4> : MiniFloatBits<4, 1, 1, 0x7, false, false, 0x0> {
+struct WireTraits<WireFormat::MXFP4> : E2M1Bits, ScaleTraits<ScaleKind::kE8M0, 0> {
   static constexpr const char* kName = "mxfp4";
+};
+
+// NVFP4: E2M1 in blocks of 16, each with an E4M3 scale, times one FP32 scale
+// per segment.
+template <>
+struct WireTraits<WireFormat::NVFP4> : E2M1Bits, ScaleTraits<ScaleKind::kE4M3TimesSegment, 16> {
+  static constexpr const char* kName = "nvfp4";
 };
 
 static_assert(WireTraits<WireFormat::MXFP4>::kMax == 6.0f, "E2M1's largest value");
@@ -173,6 +204,7 @@ decltype(auto) dispatch_wire_format(WireFormat w, Fn&& fn) {
     case WireFormat::E4M3: return fn(WireConstant<WireFormat::E4M3>{});
     case WireFormat::E5M2: return fn(WireConstant<WireFormat::E5M2>{});
     case WireFormat::MXFP4: return fn(WireConstant<WireFormat::MXFP4>{});
+    case WireFormat::NVFP4: return fn(WireConstant<WireFormat::NVFP4>{});
   }
   throw std::invalid_argument("fp8comm: unknown WireFormat " + std::to_string(static_cast<int>(w)));
 }
@@ -198,6 +230,20 @@ decltype(auto) with_codec_types(ElemType type, WireFormat format, Fn&& fn) {
   });
 }
 
+// with_codec_types for kernels written for one scale kind (the x86 SIMD
+// kernels: E8M0); a format of another kind raises instead of instantiating them.
+template <ScaleKind K, typename Fn>
+void with_codec_types_of_kind(ElemType type, WireFormat format, Fn&& fn) {
+  with_codec_types(type, format, [&](auto e, auto w) {
+    if constexpr (WireTraits<decltype(w)::value>::kScaleKind == K) {
+      fn(e, w);
+    } else {
+      throw std::invalid_argument(std::string("fp8comm: no kernel of this scale kind for wire format ") +
+                                  WireTraits<decltype(w)::value>::kName);
+    }
+  });
+}
+
 // The same over element types and FP8 compute dtypes (the linear casts).
 template <typename Fn>
 decltype(auto) with_cast_types(ElemType type, Fp8Dtype fp8_dtype, Fn&& fn) {
@@ -211,7 +257,7 @@ inline const char* fp8_dtype_name(Fp8Dtype f) {
   return dispatch_fp8_dtype(f, [](auto c) { return Fp8Traits<decltype(c)::value>::kName; });
 }
 
-// "e4m3", "e5m2", "mxfp4".
+// "e4m3", "e5m2", "mxfp4", "nvfp4".
 inline const char* wire_format_name(WireFormat w) {
   return dispatch_wire_format(w, [](auto c) { return WireTraits<decltype(c)::value>::kName; });
 }
@@ -219,6 +265,20 @@ inline const char* wire_format_name(WireFormat w) {
 // Bits of one code.
 inline int code_bits(WireFormat w) {
   return dispatch_wire_format(w, [](auto c) { return WireTraits<decltype(c)::value>::kCodeBits; });
+}
+
+// The block size a format requires; 0: any valid block size.
+inline int required_block_size(WireFormat w) {
+  return dispatch_wire_format(w, [](auto c) { return WireTraits<decltype(c)::value>::kBlockSize; });
+}
+
+inline ScaleKind scale_kind(WireFormat w) {
+  return dispatch_wire_format(w, [](auto c) { return WireTraits<decltype(c)::value>::kScaleKind; });
+}
+
+// Bytes before a segment's block scales (its segment scale).
+inline int segment_scale_bytes(WireFormat w) {
+  return dispatch_wire_format(w, [](auto c) { return WireTraits<decltype(c)::value>::kSegmentScaleBytes; });
 }
 
 // Bytes holding the codes of n >= 0 elements (n a multiple of two for 4-bit codes).
@@ -229,10 +289,12 @@ FP8C_HD constexpr int64_t code_bytes(int64_t n) {
   return WireTraits<W>::kCodeBits == 8 ? n : n >> 1;
 }
 
+// ---------------------------------------------------------------- E8M0 scales
 // Smallest e with amax <= max * 2^e (the block maximum never saturates),
 // clamped to the scale range. amax_bits: bits of a finite non-negative float.
 template <WireFormat F>
 FP8C_HD int scale_exponent(uint32_t amax_bits) {
+  static_assert(WireTraits<F>::kScaleKind == ScaleKind::kE8M0, "an E8M0 format's scale");
   int exp = static_cast<int>(amax_bits >> 23) - 127;
   // amax = 1.m * 2^exp; max = 1.m' * 2^kMaxExp: one more when m > m'.
   int e = exp - WireTraits<F>::kMaxExp + ((amax_bits & 0x7FFFFFu) > WireTraits<F>::kMaxMantissa ? 1 : 0);
@@ -245,14 +307,14 @@ FP8C_HD uint8_t scale_byte(uint32_t amax_bits) {
   return static_cast<uint8_t>(scale_exponent<F>(amax_bits) + kScaleBias);
 }
 
-// The scale byte a block stores: scale_byte of its finite maximum, or, for a
-// format without NaN codes, kNanScaleByte when the block holds a non-finite
-// input (`nonfinite` non-zero). Its codes are encoded with scale_byte's scale
-// either way.
+// The scale byte a block stores: the scale byte of its finite maximum, or,
+// for a format without NaN codes, its scale kind's NaN when the block holds a
+// non-finite input (`nonfinite` non-zero). Its codes are encoded with the
+// finite scale either way.
 template <WireFormat F>
 FP8C_HD uint8_t stored_scale_byte(uint8_t finite_scale_byte, uint32_t nonfinite) {
   if constexpr (WireTraits<F>::kHasNanCode) return finite_scale_byte;
-  return nonfinite != 0 ? kNanScaleByte : finite_scale_byte;
+  return nonfinite != 0 ? WireTraits<F>::kNanScale : finite_scale_byte;
 }
 
 // 1 when v is Inf or NaN, else 0 (or-reduced over a block for
@@ -265,6 +327,7 @@ FP8C_HD uint32_t nonfinite_bit(float v) { return (float_bits(v) & 0x7FFFFFFFu) >
 template <WireFormat F>
 FP8C_HD uint32_t code_limit(uint8_t scale_byte) {
   using T = WireTraits<F>;
+  static_assert(T::kScaleKind == ScaleKind::kE8M0, "an E8M0 format's scale");
   // exponent field of the binade just below 2^128 / 2^e.
   const int top = 127 - (static_cast<int>(scale_byte) - kScaleBias) + static_cast<int>(127 - T::kRebias);
   const int full = (top << T::kMantBits) | ((1 << T::kMantBits) - 1);
@@ -323,6 +386,125 @@ FP8C_HD float decode_code(uint8_t c) {
   if constexpr (T::kHasNanCode) bits = em >= T::kFirstNonFinite ? 0x7FC00000u : bits;
   if constexpr (T::kHasInf) bits = em == T::kInfCode ? 0x7F800000u : bits;
   return bits_float(bits | sign);
+}
+
+// ---------------------------------------------------------------- scales by kind
+// What every codec path calls, for a format of any scale kind. A block's
+// scale S comes from its stored byte and its segment's scale g (1 for E8M0
+// formats); its codes are q(x / S), decoded as value(code) * S.
+//
+// kE4M3TimesSegment: g is the smallest power of two with segment amax <=
+// max * 448 * g, in [2^-117, 2^117] so every S is a normal float; the block's
+// byte is the E4M3 code c nearest to amax / (max * g), one code higher where
+// amax / S would exceed 7 (E4M3 subnormals, whose steps are coarse). So S =
+// value(c) * g is exact, and the block maximum, at most max + 1/16 of it in
+// code units, always rounds to its nearest code on E2M1's grid continued
+// past 6 (the next code would be 8): it never saturates beyond a rounding
+// step. A block of zeros stores 1.0 (0x38).
+constexpr int kSegmentScaleMinExp = -117;
+constexpr int kSegmentScaleMaxExp = 117;
+constexpr uint8_t kE4M3One = 0x38;
+
+// The segment scale g of a segment whose finite amax has bits amax_bits.
+template <WireFormat F>
+FP8C_HD float segment_scale(uint32_t amax_bits) {
+  using T = WireTraits<F>;
+  if constexpr (T::kScaleKind == ScaleKind::kE8M0) {
+    return 1.0f;
+  } else {
+    using S = WireTraits<WireFormat::E4M3>;
+    // limit = max * 448 = 1.m * 2^k (exact); e = exp - k, one more when m' > m.
+    const uint32_t limit_bits = float_bits(T::kMax * S::kMax);
+    const int exp = static_cast<int>(amax_bits >> 23) - 127;
+    int e = exp - (static_cast<int>(limit_bits >> 23) - 127) +
+            ((amax_bits & 0x7FFFFFu) > (limit_bits & 0x7FFFFFu) ? 1 : 0);
+    e = e < kSegmentScaleMinExp ? kSegmentScaleMinExp : e;
+    e = e > kSegmentScaleMaxExp ? kSegmentScaleMaxExp : e;
+    return amax_bits == 0 ? 1.0f : pow2f(e);
+  }
+}
+
+// A segment's g, stored in the 4 bytes before its block scales (none for E8M0).
+template <WireFormat F>
+FP8C_HD float load_segment_scale(const uint8_t* block_scales) {
+  if constexpr (WireTraits<F>::kSegmentScaleBytes == 0) {
+    return 1.0f;
+  } else {
+    uint32_t u;
+    memcpy(&u, block_scales - 4, 4);
+    return bits_float(u);
+  }
+}
+
+template <WireFormat F>
+FP8C_HD void store_segment_scale(uint8_t* block_scales, float g) {
+  if constexpr (WireTraits<F>::kSegmentScaleBytes != 0) {
+    const uint32_t u = float_bits(g);
+    memcpy(block_scales - 4, &u, 4);
+  }
+}
+
+// The byte of a block whose finite amax has bits amax_bits (before
+// stored_scale_byte).
+template <WireFormat F>
+FP8C_HD uint8_t block_scale_byte(uint32_t amax_bits, float g) {
+  using T = WireTraits<F>;
+  if constexpr (T::kScaleKind == ScaleKind::kE8M0) {
+    return scale_byte<F>(amax_bits);
+  } else {
+    constexpr WireFormat S = WireFormat::E4M3;
+    const float amax = bits_float(amax_bits);
+    const float unit = T::kMax * g;  // exact: a power of two times max
+    uint32_t c = encode_code<S>(amax / unit, WireTraits<S>::kMaxCode);
+    // value(c) has 4 significant bits, so value(c) * 7 * g is exact.
+    c = decode_code<S>(static_cast<uint8_t>(c)) * (7.0f * g) < amax ? c + 1 : c;
+    return amax_bits == 0 ? kE4M3One : static_cast<uint8_t>(c);
+  }
+}
+
+// The scale S of a stored byte (NaN for its kind's NaN byte).
+template <WireFormat F>
+FP8C_HD float block_scale(uint8_t b, float g) {
+  if constexpr (WireTraits<F>::kScaleKind == ScaleKind::kE8M0) {
+    return scale_from_byte(b);
+  } else {
+    return decode_code<WireFormat::E4M3>(b) * g;  // NaN for 0x7F
+  }
+}
+
+// How a block's elements become codes: x * factor (E8M0: 1 / S, exact) or
+// x / factor (S), and the largest magnitude code (one whose value times S
+// stays finite).
+struct BlockEncoding {
+  float factor;
+  uint32_t limit;
+};
+
+template <WireFormat F>
+FP8C_HD BlockEncoding block_encoding(uint8_t finite_byte, float g) {
+  using T = WireTraits<F>;
+  if constexpr (T::kScaleKind == ScaleKind::kE8M0) {
+    return BlockEncoding{inv_scale_from_byte(finite_byte), code_limit<F>(finite_byte)};
+  } else {
+    const float s = block_scale<F>(finite_byte, g);
+    uint32_t limit = T::kMaxCode;
+    while (limit > 0 && !(decode_code<F>(static_cast<uint8_t>(limit)) * s <= 3.4028234663852886e38f)) --limit;
+    return BlockEncoding{s, limit};
+  }
+}
+
+// x in code units of its block.
+template <WireFormat F>
+FP8C_HD float to_code_units(float x, const BlockEncoding& enc) {
+  if constexpr (WireTraits<F>::kScaleKind == ScaleKind::kE8M0) {
+    return x * enc.factor;
+  } else {
+#if defined(__CUDA_ARCH__)
+    return __fdiv_rn(x, enc.factor);
+#else
+    return x / enc.factor;
+#endif
+  }
 }
 
 // Codes of element i in a block's code bytes: one byte each, or two 4-bit

@@ -15,9 +15,9 @@ std::string lower(std::string s) {
 
 }  // namespace
 
-c10::ScalarType codes_type_of(WireFormat format) {
+const WireFormatRow& wire_format_row(WireFormat format) {
   for (const auto& row : kWireFormatTable) {
-    if (row.format == format) return row.codes_type;
+    if (row.format == format) return row;
   }
   TORCH_CHECK(false, "fp8comm: wire format ", wire_format_name(format), " has no row in kWireFormatTable");
 }
@@ -25,13 +25,6 @@ c10::ScalarType codes_type_of(WireFormat format) {
 std::optional<WireFormat> find_wire_format(const std::string& name) {
   for (const auto& row : kWireFormatTable) {
     if (lower(name) == wire_format_name(row.format)) return row.format;
-  }
-  return std::nullopt;
-}
-
-std::optional<WireFormat> find_wire_format(c10::ScalarType codes_type) {
-  for (const auto& row : kWireFormatTable) {
-    if (row.codes_type == codes_type) return row.format;
   }
   return std::nullopt;
 }

@@ -22,23 +22,25 @@ inline constexpr Fp8DtypeRow kFp8DtypeTable[] = {
     {Fp8Dtype::E5M2, c10::ScalarType::Float8_e5m2},
 };
 
-// The codes of a wire format as a torch tensor holds them (MXFP4: two codes
-// per float4_e2m1fn_x2 element, the low nibble first).
+// The codes and block scales of a wire format as torch tensors hold them
+// (4-bit codes: two per float4_e2m1fn_x2 element, the low nibble first).
+// Two formats may share a codes dtype, so a dtype never names a format.
 struct WireFormatRow {
   WireFormat format;
   c10::ScalarType codes_type;
+  c10::ScalarType scales_type;
 };
 
 inline constexpr WireFormatRow kWireFormatTable[] = {
-    {WireFormat::E4M3, c10::ScalarType::Float8_e4m3fn},
-    {WireFormat::E5M2, c10::ScalarType::Float8_e5m2},
-    {WireFormat::MXFP4, c10::ScalarType::Float4_e2m1fn_x2},
+    {WireFormat::E4M3, c10::ScalarType::Float8_e4m3fn, c10::ScalarType::Float8_e8m0fnu},
+    {WireFormat::E5M2, c10::ScalarType::Float8_e5m2, c10::ScalarType::Float8_e8m0fnu},
+    {WireFormat::MXFP4, c10::ScalarType::Float4_e2m1fn_x2, c10::ScalarType::Float8_e8m0fnu},
+    {WireFormat::NVFP4, c10::ScalarType::Float4_e2m1fn_x2, c10::ScalarType::Float8_e4m3fn},
 };
 
-c10::ScalarType codes_type_of(WireFormat format);
-// By name, any case ("mxfp4"), or by the torch dtype of its codes.
+const WireFormatRow& wire_format_row(WireFormat format);
+// By name, any case ("mxfp4").
 std::optional<WireFormat> find_wire_format(const std::string& name);
-std::optional<WireFormat> find_wire_format(c10::ScalarType codes_type);
 // The format named `name`; raises an error naming `what` when none is.
 WireFormat wire_format_of(const std::string& name, const char* what);
 // "'e4m3', 'e5m2' or 'mxfp4'".
