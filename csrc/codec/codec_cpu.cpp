@@ -153,11 +153,11 @@ FP8C_HD uint8_t requantize_run(const float* acc, Count n, float g, uint8_t* code
   return stored_scale_byte<F>(sb, any_nonfinite<F>(n, [&](int64_t i) { return acc[i]; }));
 }
 
-// Whether the SIMD kernels (codec_cpu_avx2.cpp, codec_cpu_avx512.cpp) take a
+// Whether the AVX-512 kernels (codec_cpu_avx512.cpp, block size 32) take a
 // format's whole blocks: they are written for E8M0 scales; other scale kinds
-// take the loops here.
+// take the AVX2 ones (codec_cpu_avx2.cpp), which serve every kind.
 template <WireFormat F>
-constexpr bool kSimdKernels = WireTraits<F>::kScaleKind == ScaleKind::kE8M0;
+constexpr bool kAvx512Kernels = WireTraits<F>::kScaleKind == ScaleKind::kE8M0;
 
 // For a format with a segment scale: each segment's g, from the finite amax
 // of what goes into it (amax_of(r, j): block j of segment r), stored before
@@ -206,12 +206,12 @@ FP8C_VECTOR_CLONES void quantize_blocks(const Storage<E>* src, int64_t numel, fl
     int64_t run = 1;
     const bool stochastic = dst.rounding == Rounding::kStochastic;
     const StochasticRun sr = stochastic ? dst.stochastic_run(r, j * B) : StochasticRun{};
-    if (kSimdKernels<F> && simd != Simd::kOff && valid == B) {
+    if (simd != Simd::kOff && valid == B) {
       run = std::min(end - blk, (seg_valid - j * B) / B);  // whole blocks left in this segment
-      if (simd == Simd::kAvx512 && B == 32) {
+      if (kAvx512Kernels<F> && simd == Simd::kAvx512 && B == 32) {
         avx512::quantize_blocks32(s, E, F, run, premul, codes, scales, stochastic ? &sr : nullptr);
       } else {
-        avx2::quantize_full_blocks(s, E, F, run, static_cast<int>(B), premul, codes, scales,
+        avx2::quantize_full_blocks(s, E, F, run, static_cast<int>(B), premul, g, codes, scales,
                                    stochastic ? &sr : nullptr);
       }
     } else if (stochastic) {
@@ -242,9 +242,10 @@ FP8C_VECTOR_CLONES void dequantize_blocks(const BlockCodes src, Storage<E>* dst,
     const int64_t valid = std::max<int64_t>(0, std::min(width, numel - first));
     const uint8_t* scales = src.scales + r * src.stride + j;
     const uint8_t* codes = src.codes + r * src.stride + code_bytes<F>(j * B);
-    if (kSimdKernels<F> && simd && valid == B) {
+    if (simd && valid == B) {
       const int64_t run = std::min(end - blk, std::min(src.segment_numel - j * B, numel - first) / B);
-      avx2::dequantize_full_blocks(codes, scales, F, run, static_cast<int>(B), dst + first, E, output_bytes);
+      avx2::dequantize_full_blocks(codes, scales, load_segment_scale<F>(src.scales + r * src.stride), F, run,
+                                   static_cast<int>(B), dst + first, E, output_bytes);
       blk += run;
       continue;
     }
@@ -318,7 +319,7 @@ FP8C_VECTOR_CLONES void dequant_sum_blocks(const BlockCodes pieces, const OwnAdd
   float acc[kMaxBlockSize];
   for (int64_t j = begin; j < end; ++j) {
     const int64_t width = std::min(B, numel - j * B);
-    const int64_t whole = kSimdKernels<F> && simd ? std::min(end - j, whole_blocks_from(j, B, numel, own)) : 0;
+    const int64_t whole = simd ? std::min(end - j, whole_blocks_from(j, B, numel, own)) : 0;
     if (whole > 0) {
       avx2::dequant_sum_full_blocks(pieces, own, post_div, j, whole, dst + j * B, E);
       j += whole - 1;
@@ -340,22 +341,22 @@ FP8C_VECTOR_CLONES void dequant_sum_requantize_blocks(const BlockCodes pieces, c
   const int64_t total_blocks = ceil_div(out.capacity, B);
   int64_t j = begin;
   const bool stochastic = out.rounding == Rounding::kStochastic;
-  if (kSimdKernels<F> && simd != Simd::kOff) {
+  const float g = load_segment_scale<F>(out.scales);
+  if (simd != Simd::kOff) {
     const int64_t whole = std::min(end - begin, whole_blocks_from(begin, B, out.capacity, own));
     const StochasticRun sr = stochastic ? out.stochastic_run(0, begin * B) : StochasticRun{};
-    if (whole > 0 && simd == Simd::kAvx512 && B == 32) {
+    if (whole > 0 && kAvx512Kernels<F> && simd == Simd::kAvx512 && B == 32) {
       avx512::dequant_sum_requantize_blocks32(pieces, own, post_div, begin, whole,
                                               out.codes + code_bytes<F>(begin * B), out.scales + begin,
                                               stochastic ? &sr : nullptr);
     } else if (whole > 0) {
-      avx2::dequant_sum_requantize_full_blocks(pieces, own, post_div, begin, whole,
+      avx2::dequant_sum_requantize_full_blocks(pieces, own, post_div, begin, whole, g,
                                                out.codes + code_bytes<F>(begin * B), out.scales + begin,
                                                stochastic ? &sr : nullptr);
     }
     j += std::max<int64_t>(0, whole);
   }
   float acc[kMaxBlockSize];
-  const float g = load_segment_scale<F>(out.scales);
   for (; j < end; ++j) {
     const int64_t width = std::min(B, out.capacity - j * B);
     sum_block<E, F>(pieces, own, post_div, j, width, acc);

@@ -23,18 +23,30 @@ namespace {
 #define FP8C_AVX2 __attribute__((target("avx2,f16c")))
 #define FP8C_AVX2_INLINE inline __attribute__((target("avx2,f16c"), always_inline))
 
-// The block size: the default 32 as a compile-time constant (loops unroll,
+// The block size: the one a format requires (NVFP4's 16; the codec has
+// checked it) or the default 32 as a compile-time constant (loops unroll,
 // constants stay in registers), any other multiple of 16 at run time.
 using Block32 = std::integral_constant<int64_t, 32>;
 
-template <typename Fn>
+template <WireFormat F, typename Fn>
 void with_block(int block_size, Fn&& fn) {
-  if (block_size == 32) {
+  constexpr int kRequired = WireTraits<F>::kBlockSize;
+  if constexpr (kRequired != 0) {
+    fn(std::integral_constant<int64_t, kRequired>{});
+  } else if (block_size == 32) {
     fn(Block32{});
   } else {
     fn(static_cast<int64_t>(block_size));
   }
 }
+
+// Whether a format's block scales are powers of two (E8M0): encoding is then
+// an exact multiply by the inverse scale, and the encode of a block's maximum
+// never exceeds the largest code below the code limit, so the kNormal and
+// kFinite encodes and the grouped quantize apply. Other scale kinds divide,
+// and a quotient may round onto the code past the largest: every lane clamps.
+template <WireFormat F>
+constexpr bool kPow2Scales = WireTraits<F>::kScaleKind == ScaleKind::kE8M0;
 
 using x86::splat;
 
@@ -104,8 +116,9 @@ FP8C_AVX2_INLINE uint32_t min_lane(__m256i v) {
 // What a block's lanes are known to be, from most to least special-cased:
 // kNormal: finite, each zero or in the code's normal range after scaling, and the
 // code limit is the format's largest code; kFinite: finite with that limit
-// (subnormals possible); kAny: anything (Inf/NaN, or an amax near FLT_MAX).
-enum class Lanes { kNormal, kFinite, kAny };
+// (subnormals possible); kLimited: finite, any code limit (clamped to it);
+// kAny: anything (Inf/NaN too).
+enum class Lanes { kNormal, kFinite, kLimited, kAny };
 
 // encode_code of eight lanes, as uint32 codes; the cases `L` excludes skipped.
 template <WireFormat F, Lanes L>
@@ -126,6 +139,7 @@ FP8C_AVX2_INLINE __m256i encode8(__m256 v, __m256i limit) {
   __m256i code = _mm256_blendv_epi8(normal, sub, _mm256_cmpgt_epi32(splat(T::kMinNormalBits), a));
   if constexpr (L == Lanes::kFinite) return _mm256_or_si256(code, sign);
   code = _mm256_or_si256(_mm256_min_epu32(code, limit), sign);
+  if constexpr (L == Lanes::kLimited) return code;
   __m256i special = splat(T::kNanCode);
   if constexpr (T::kHasInf) {
     special = _mm256_blendv_epi8(special, _mm256_or_si256(splat(T::kInfCode), sign),
@@ -297,23 +311,35 @@ struct Accumulated {
   FP8C_AVX2_INLINE __m256 operator()(int64_t i) const { return _mm256_load_ps(acc + 8 * i); }
 };
 
+// to_code_units of eight lanes: x times the inverse scale (E8M0, exact), or
+// x divided by the scale (correctly rounded, as the scalar division).
+template <WireFormat F>
+FP8C_AVX2_INLINE __m256 to_code_units8(__m256 x, __m256 factor) {
+  if constexpr (kPow2Scales<F>) {
+    return _mm256_mul_ps(x, factor);
+  } else {
+    return _mm256_div_ps(x, factor);
+  }
+}
+
 // One block of B (a multiple of 16) float lanes `x(i)` (i counts vectors of
-// eight) quantized into codes; returns the scale byte.
+// eight) quantized into codes with a block_encoding's factor and limit.
 template <WireFormat F, Lanes L, typename Source>
-FP8C_AVX2_INLINE void encode_scaled(Source x, int64_t vectors, __m256 inv, __m256i limit, uint8_t* codes) {
+FP8C_AVX2_INLINE void encode_scaled(Source x, int64_t vectors, __m256 factor, __m256i limit, uint8_t* codes) {
   for (int64_t i = 0; i < vectors; i += 2) {
-    store_codes16<F>(codes + code_bytes<F>(8 * i), encode8<F, L>(_mm256_mul_ps(x(i), inv), limit),
-                     encode8<F, L>(_mm256_mul_ps(x(i + 1), inv), limit));
+    store_codes16<F>(codes + code_bytes<F>(8 * i), encode8<F, L>(to_code_units8<F>(x(i), factor), limit),
+                     encode8<F, L>(to_code_units8<F>(x(i + 1), factor), limit));
   }
 }
 
 template <WireFormat F, Lanes L, typename Source>
-FP8C_AVX2_INLINE void encode_block(Source x, int64_t vectors, uint8_t sb, uint8_t* codes) {
-  encode_scaled<F, L>(x, vectors, _mm256_set1_ps(inv_scale_from_byte(sb)), splat(code_limit<F>(sb)), codes);
+FP8C_AVX2_INLINE void encode_block(Source x, int64_t vectors, const BlockEncoding& enc, uint8_t* codes) {
+  encode_scaled<F, L>(x, vectors, _mm256_set1_ps(enc.factor), splat(enc.limit), codes);
 }
 
+// One block quantized; returns its scale byte. g: its segment's scale.
 template <WireFormat F, typename Source>
-FP8C_AVX2_INLINE uint8_t quantize_block(Source x, int64_t vectors, uint8_t* codes) {
+FP8C_AVX2_INLINE uint8_t quantize_block(Source x, int64_t vectors, float g, uint8_t* codes) {
   // First the max of |x| over all lanes, non-finite ones included (when it is
   // finite it is the block amax), and the smallest non-zero |x| (a - 1 wraps
   // zeros to the top): they tell which encode applies.
@@ -322,26 +348,29 @@ FP8C_AVX2_INLINE uint8_t quantize_block(Source x, int64_t vectors, uint8_t* code
   for (int64_t i = 0; i < vectors; ++i) {
     const __m256i a = _mm256_and_si256(_mm256_castps_si256(x(i)), splat(0x7FFFFFFF));
     raw = _mm256_max_epu32(raw, a);
-    low = _mm256_min_epu32(low, _mm256_sub_epi32(a, splat(1)));
+    if constexpr (kPow2Scales<F>) low = _mm256_min_epu32(low, _mm256_sub_epi32(a, splat(1)));
   }
   const uint32_t raw_max = max_lane(raw);
   if (raw_max < 0x7F800000u) {
-    const uint8_t sb = scale_byte<F>(raw_max);
-    if (code_limit<F>(sb) == WireTraits<F>::kMaxCode) {
+    const uint8_t sb = block_scale_byte<F>(raw_max, g);
+    const BlockEncoding enc = block_encoding<F>(sb, g);
+    if (kPow2Scales<F> && enc.limit == WireTraits<F>::kMaxCode) {
       // the smallest non-zero lane, scaled as encode_block scales it (monotonic)
       const uint32_t lowest = min_lane(low) + 1u;
-      if (lowest == 0 || float_bits(bits_float(lowest) * inv_scale_from_byte(sb)) >= WireTraits<F>::kMinNormalBits) {
-        encode_block<F, Lanes::kNormal>(x, vectors, sb, codes);
+      if (lowest == 0 || float_bits(bits_float(lowest) * enc.factor) >= WireTraits<F>::kMinNormalBits) {
+        encode_block<F, Lanes::kNormal>(x, vectors, enc, codes);
       } else {
-        encode_block<F, Lanes::kFinite>(x, vectors, sb, codes);
+        encode_block<F, Lanes::kFinite>(x, vectors, enc, codes);
       }
-      return sb;
+    } else {
+      encode_block<F, Lanes::kLimited>(x, vectors, enc, codes);
     }
+    return sb;
   }
   __m256i amax = _mm256_setzero_si256();
   for (int64_t i = 0; i < vectors; ++i) amax = _mm256_max_epu32(amax, finite_abs(x(i)));
-  const uint8_t sb = scale_byte<F>(max_lane(amax));
-  encode_block<F, Lanes::kAny>(x, vectors, sb, codes);
+  const uint8_t sb = block_scale_byte<F>(max_lane(amax), g);
+  encode_block<F, Lanes::kAny>(x, vectors, block_encoding<F>(sb, g), codes);
   return stored_scale_byte<F>(sb, raw_max >= 0x7F800000u);
 }
 
@@ -350,8 +379,8 @@ FP8C_AVX2_INLINE uint8_t quantize_block(Source x, int64_t vectors, uint8_t* code
 // NaN codes holding a non-finite lane), then every lane through the stochastic encode;
 // `at`: the block's first element from the run's start.
 template <WireFormat F, typename Source>
-FP8C_AVX2_INLINE uint8_t quantize_block_stochastic(Source x, int64_t vectors, const StochasticRun& run, int64_t at,
-                                                   uint8_t* codes) {
+FP8C_AVX2_INLINE uint8_t quantize_block_stochastic(Source x, int64_t vectors, float g, const StochasticRun& run,
+                                                   int64_t at, uint8_t* codes) {
   __m256i raw = _mm256_setzero_si256();  // max |x| bits, non-finite lanes included
   __m256i amax = _mm256_setzero_si256();
   for (int64_t i = 0; i < vectors; ++i) {
@@ -359,13 +388,15 @@ FP8C_AVX2_INLINE uint8_t quantize_block_stochastic(Source x, int64_t vectors, co
     raw = _mm256_max_epu32(raw, _mm256_and_si256(_mm256_castps_si256(v), splat(0x7FFFFFFF)));
     amax = _mm256_max_epu32(amax, finite_abs(v));
   }
-  const uint8_t sb = scale_byte<F>(max_lane(amax));
-  const __m256 inv = _mm256_set1_ps(inv_scale_from_byte(sb));
-  const __m256i limit = splat(code_limit<F>(sb));
+  const uint8_t sb = block_scale_byte<F>(max_lane(amax), g);
+  const BlockEncoding enc = block_encoding<F>(sb, g);
+  const __m256 factor = _mm256_set1_ps(enc.factor);
+  const __m256i limit = splat(enc.limit);
   for (int64_t i = 0; i < vectors; i += 2) {
-    const __m256i lo = encode8_stochastic<F>(_mm256_mul_ps(x(i), inv), limit, rounding_bits8(run, at + 8 * i));
+    const __m256i lo =
+        encode8_stochastic<F>(to_code_units8<F>(x(i), factor), limit, rounding_bits8(run, at + 8 * i));
     const __m256i hi =
-        encode8_stochastic<F>(_mm256_mul_ps(x(i + 1), inv), limit, rounding_bits8(run, at + 8 * i + 8));
+        encode8_stochastic<F>(to_code_units8<F>(x(i + 1), factor), limit, rounding_bits8(run, at + 8 * i + 8));
     store_codes16<F>(codes + code_bytes<F>(8 * i), lo, hi);
   }
   return stored_scale_byte<F>(sb, max_lane(raw) >= 0x7F800000u);
@@ -455,7 +486,7 @@ FP8C_AVX2_INLINE void sum_block(const BlockCodes& pieces, const Storage<E>* own,
   bool fast = pieces.num_segments <= kMaxFastPieces;
   for (int64_t r = 0; fast && r < pieces.num_segments; ++r) {
     const int64_t at = r * pieces.stride;
-    factor[r] = raw_decode_factor<F>(pieces.scales[at + j], daz);
+    factor[r] = raw_decode_factor<F>(pieces.scales[at + j], load_segment_scale<F>(pieces.scales + at), daz);
     fast = factor[r] != 0.0f && plain_codes<F>(pieces.codes + at + code_bytes<F>(j * B), B);
   }
   if (fast) {
@@ -491,13 +522,15 @@ FP8C_AVX2_INLINE void sum_block(const BlockCodes& pieces, const Storage<E>* own,
     }
     return;
   }
+  const float scale0 = own != nullptr ? 0.0f : block_scale<F>(pieces.scales[j], load_segment_scale<F>(pieces.scales));
   for (int64_t i = 0; i < B; i += 8) {
     __m256 s = own != nullptr ? _mm256_mul_ps(load8<E>(own + j * B + i), premul)
                               : _mm256_mul_ps(decode8<F>(pieces.codes + code_bytes<F>(j * B + i)),
-                                              _mm256_set1_ps(scale_from_byte(pieces.scales[j])));
+                                              _mm256_set1_ps(scale0));
     for (int64_t r = first_piece; r < pieces.num_segments; ++r) {
       const int64_t at = r * pieces.stride;
-      const __m256 scale = _mm256_set1_ps(scale_from_byte(pieces.scales[at + j]));
+      const __m256 scale =
+          _mm256_set1_ps(block_scale<F>(pieces.scales[at + j], load_segment_scale<F>(pieces.scales + at)));
       s = _mm256_add_ps(s, _mm256_mul_ps(decode8<F>(pieces.codes + at + code_bytes<F>(j * B + i)), scale));
     }
     if (post_div != 1) s = _mm256_div_ps(s, div);
@@ -507,45 +540,46 @@ FP8C_AVX2_INLINE void sum_block(const BlockCodes& pieces, const Storage<E>* own,
 }
 
 template <ElemType E, WireFormat F, bool kPremul, typename Count>
-FP8C_AVX2 void quantize_run(const Storage<E>* src, int64_t blocks, Count B, float premul, uint8_t* codes,
+FP8C_AVX2 void quantize_run(const Storage<E>* src, int64_t blocks, Count B, float premul, float g, uint8_t* codes,
                             uint8_t* scales, const StochasticRun* stochastic) {
   const __m256 pm = _mm256_set1_ps(premul);
   int64_t j = 0;
   if (stochastic != nullptr) {
     for (; j < blocks; ++j) {
-      scales[j] = quantize_block_stochastic<F>(ScaledInput<E, kPremul>{src + j * B, pm}, B / 8, *stochastic, j * B,
-                                               codes + code_bytes<F>(j * B));
+      scales[j] = quantize_block_stochastic<F>(ScaledInput<E, kPremul>{src + j * B, pm}, B / 8, g, *stochastic,
+                                               j * B, codes + code_bytes<F>(j * B));
     }
     return;
   }
-  if constexpr (std::is_same_v<Count, Block32>) {
+  if constexpr (std::is_same_v<Count, Block32> && kPow2Scales<F>) {
     for (; j + kGroup <= blocks; j += kGroup) {
       if (quantize_group_normal<F>(ScaledInput<E, kPremul>{src + j * B, pm}, codes + code_bytes<F>(j * B),
                                    scales + j)) {
         continue;
       }
       for (int64_t b = j; b < j + kGroup; ++b) {
-        scales[b] = quantize_block<F>(ScaledInput<E, kPremul>{src + b * B, pm}, B / 8, codes + code_bytes<F>(b * B));
+        scales[b] =
+            quantize_block<F>(ScaledInput<E, kPremul>{src + b * B, pm}, B / 8, g, codes + code_bytes<F>(b * B));
       }
     }
   }
   for (; j < blocks; ++j) {
-    scales[j] = quantize_block<F>(ScaledInput<E, kPremul>{src + j * B, pm}, B / 8, codes + code_bytes<F>(j * B));
+    scales[j] = quantize_block<F>(ScaledInput<E, kPremul>{src + j * B, pm}, B / 8, g, codes + code_bytes<F>(j * B));
   }
 }
 
 template <ElemType E, WireFormat F, typename Count>
-FP8C_AVX2 void dequantize_run(const uint8_t* codes, const uint8_t* scales, int64_t blocks, Count B, Storage<E>* dst,
-                              int64_t output_bytes) {
+FP8C_AVX2 void dequantize_run(const uint8_t* codes, const uint8_t* scales, float g, int64_t blocks, Count B,
+                              Storage<E>* dst, int64_t output_bytes) {
   const bool daz = denormals_are_zero();
   const bool stream = E == ElemType::F32 && stream_output(dst, std::max<int64_t>(blocks * B * 4, output_bytes));
   for (int64_t j = 0; j < blocks; ++j) {
     const uint8_t* c = codes + code_bytes<F>(j * B);
     Storage<E>* d = dst + j * B;
-    const float factor = raw_decode_factor<F>(scales[j], daz);
+    const float factor = raw_decode_factor<F>(scales[j], g, daz);
     if (factor != 0.0f && plain_codes<F>(c, B)) {
       const __m256 f = _mm256_set1_ps(factor);
-      if constexpr (E == ElemType::F32) {  // finite codes times a factor <= 2^127: no NaN, stored as they are
+      if constexpr (E == ElemType::F32) {  // finite codes times a finite factor: no NaN, stored as they are
         for (int64_t i = 0; i < B; i += 8) {
           store_f32(d + i, _mm256_mul_ps(decode8_raw<F>(c + code_bytes<F>(i)), f), stream);
         }
@@ -553,7 +587,7 @@ FP8C_AVX2 void dequantize_run(const uint8_t* codes, const uint8_t* scales, int64
       }
       for (int64_t i = 0; i < B; i += 8) store8<E>(d + i, _mm256_mul_ps(decode8_raw<F>(c + code_bytes<F>(i)), f));
     } else {
-      const __m256 scale = _mm256_set1_ps(scale_from_byte(scales[j]));
+      const __m256 scale = _mm256_set1_ps(block_scale<F>(scales[j], g));
       for (int64_t i = 0; i < B; i += 8) store8<E>(d + i, _mm256_mul_ps(decode8<F>(c + code_bytes<F>(i)), scale));
     }
   }
@@ -579,20 +613,20 @@ FP8C_AVX2 void dequant_sum_run(const BlockCodes& pieces, const Storage<E>* own, 
 
 template <ElemType E, WireFormat F, typename Count>
 FP8C_AVX2 void dequant_sum_requantize_run(const BlockCodes& pieces, const Storage<E>* own, float own_premul, Count B,
-                                          int post_div, int64_t j0, int64_t blocks, uint8_t* codes, uint8_t* scales,
-                                          const StochasticRun* stochastic) {
+                                          int post_div, int64_t j0, int64_t blocks, float g, uint8_t* codes,
+                                          uint8_t* scales, const StochasticRun* stochastic) {
   alignas(32) float acc[kMaxBlockSize];
   const bool daz = denormals_are_zero();
   int64_t j = j0;
   if (stochastic != nullptr) {
     for (; j < j0 + blocks; ++j) {
       sum_block<E, F, false>(pieces, own, own_premul, B, post_div, j, daz, acc);
-      scales[j - j0] = quantize_block_stochastic<F>(Accumulated{acc}, B / 8, *stochastic, (j - j0) * B,
+      scales[j - j0] = quantize_block_stochastic<F>(Accumulated{acc}, B / 8, g, *stochastic, (j - j0) * B,
                                                     codes + code_bytes<F>((j - j0) * B));
     }
     return;
   }
-  if constexpr (std::is_same_v<Count, Block32>) {  // eight blocks summed, then quantized as a group
+  if constexpr (std::is_same_v<Count, Block32> && kPow2Scales<F>) {  // eight blocks summed, quantized as a group
     for (; j + kGroup <= j0 + blocks; j += kGroup) {
       for (int64_t b = 0; b < kGroup; ++b) {
         sum_block<E, F, false>(pieces, own, own_premul, B, post_div, j + b, daz, acc + b * B);
@@ -600,13 +634,13 @@ FP8C_AVX2 void dequant_sum_requantize_run(const BlockCodes& pieces, const Storag
       if (quantize_group_normal<F>(Accumulated{acc}, codes + code_bytes<F>((j - j0) * B), scales + (j - j0))) continue;
       for (int64_t b = 0; b < kGroup; ++b) {
         scales[j - j0 + b] =
-            quantize_block<F>(Accumulated{acc + b * B}, B / 8, codes + code_bytes<F>((j - j0 + b) * B));
+            quantize_block<F>(Accumulated{acc + b * B}, B / 8, g, codes + code_bytes<F>((j - j0 + b) * B));
       }
     }
   }
   for (; j < j0 + blocks; ++j) {
     sum_block<E, F, false>(pieces, own, own_premul, B, post_div, j, daz, acc);
-    scales[j - j0] = quantize_block<F>(Accumulated{acc}, B / 8, codes + code_bytes<F>((j - j0) * B));
+    scales[j - j0] = quantize_block<F>(Accumulated{acc}, B / 8, g, codes + code_bytes<F>((j - j0) * B));
   }
 }
 
@@ -618,52 +652,55 @@ bool supported() {
 }
 
 void quantize_full_blocks(const void* src, ElemType type, WireFormat format, int64_t blocks, int block_size,
-                          float premul, uint8_t* codes, uint8_t* scales, const StochasticRun* stochastic) {
-  with_codec_types_of_kind<ScaleKind::kE8M0>(type, format, [&](auto e, auto f) {
+                          float premul, float segment_scale, uint8_t* codes, uint8_t* scales,
+                          const StochasticRun* stochastic) {
+  with_codec_types(type, format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
     constexpr WireFormat F = decltype(f)::value;
     auto* s = static_cast<const Storage<E>*>(src);
-    with_block(block_size, [&](auto B) {
+    with_block<F>(block_size, [&](auto B) {
       if (x86::premul_is_identity(premul)) {
-        quantize_run<E, F, false>(s, blocks, B, premul, codes, scales, stochastic);
+        quantize_run<E, F, false>(s, blocks, B, premul, segment_scale, codes, scales, stochastic);
       } else {
-        quantize_run<E, F, true>(s, blocks, B, premul, codes, scales, stochastic);
+        quantize_run<E, F, true>(s, blocks, B, premul, segment_scale, codes, scales, stochastic);
       }
     });
   });
 }
 
-void dequantize_full_blocks(const uint8_t* codes, const uint8_t* scales, WireFormat format, int64_t blocks,
-                            int block_size, void* dst, ElemType type, int64_t output_bytes) {
-  with_codec_types_of_kind<ScaleKind::kE8M0>(type, format, [&](auto e, auto f) {
+void dequantize_full_blocks(const uint8_t* codes, const uint8_t* scales, float segment_scale, WireFormat format,
+                            int64_t blocks, int block_size, void* dst, ElemType type, int64_t output_bytes) {
+  with_codec_types(type, format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
-    with_block(block_size, [&](auto B) {
-      dequantize_run<E, decltype(f)::value>(codes, scales, blocks, B, static_cast<Storage<E>*>(dst), output_bytes);
+    constexpr WireFormat F = decltype(f)::value;
+    with_block<F>(block_size, [&](auto B) {
+      dequantize_run<E, F>(codes, scales, segment_scale, blocks, B, static_cast<Storage<E>*>(dst), output_bytes);
     });
   });
 }
 
 void dequant_sum_full_blocks(const BlockCodes& pieces, const OwnAddend& own, int post_div, int64_t first_block,
                              int64_t blocks, void* dst, ElemType type) {
-  with_codec_types_of_kind<ScaleKind::kE8M0>(type, pieces.format, [&](auto e, auto f) {
+  with_codec_types(type, pieces.format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
+    constexpr WireFormat F = decltype(f)::value;
     const auto* o = own.present ? static_cast<const Storage<E>*>(own.src) : nullptr;
-    with_block(pieces.block_size, [&](auto B) {
-      dequant_sum_run<E, decltype(f)::value>(pieces, o, own.premul, B, post_div, first_block, blocks,
-                                             static_cast<Storage<E>*>(dst));
+    with_block<F>(pieces.block_size, [&](auto B) {
+      dequant_sum_run<E, F>(pieces, o, own.premul, B, post_div, first_block, blocks, static_cast<Storage<E>*>(dst));
     });
   });
 }
 
 void dequant_sum_requantize_full_blocks(const BlockCodes& pieces, const OwnAddend& own, int post_div,
-                                        int64_t first_block, int64_t blocks, uint8_t* codes, uint8_t* scales,
-                                        const StochasticRun* stochastic) {
-  with_codec_types_of_kind<ScaleKind::kE8M0>(own.type, pieces.format, [&](auto e, auto f) {
+                                        int64_t first_block, int64_t blocks, float out_segment_scale,
+                                        uint8_t* codes, uint8_t* scales, const StochasticRun* stochastic) {
+  with_codec_types(own.type, pieces.format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
+    constexpr WireFormat F = decltype(f)::value;
     const auto* o = own.present ? static_cast<const Storage<E>*>(own.src) : nullptr;
-    with_block(pieces.block_size, [&](auto B) {
-      dequant_sum_requantize_run<E, decltype(f)::value>(pieces, o, own.premul, B, post_div, first_block, blocks,
-                                                        codes, scales, stochastic);
+    with_block<F>(pieces.block_size, [&](auto B) {
+      dequant_sum_requantize_run<E, F>(pieces, o, own.premul, B, post_div, first_block, blocks, out_segment_scale,
+                                       codes, scales, stochastic);
     });
   });
 }

@@ -26,23 +26,28 @@ namespace avx2 {
 // Whether this CPU runs them (AVX2 and F16C).
 bool supported();
 
-// `blocks` whole blocks of `block_size` (a multiple of 16) elements: codes and
-// scales of block j at codes + j * block_size and scales[j]. `stochastic`:
-// null rounds to nearest even, else the run's random bits (its `first` is
-// the segment index of the first block's first element; rounding.h).
+// `blocks` whole blocks of `block_size` (a multiple of 16) elements, all of
+// one segment: codes and scales of block j at codes + j * block_size and
+// scales[j]; `segment_scale`: the segment's g (load_segment_scale; 1 for a
+// format without one). `stochastic`: null rounds to nearest even, else the
+// run's random bits (its `first` is the segment index of the first block's
+// first element; rounding.h).
 void quantize_full_blocks(const void* src, ElemType type, WireFormat format, int64_t blocks, int block_size,
-                          float premul, uint8_t* codes, uint8_t* scales, const StochasticRun* stochastic = nullptr);
+                          float premul, float segment_scale, uint8_t* codes, uint8_t* scales,
+                          const StochasticRun* stochastic = nullptr);
 // output_bytes: the size of the whole output, the call's or its collective's (streaming stores are chosen by it).
-void dequantize_full_blocks(const uint8_t* codes, const uint8_t* scales, WireFormat format, int64_t blocks,
-                            int block_size, void* dst, ElemType type, int64_t output_bytes);
+void dequantize_full_blocks(const uint8_t* codes, const uint8_t* scales, float segment_scale, WireFormat format,
+                            int64_t blocks, int block_size, void* dst, ElemType type, int64_t output_bytes);
 // Blocks [first_block, first_block + blocks) of the pieces, summed as
-// dequant_sum_cpu sums them; dst / codes / scales point at the first one's
-// output. The own addend, when present, holds all these blocks whole.
+// dequant_sum_cpu sums them (each piece's segment scale read before its
+// block scales); dst / codes / scales point at the first one's output, whose
+// segment scale is out_segment_scale. The own addend, when present, holds
+// all these blocks whole.
 void dequant_sum_full_blocks(const BlockCodes& pieces, const OwnAddend& own, int post_div, int64_t first_block,
                              int64_t blocks, void* dst, ElemType type);
 void dequant_sum_requantize_full_blocks(const BlockCodes& pieces, const OwnAddend& own, int post_div,
-                                        int64_t first_block, int64_t blocks, uint8_t* codes, uint8_t* scales,
-                                        const StochasticRun* stochastic = nullptr);
+                                        int64_t first_block, int64_t blocks, float out_segment_scale,
+                                        uint8_t* codes, uint8_t* scales, const StochasticRun* stochastic = nullptr);
 #else
 // Not x86: supported() is false, so the SIMD switch stays off and these are
 // never called; they exist so the dispatch in codec_cpu.cpp compiles anywhere,
@@ -50,18 +55,19 @@ void dequant_sum_requantize_full_blocks(const BlockCodes& pieces, const OwnAdden
 // unwritten).
 inline bool supported() { return false; }
 [[noreturn]] inline void unreachable() { std::abort(); }
-inline void quantize_full_blocks(const void*, ElemType, WireFormat, int64_t, int, float, uint8_t*, uint8_t*,
+inline void quantize_full_blocks(const void*, ElemType, WireFormat, int64_t, int, float, float, uint8_t*, uint8_t*,
                                  const StochasticRun* = nullptr) {
   unreachable();
 }
-inline void dequantize_full_blocks(const uint8_t*, const uint8_t*, WireFormat, int64_t, int, void*, ElemType, int64_t) {
+inline void dequantize_full_blocks(const uint8_t*, const uint8_t*, float, WireFormat, int64_t, int, void*, ElemType,
+                                   int64_t) {
   unreachable();
 }
 inline void dequant_sum_full_blocks(const BlockCodes&, const OwnAddend&, int, int64_t, int64_t, void*, ElemType) {
   unreachable();
 }
-inline void dequant_sum_requantize_full_blocks(const BlockCodes&, const OwnAddend&, int, int64_t, int64_t, uint8_t*,
-                                               uint8_t*, const StochasticRun* = nullptr) {
+inline void dequant_sum_requantize_full_blocks(const BlockCodes&, const OwnAddend&, int, int64_t, int64_t, float,
+                                               uint8_t*, uint8_t*, const StochasticRun* = nullptr) {
   unreachable();
 }
 #endif

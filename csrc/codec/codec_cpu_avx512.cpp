@@ -29,6 +29,9 @@ namespace {
 constexpr int64_t kBlock = 32;
 constexpr int64_t kGroup = x86::kGroupBlocks;  // blocks per group
 constexpr int64_t kVectors = 2 * kGroup;       // vectors of sixteen per group
+// The segment scale of the formats here (E8M0 scales, no segment scale), as
+// the AVX2 kernels they hand blocks to take it.
+constexpr float kUnitSegmentScale = 1.0f;
 
 
 FP8C_AVX512_INLINE __m512i splat(uint32_t v) { return _mm512_set1_epi32(static_cast<int>(v)); }
@@ -204,11 +207,11 @@ FP8C_AVX512 void quantize_run(const Storage<E>* src, int64_t blocks, float premu
     }
     uint8_t* c = codes + code_bytes<F>(j * kBlock);
     if (quantize_group<F>(v, c, scales + j)) continue;
-    avx2::quantize_full_blocks(src + j * kBlock, E, F, kGroup, kBlock, premul, c, scales + j);
+    avx2::quantize_full_blocks(src + j * kBlock, E, F, kGroup, kBlock, premul, kUnitSegmentScale, c, scales + j);
   }
   if (j < blocks) {
-    avx2::quantize_full_blocks(src + j * kBlock, E, F, blocks - j, kBlock, premul, codes + code_bytes<F>(j * kBlock),
-                               scales + j);
+    avx2::quantize_full_blocks(src + j * kBlock, E, F, blocks - j, kBlock, premul, kUnitSegmentScale,
+                               codes + code_bytes<F>(j * kBlock), scales + j);
   }
 }
 
@@ -264,7 +267,8 @@ FP8C_AVX512_INLINE bool sum_group(const BlockCodes& pieces, const Storage<E>* ow
     for (int64_t r = 0; r < pieces.num_segments; ++r) {
       const int64_t at = r * pieces.stride;
       const uint8_t* c = pieces.codes + at + code_bytes<F>(blk * kBlock);
-      const float factor = x86::raw_decode_factor<F>(pieces.scales[at + blk], daz);
+      const float g = load_segment_scale<F>(pieces.scales + at);
+      const float factor = x86::raw_decode_factor<F>(pieces.scales[at + blk], g, daz);
       if (factor == 0.0f || !x86::plain_codes<F>(c, kBlock)) return false;
       const __m512 f = _mm512_set1_ps(factor);
       const __m512 d0 = _mm512_mul_ps(decode16_raw<F>(c), f);
@@ -317,11 +321,11 @@ FP8C_AVX512 void sum_requantize_run(const BlockCodes& pieces, const OwnAddend& a
         continue;
       }
     }
-    avx2::dequant_sum_requantize_full_blocks(pieces, addend, post_div, j, kGroup, c, s,
+    avx2::dequant_sum_requantize_full_blocks(pieces, addend, post_div, j, kGroup, kUnitSegmentScale, c, s,
                                              run_from(stochastic, j - j0, rest));
   }
   if (j < j0 + blocks) {
-    avx2::dequant_sum_requantize_full_blocks(pieces, addend, post_div, j, j0 + blocks - j,
+    avx2::dequant_sum_requantize_full_blocks(pieces, addend, post_div, j, j0 + blocks - j, kUnitSegmentScale,
                                              codes + code_bytes<F>((j - j0) * kBlock), scales + (j - j0),
                                              run_from(stochastic, j - j0, rest));
   }

@@ -66,6 +66,7 @@ constexpr bool kGroupTakesSubnormals = WireTraits<F>::kCodeBits == 4;
 template <WireFormat F>
 FP8C_GROUP_INLINE bool plain_scales(const __m256i* raw, const __m256i* low, uint8_t* scales, float* inv) {
   using T = WireTraits<F>;
+  static_assert(T::kScaleKind == ScaleKind::kE8M0, "power-of-two scales: exact inverses, no code limit below 2^127");
   const __m256i amax = reduce_8x8<true>(raw);
   const __m256i lowest = _mm256_add_epi32(reduce_8x8<false>(low), splat(1));
   // scale_exponent, eight lanes (abs bits compare as signed)
@@ -93,21 +94,27 @@ FP8C_GROUP_INLINE bool plain_scales(const __m256i* raw, const __m256i* low, uint
   return true;
 }
 
-// The multiplier of the fast decode for a block scale byte, or 0 when the
-// block must take the exact decode. FP8: codes placed as the top bits of fp32
-// lanes, so lane = decode_code(code) * 2^-kRebias and the factor is
-// 2^(kRebias + e); 0 when that is no float, or DAZ is set in this thread (FP8
-// subnormal codes land on fp32 subnormals). 4-bit: lanes looked up in a table
-// of exact values, lane = decode_code(code), so the factor is the scale
-// itself, whatever the mode; 0 for the NaN scale (its blocks take the exact
-// decode, which writes the canonical NaN) and for byte 0 (whose scale is 0).
+// The multiplier of the fast decode for a block scale byte (and its
+// segment's scale g), or 0 when the block must take the exact decode. FP8
+// (E8M0 scales): codes placed as the top bits of fp32 lanes, so lane =
+// decode_code(code) * 2^-kRebias and the factor is 2^(kRebias + e); 0 when
+// that is no float, or DAZ is set in this thread (FP8 subnormal codes land on
+// fp32 subnormals). 4-bit: lanes looked up in a table of exact values, lane =
+// decode_code(code), so the factor is the scale block_scale itself, whatever
+// the mode; 0 where that is NaN, Inf or 0 (the NaN scale, E8M0's byte 0, a
+// segment scale no quantize writes): finite codes times it could be NaN, so
+// those blocks take the exact decode, which writes the canonical NaN.
 template <WireFormat F>
-FP8C_GROUP_INLINE float raw_decode_factor(uint8_t scale_byte, bool daz) {
+FP8C_GROUP_INLINE float raw_decode_factor(uint8_t scale_byte, float g, bool daz) {
   if constexpr (WireTraits<F>::kCodeBits == 4) {
-    return scale_byte == kNanScaleByte ? 0.0f : scale_from_byte(scale_byte);
+    const float s = block_scale<F>(scale_byte, g);
+    const uint32_t a = float_bits(s) & 0x7FFFFFFFu;
+    return a == 0 || a >= 0x7F800000u ? 0.0f : s;
+  } else {
+    static_assert(WireTraits<F>::kScaleKind == ScaleKind::kE8M0, "the FP8 fast decode's factor is a power of two");
+    const int exp = static_cast<int>(WireTraits<F>::kRebias) + static_cast<int>(scale_byte) - kScaleBias;
+    return daz || exp > 127 ? 0.0f : pow2f(exp);
   }
-  const int exp = static_cast<int>(WireTraits<F>::kRebias) + static_cast<int>(scale_byte) - kScaleBias;
-  return daz || exp > 127 ? 0.0f : pow2f(exp);
 }
 
 // Whether a block's codes hold no Inf/NaN code (so the fast decode applies);

@@ -1,9 +1,10 @@
 """The CPU codec's SIMD kernels against its scalar loops: the same bytes, bit
-for bit, for every op, dtype, wire format (E4M3, E5M2, MXFP4) and block size,
-on inputs built to hit every branch of the kernels (plain blocks, Inf/NaN,
-blocks near FLT_MAX, subnormals, FP8 special codes, MXFP4's NaN-scale blocks
-and E2M1 ties, scales too large for the fast decode, stochastic rounding, and
-denormals-are-zero mode). Every test runs with the AVX2 kernels alone and, on
+for bit, for every op, dtype, wire format (E4M3, E5M2, MXFP4, NVFP4) and
+block size (NVFP4: its 16), on inputs built to hit every branch of the
+kernels (plain blocks, Inf/NaN, blocks near FLT_MAX, subnormals, FP8 special
+codes, the 4-bit formats' NaN-scale blocks and E2M1 ties, scales too large
+for the fast decode, NVFP4 segment scales of every kind, stochastic
+rounding, and denormals-are-zero mode). Every test runs with the AVX2 kernels alone and, on
 a CPU with AVX-512, again with the AVX-512 ones (block size 32's quantize and
 sum + re-quantize). What the CPU runs is detected (the codec refuses to switch
 on kernels the CPU lacks), never assumed; FP8COMM_CPU_SIMD does not hide a
@@ -15,7 +16,10 @@ import fp8comm
 from tests.support.cpu_kernels import HAS_AVX2, HAS_AVX512
 from fp8comm import _C
 
-FORMATS = ["e4m3", "e5m2", "mxfp4"]
+FORMATS = ["e4m3", "e5m2", "mxfp4", "nvfp4"]
+# Every (format, block size) the codec takes: each size, or the one a format requires.
+FORMAT_BLOCKS = [(f, b) for f in FORMATS for b in (16, 32, 48)
+                 if fp8comm.codec.wire_format_info(f).block_size in (0, b)]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 
@@ -130,9 +134,8 @@ def flush_denormal(request):
 
 
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
-@pytest.mark.parametrize("wire_format", FORMATS)
+@pytest.mark.parametrize("wire_format,block_size", FORMAT_BLOCKS)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("block_size", [16, 32, 48])
 @pytest.mark.parametrize("premul", [1.0, 0.37, 3e30])
 def test_quantize_same_bytes(wire_format, dtype, block_size, premul, rounding, flush_denormal):
     x = inputs(4096 + 13, dtype, seed=block_size)
@@ -150,32 +153,74 @@ def test_quantize_same_bytes(wire_format, dtype, block_size, premul, rounding, f
     assert torch.equal(scalar, simd)
 
 
-def random_segments(P, m, block_size, seed, wire_format):
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+@pytest.mark.parametrize("wire_format", FORMATS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("premul", [1.0, 0.37, 3e30])
+def test_quantize_one_kind_per_segment_same_bytes(wire_format, dtype, premul, rounding, flush_denormal):
+    """Each kind of input block (inputs()) in a segment of its own, so a
+    segment scale (NVFP4) is set by that kind alone: plain Gaussian segments,
+    all-zero ones, ones whose amax is near FLT_MAX or is a subnormal."""
+    n = 2048 + 48
+    x = inputs(n, dtype, seed=29)
+    P = x.numel() // n
+    block_size = fp8comm.codec.default_block_size(wire_format)
+    out = torch.empty(P * fp8comm.codec.segment_bytes(n, block_size, wire_format=wire_format), dtype=torch.uint8)
+
+    def run():
+        out.fill_(0xAB)
+        fp8comm.quantize_segments(x, out, P, n, block_size=block_size, wire_format=wire_format, premul=premul,
+                                  rounding=rounding, rounding_key=0xBEEF)
+        return out.clone()
+
+    scalar, simd = both_paths(run, flush_denormal)
+    assert torch.equal(scalar, simd)
+
+
+def random_segments(P, m, block_size, seed, wire_format, segment_scales=None):
     """Wire segments with arbitrary code bytes (every code, NaN and Inf codes
-    included) and scale bytes over the whole E8M0 range used, its NaN (0xFF)
-    included."""
+    included) and scale bytes over the whole range used, the scale's NaN
+    included: E8M0 bytes (NaN 0xFF), or for NVFP4 E4M3 bytes (NaN 0x7F;
+    negative ones too) after a segment scale, by default a power of two
+    (segment 0 a moderate one, the others over the whole range a quantize
+    writes, 2^-117 .. 2^117, so products reach FLT_MAX and subnormals), else
+    segment r's is segment_scales[r] (any float)."""
     g = torch.Generator().manual_seed(seed)
     S = fp8comm.codec.segment_bytes(m, block_size, wire_format=wire_format)
+    head = fp8comm.codec.wire_format_info(wire_format).segment_scale_bytes
     seg = torch.randint(0, 256, (P * S,), generator=g, dtype=torch.uint8)
     blocks = -(-m // block_size)
-    scale_bytes = ((m + block_size - 1) // block_size + 15) // 16 * 16
+    scale_bytes = (head + blocks + 15) // 16 * 16
     for r in range(P):
         # mostly ordinary scales, some over the whole range (too large for the fast decode, subnormal results)
-        s = torch.randint(100, 140, (blocks,), generator=g, dtype=torch.uint8)
-        wide = torch.rand(blocks, generator=g) < 0.3
-        s[wide] = torch.randint(1, 255, (int(wide.sum()),), generator=g, dtype=torch.uint8)
-        s[torch.rand(blocks, generator=g) < 0.05] = 0xFF
-        seg[r * S:r * S + blocks] = s
-        seg[r * S + blocks:r * S + scale_bytes] = 0
+        if head:
+            s = torch.randint(0x30, 0x48, (blocks,), generator=g, dtype=torch.uint8)  # E4M3 0.5 .. 4
+            wide = torch.rand(blocks, generator=g) < 0.3
+            s[wide] = torch.randint(0, 0x7F, (int(wide.sum()),), generator=g, dtype=torch.uint8)
+            negative = torch.rand(blocks, generator=g) < 0.03
+            s[negative] = torch.randint(0x80, 256, (int(negative.sum()),), generator=g, dtype=torch.uint8)
+            s[torch.rand(blocks, generator=g) < 0.05] = 0x7F
+            if segment_scales is not None:
+                scale = float(segment_scales[r])
+            else:
+                scale = 2.0 ** int(torch.randint(-20, 21, (1,), generator=g) if r == 0
+                                   else torch.randint(-117, 118, (1,), generator=g))
+            seg[r * S:r * S + head] = torch.tensor([scale], dtype=torch.float32).view(torch.uint8)
+        else:
+            s = torch.randint(100, 140, (blocks,), generator=g, dtype=torch.uint8)
+            wide = torch.rand(blocks, generator=g) < 0.3
+            s[wide] = torch.randint(1, 255, (int(wide.sum()),), generator=g, dtype=torch.uint8)
+            s[torch.rand(blocks, generator=g) < 0.05] = 0xFF
+        seg[r * S + head:r * S + head + blocks] = s
+        seg[r * S + head + blocks:r * S + scale_bytes] = 0
         if r == 0:  # and some blocks of plain codes only, so the fast paths run
             codes = seg[r * S + scale_bytes:(r + 1) * S].view(-1)
             codes[: codes.numel() // 2] &= 0x77
     return seg
 
 
-@pytest.mark.parametrize("wire_format", FORMATS)
+@pytest.mark.parametrize("wire_format,block_size", FORMAT_BLOCKS)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("block_size", [16, 32, 48])
 def test_decodes_same_bits(flush_denormal, wire_format, dtype, block_size):
     P, m = 3, 2048 + block_size * 5
     seg = random_segments(P, m, block_size, seed=block_size + 7, wire_format=wire_format)
@@ -191,11 +236,32 @@ def test_decodes_same_bits(flush_denormal, wire_format, dtype, block_size):
         assert same(scalar, simd)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decodes_any_segment_scale_same_bits(flush_denormal, dtype):
+    """NVFP4 segments whose segment scale no quantize writes (NaN, Inf, zero,
+    subnormal, negative, no power of two, FLT_MAX) decode, sum and re-quantize
+    to the same bits on both paths."""
+    wild = [float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 2.0**-140, -2.0, 3.0, 3.4028234663852886e38]
+    P, block_size, m = len(wild), 16, 512 + 16 * 3
+    kw = dict(block_size=block_size, wire_format="nvfp4")
+    seg = random_segments(P, m, block_size, seed=41, wire_format="nvfp4", segment_scales=wild)
+    S = fp8comm.codec.segment_bytes(m, block_size, wire_format="nvfp4")
+    daz = flush_denormal
+    deq = both_paths(lambda: _run(lambda o: fp8comm.dequantize_segments(seg, o, P, m, **kw), P * m - 7, dtype), daz)
+    results = [deq]
+    for r in range(P):  # each wild piece after an ordinary one, so not every sum is NaN
+        ordinary = random_segments(1, m, block_size, seed=r, wire_format="nvfp4")
+        pair = torch.cat([ordinary, seg[r * S:(r + 1) * S]])
+        results.append(both_paths(lambda: _run(lambda o: fp8comm.dequant_sum(pair, o, 2, m, **kw), m, dtype), daz))
+        results.append(both_paths(lambda: _requant(pair, 2, m, S, kw), daz))
+    for scalar, simd in results:
+        assert same(scalar, simd)
+
+
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
 @pytest.mark.parametrize("num_pieces", [0, 2])
-@pytest.mark.parametrize("wire_format", FORMATS)
+@pytest.mark.parametrize("wire_format,block_size", FORMAT_BLOCKS)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("block_size", [16, 32, 48])
 def test_sums_with_own_addend_same_bits(num_pieces, wire_format, dtype, block_size, rounding, flush_denormal):
     """The own addend (every kind of input block, a premul, shorter than the
     pieces so the last blocks take the scalar tail) on both paths."""
@@ -234,7 +300,7 @@ def test_plain_data_sums_same_bits(own, num_pieces, wire_format, dtype):
     magnitude = torch.exp2(torch.randint(-top, top, shape[:2] + (1,), generator=g).float())
     x = torch.randn(shape, generator=g).sign() * (0.5 + torch.rand(shape, generator=g)) * magnitude
     x = x.reshape(num_pieces + 1, m).to(dtype)
-    S = fp8comm.codec.segment_bytes(m, 32, wire_format=wire_format)
+    S = fp8comm.codec.segment_bytes(m, wire_format=wire_format)  # its default block size (NVFP4: 16)
     seg = torch.empty(num_pieces * S, dtype=torch.uint8)
     fp8comm.quantize_segments(x[:num_pieces].reshape(-1), seg, num_pieces, m, wire_format=wire_format)
     kw = dict(wire_format=wire_format, post_div=num_pieces + 1)
@@ -268,7 +334,7 @@ def test_round_trip_through_both_paths(wire_format):
     re-quantize, decode) gives the same bits on both paths."""
     P, m = 4, 1 << 14
     x = inputs(P * m // 11 + 1, torch.float32, seed=3)[: P * m]
-    S = fp8comm.codec.segment_bytes(m, 32, wire_format=wire_format)
+    S = fp8comm.codec.segment_bytes(m, wire_format=wire_format)
     kw = dict(wire_format=wire_format)
 
     def run():
@@ -293,7 +359,7 @@ def test_large_float32_decode_same_bits(wire_format):
     (codec_cpu_avx2.cpp, stream_bytes): the same bits, and nothing written
     around the output."""
     P, m = 2, (5 << 20) // 2 + 48
-    seg = random_segments(P, m, 32, seed=5, wire_format=wire_format)
+    seg = random_segments(P, m, fp8comm.codec.default_block_size(wire_format), seed=5, wire_format=wire_format)
     kw = dict(wire_format=wire_format)
     # the output 32 bytes into a fresh tensor (aligned, so it streams) and 8 short of its end
     scalar, simd = both_paths(lambda: _run(lambda o: fp8comm.dequantize_segments(seg, o[8:-8], P, m, **kw),
@@ -311,9 +377,9 @@ def test_quantize_and_dequantize_odd_counts_same_bits(n, wire_format, dtype):
     x = inputs(n // 11 + 1, dtype, seed=n)[:n]
 
     def run():
-        codes, scales = fp8comm.quantize(x, wire_format=wire_format)
-        back = fp8comm.dequantize(codes, scales, dtype=dtype, numel=n)
-        return codes.view(torch.uint8), scales.view(torch.uint8), back
+        quantized = fp8comm.quantize(x, wire_format=wire_format)  # NVFP4: and the segment scale
+        back = fp8comm.dequantize(*quantized, wire_format=wire_format, dtype=dtype, numel=n)
+        return (*(t.view(torch.uint8) for t in quantized), back)
 
     scalar, simd = both_paths(run)
     for a, b in zip(scalar, simd):
