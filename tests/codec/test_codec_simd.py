@@ -78,7 +78,8 @@ def inputs(n, dtype, seed):
     Gaussian blocks with a single Inf or NaN, Gaussian blocks
     with zeros of both signs and values that scale into FP8 subnormals, E2M1
     grid values and midpoints (ties, its subnormal 0.5) over many binades,
-    and whole blocks of Inf or NaN."""
+    NVFP4 blocks whose maximum is 7 scale steps, and whole blocks of Inf or
+    NaN."""
     g = torch.Generator().manual_seed(seed)
     parts = [torch.randn(n, generator=g)]
     raw = torch.randint(-(2**31), 2**31 - 1, (n,), generator=g, dtype=torch.int64).to(torch.int32).view(torch.float32)
@@ -103,6 +104,14 @@ def inputs(n, dtype, seed):
     holes[3::97] *= 1e-6
     parts.append(holes)
     parts.append(e2m1_grid(n, dtype, g))
+    # NVFP4 blocks whose maximum is 7 times their scale S (E4M3 subnormal
+    # scales 2^-9 and 2^-8 after the segment's 2688, g = 1): amax / S rounds
+    # to the code past the largest, which the code limit clamps
+    sevens = torch.randn(n, generator=g) * 2.0**-10
+    sevens[::16] = 7 * 2.0**-9 * torch.randint(1, 3, (len(sevens[::16]),), generator=g).float()
+    sevens[1::32] *= -1
+    sevens[0] = 2688.0
+    parts.append(sevens)
     bad = torch.randn(n, generator=g)  # runs holding whole blocks (of 16, 32 or 48) of Inf, -Inf or NaN
     bad[100:196] = float("inf")
     bad[300:396] = float("-inf")
