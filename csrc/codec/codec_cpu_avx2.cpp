@@ -226,12 +226,10 @@ FP8C_AVX2_INLINE __m256i nibbles8(const uint8_t* p) {
   return _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(four)), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
 }
 
-// decode_code of the eight codes at p (eight bytes, or four of 4-bit codes), any codes.
+// decode_code of eight 8-bit codes, one in each lane (any codes).
 template <WireFormat F>
-FP8C_AVX2_INLINE __m256 decode8(const uint8_t* p) {
+FP8C_AVX2_INLINE __m256 decode_bytes8(__m256i c) {
   using T = WireTraits<F>;
-  if constexpr (T::kCodeBits == 4) return decode_nibbles8<F>(nibbles8(p));
-  const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
   const __m256i em = _mm256_and_si256(c, splat(0x7F));
   const __m256i normal = _mm256_add_epi32(_mm256_slli_epi32(em, 23 - T::kMantBits), splat(T::kRebias << 23));
   const __m256i mant = _mm256_and_si256(em, splat((1u << T::kMantBits) - 1u));
@@ -243,6 +241,16 @@ FP8C_AVX2_INLINE __m256 decode8(const uint8_t* p) {
     bits = _mm256_blendv_epi8(bits, splat(0x7F800000u), _mm256_cmpeq_epi32(em, splat(T::kInfCode)));
   }
   return _mm256_castsi256_ps(_mm256_or_si256(bits, _mm256_slli_epi32(_mm256_and_si256(c, splat(0x80)), 24)));
+}
+
+// decode_code of the eight codes at p (eight bytes, or four of 4-bit codes), any codes.
+template <WireFormat F>
+FP8C_AVX2_INLINE __m256 decode8(const uint8_t* p) {
+  if constexpr (WireTraits<F>::kCodeBits == 4) {
+    return decode_nibbles8<F>(nibbles8(p));
+  } else {
+    return decode_bytes8<F>(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
 }
 
 // The fast decode: eight codes placed as the top bits of fp32 lanes, so that
@@ -362,8 +370,10 @@ FP8C_AVX2_INLINE uint8_t quantize_block(Source x, int64_t vectors, float g, uint
       } else {
         encode_block<F, Lanes::kFinite>(x, vectors, enc, codes);
       }
-    } else {
+    } else if (enc.factor != 0.0f) {
       encode_block<F, Lanes::kLimited>(x, vectors, enc, codes);
+    } else {  // a subnormal amax under DAZ: quotients by 0 are not finite
+      encode_block<F, Lanes::kAny>(x, vectors, enc, codes);
     }
     return sb;
   }
@@ -440,6 +450,87 @@ FP8C_AVX2_INLINE bool quantize_group_normal(Source x, uint8_t* codes, uint8_t* s
   const __m256i limit = splat(T::kMaxCode);
   for (int64_t b = 0; b < kGroup; ++b) {
     encode_scaled<F, L>(Shifted<Source>{x, 4 * b}, 4, _mm256_set1_ps(inv_of[b]), limit, codes + code_bytes<F>(32 * b));
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------- 8 blocks, E4M3 scales
+// A format whose block scales are E4M3 bytes times the segment scale g
+// (kE4M3TimesSegment) quantizes eight blocks at a time too: block_scale_byte
+// and block_encoding of eight finite maxima in lanes, the same operations in
+// the same order as the scalar functions, so the same bytes.
+
+// Eight E4M3 scale bytes (lanes, < 256) -> scales[0, 8).
+FP8C_AVX2_INLINE void store_bytes8(__m256i v, uint8_t* scales) {
+  const __m256i w = _mm256_packus_epi32(v, v);
+  const __m128i bytes = _mm256_castsi256_si128(
+      _mm256_permutevar8x32_epi32(_mm256_packus_epi16(w, w), _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4)));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(scales), bytes);
+}
+
+// block_scale_byte of eight blocks (lanes: their finite amax bits) into
+// scales[0, 8), and their scales block_scale into scale[0, 8), when every
+// block's block_encoding limit is the format's largest code and no scale is
+// 0; otherwise false, and nothing written.
+template <WireFormat F>
+FP8C_AVX2_INLINE bool e4m3_segment_scales8(__m256i amax, float g, uint8_t* scales, float* scale) {
+  using T = WireTraits<F>;
+  constexpr WireFormat S = WireFormat::E4M3;
+  static_assert(T::kScaleKind == ScaleKind::kE4M3TimesSegment, "E4M3 block scales times a segment scale");
+  const __m256 a = _mm256_castsi256_ps(amax);
+  // c = encode(amax / (max * g)), one code higher where value(c) * 7 * g < amax
+  __m256i c = encode8<S, Lanes::kAny>(_mm256_div_ps(a, _mm256_set1_ps(T::kMax * g)), splat(WireTraits<S>::kMaxCode));
+  const __m256 sevenfold = _mm256_mul_ps(decode_bytes8<S>(c), _mm256_set1_ps(7.0f * g));
+  c = _mm256_sub_epi32(c, _mm256_castps_si256(_mm256_cmp_ps(sevenfold, a, _CMP_LT_OQ)));
+  c = _mm256_blendv_epi8(c, splat(kE4M3One), _mm256_cmpeq_epi32(amax, _mm256_setzero_si256()));
+  const __m256 s = _mm256_mul_ps(decode_bytes8<S>(c), _mm256_set1_ps(g));
+  // block_encoding's limit: the largest code while its value times the scale is at most FLT_MAX;
+  // and no scale 0 (a subnormal amax under DAZ), whose quotients are not finite
+  const __m256 top = _mm256_mul_ps(_mm256_set1_ps(decode_code<F>(static_cast<uint8_t>(T::kMaxCode))), s);
+  const __m256 within = _mm256_and_ps(_mm256_cmp_ps(top, _mm256_set1_ps(3.4028234663852886e38f), _CMP_LE_OQ),
+                                      _mm256_cmp_ps(s, _mm256_setzero_ps(), _CMP_NEQ_OQ));
+  if (_mm256_movemask_ps(within) != 0xFF) return false;
+  store_bytes8(c, scales);
+  _mm256_storeu_ps(scale, s);
+  return true;
+}
+
+// Eight blocks of kB lanes from x(0) (block b: vectors b * kB / 8 on) into
+// codes and scales, nearest or stochastic (`stochastic`: the run, `at` its
+// first block's first element from the run's start); false (nothing
+// written) when a block holds a non-finite lane or has a code limit below
+// the largest code, which quantize_block takes.
+template <WireFormat F, int64_t kB, typename Source>
+FP8C_AVX2_INLINE bool quantize_group_e4m3_scaled(Source x, float g, const StochasticRun* stochastic, int64_t at,
+                                                 uint8_t* codes, uint8_t* scales) {
+  constexpr int64_t kVectors = kB / 8;  // per block
+  __m256i raw[kGroup];
+  for (int64_t b = 0; b < kGroup; ++b) {
+    raw[b] = _mm256_setzero_si256();
+    for (int64_t i = kVectors * b; i < kVectors * (b + 1); ++i) {
+      raw[b] = _mm256_max_epu32(raw[b], _mm256_and_si256(_mm256_castps_si256(x(i)), splat(0x7FFFFFFF)));
+    }
+  }
+  const __m256i amax = x86::reduce_8x8<true>(raw);
+  if (!_mm256_testz_si256(_mm256_cmpgt_epi32(amax, splat(0x7F7FFFFF)), splat(0xFFFFFFFFu))) return false;
+  alignas(32) float scale[kGroup];
+  if (!e4m3_segment_scales8<F>(amax, g, scales, scale)) return false;
+  const __m256i limit = splat(WireTraits<F>::kMaxCode);
+  for (int64_t b = 0; b < kGroup; ++b) {
+    const Shifted<Source> xb{x, kVectors * b};
+    const __m256 factor = _mm256_set1_ps(scale[b]);
+    uint8_t* c = codes + code_bytes<F>(kB * b);
+    if (stochastic == nullptr) {
+      encode_scaled<F, Lanes::kLimited>(xb, kVectors, factor, limit, c);
+      continue;
+    }
+    for (int64_t i = 0; i < kVectors; i += 2) {
+      const int64_t e = at + kB * b + 8 * i;
+      store_codes16<F>(c + code_bytes<F>(8 * i),
+                       encode8_stochastic<F>(to_code_units8<F>(xb(i), factor), limit, rounding_bits8(*stochastic, e)),
+                       encode8_stochastic<F>(to_code_units8<F>(xb(i + 1), factor), limit,
+                                             rounding_bits8(*stochastic, e + 8)));
+    }
   }
   return true;
 }
@@ -544,6 +635,20 @@ FP8C_AVX2 void quantize_run(const Storage<E>* src, int64_t blocks, Count B, floa
                             uint8_t* scales, const StochasticRun* stochastic) {
   const __m256 pm = _mm256_set1_ps(premul);
   int64_t j = 0;
+  if constexpr (!kPow2Scales<F> && !std::is_same_v<Count, int64_t>) {  // E4M3 scales, eight blocks at a time
+    for (; j + kGroup <= blocks; j += kGroup) {
+      if (quantize_group_e4m3_scaled<F, Count::value>(ScaledInput<E, kPremul>{src + j * B, pm}, g, stochastic,
+                                                      j * B, codes + code_bytes<F>(j * B), scales + j)) {
+        continue;
+      }
+      for (int64_t b = j; b < j + kGroup; ++b) {
+        const ScaledInput<E, kPremul> xb{src + b * B, pm};
+        uint8_t* c = codes + code_bytes<F>(b * B);
+        scales[b] = stochastic != nullptr ? quantize_block_stochastic<F>(xb, B / 8, g, *stochastic, b * B, c)
+                                          : quantize_block<F>(xb, B / 8, g, c);
+      }
+    }
+  }
   if (stochastic != nullptr) {
     for (; j < blocks; ++j) {
       scales[j] = quantize_block_stochastic<F>(ScaledInput<E, kPremul>{src + j * B, pm}, B / 8, g, *stochastic,
@@ -616,8 +721,28 @@ FP8C_AVX2 void dequant_sum_requantize_run(const BlockCodes& pieces, const Storag
                                           int post_div, int64_t j0, int64_t blocks, float g, uint8_t* codes,
                                           uint8_t* scales, const StochasticRun* stochastic) {
   alignas(32) float acc[kMaxBlockSize];
+  static_assert(kMaxBlockSize >= kGroup * 32, "acc holds a group of eight blocks of 32");
   const bool daz = denormals_are_zero();
   int64_t j = j0;
+  if constexpr (!kPow2Scales<F> && !std::is_same_v<Count, int64_t>) {  // E4M3 scales: eight blocks summed, quantized
+    for (; j + kGroup <= j0 + blocks; j += kGroup) {
+      for (int64_t b = 0; b < kGroup; ++b) {
+        sum_block<E, F, false>(pieces, own, own_premul, B, post_div, j + b, daz, acc + b * B);
+      }
+      uint8_t* c = codes + code_bytes<F>((j - j0) * B);
+      if (quantize_group_e4m3_scaled<F, Count::value>(Accumulated{acc}, g, stochastic, (j - j0) * B, c,
+                                                      scales + (j - j0))) {
+        continue;
+      }
+      for (int64_t b = 0; b < kGroup; ++b) {
+        const Accumulated xb{acc + b * B};
+        uint8_t* cb = c + code_bytes<F>(b * B);
+        scales[j - j0 + b] = stochastic != nullptr
+                                 ? quantize_block_stochastic<F>(xb, B / 8, g, *stochastic, (j - j0 + b) * B, cb)
+                                 : quantize_block<F>(xb, B / 8, g, cb);
+      }
+    }
+  }
   if (stochastic != nullptr) {
     for (; j < j0 + blocks; ++j) {
       sum_block<E, F, false>(pieces, own, own_premul, B, post_div, j, daz, acc);
