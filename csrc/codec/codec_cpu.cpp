@@ -160,9 +160,9 @@ template <WireFormat F>
 constexpr bool kAvx512Kernels = WireTraits<F>::kScaleKind == ScaleKind::kE8M0;
 
 // For a format with a segment scale: each segment's g, from the finite amax
-// of what goes into it (amax_of(r, j): block j of segment r), stored before
-// the segment's block scales. A pass of its own, since every block's scale
-// depends on it.
+// of what goes into it (amax_of(r, j, end): blocks [j, end) of segment r),
+// stored before the segment's block scales. A pass of its own, since every
+// block's scale depends on it.
 template <WireFormat F, typename AmaxOf>
 void store_segment_scales(const BlockCodes& dst, int64_t blocks_per_segment, int64_t grain, AmaxOf amax_of) {
   if constexpr (WireTraits<F>::kSegmentScaleBytes != 0) {
@@ -172,8 +172,8 @@ void store_segment_scales(const BlockCodes& dst, int64_t blocks_per_segment, int
       for (int64_t blk = b; blk < end;) {
         const int64_t r = blk / blocks_per_segment;
         const int64_t stop = std::min(end, (r + 1) * blocks_per_segment);
-        uint32_t m = 0;
-        for (; blk < stop; ++blk) m = std::max(m, amax_of(r, blk - r * blocks_per_segment));
+        const uint32_t m = amax_of(r, blk - r * blocks_per_segment, stop - r * blocks_per_segment);
+        blk = stop;
         uint32_t seen = amax[r].load(std::memory_order_relaxed);
         while (m > seen && !amax[r].compare_exchange_weak(seen, m, std::memory_order_relaxed)) {
         }
@@ -410,10 +410,14 @@ void quantize_cpu(const void* src, ElemType type, int64_t numel, float premul, c
     auto* s = static_cast<const Storage<E>*>(src);
     const Simd simd = simd_level();
     const int64_t B = dst.block_size;
-    store_segment_scales<F>(dst, ceil_div(dst.capacity, B), grain_blocks(dst.block_size), [&](int64_t r, int64_t j) {
-      const int64_t valid = std::min(B, std::min(dst.segment_numel, numel - r * dst.segment_numel) - j * B);
-      return valid > 0 ? run_amax<E>(s + r * dst.segment_numel + j * B, valid, premul) : 0u;
-    });
+    const auto amax_of = [&](int64_t r, int64_t j, int64_t end) {
+      const int64_t seg_valid = std::min(dst.segment_numel, numel - r * dst.segment_numel);
+      const int64_t n = std::min(end * B, seg_valid) - j * B;  // valid elements of the blocks
+      const Storage<E>* first = s + r * dst.segment_numel + j * B;
+      if (n <= 0) return 0u;
+      return simd != Simd::kOff ? avx2::finite_amax(first, E, n, premul) : run_amax<E>(first, n, premul);
+    };
+    store_segment_scales<F>(dst, ceil_div(dst.capacity, B), grain_blocks(dst.block_size), amax_of);
     parallel_blocks(total, grain_blocks(dst.block_size), [&](int64_t b, int64_t end) {
       quantize_blocks<E, F>(s, numel, premul, dst, b, end, simd);
     });
@@ -470,11 +474,20 @@ void dequant_sum_requantize_cpu(const BlockCodes& pieces, const OwnAddend& own, 
     constexpr ElemType E = decltype(e)::value;
     constexpr WireFormat F = decltype(f)::value;
     const int64_t B = out.block_size;
-    store_segment_scales<F>(out, total, grain, [&](int64_t, int64_t j) {
+    store_segment_scales<F>(out, total, grain, [&](int64_t, int64_t j, int64_t end) {
+      uint32_t amax = 0;
+      if (simd != Simd::kOff) {  // the sums of whole blocks as dequant_sum_requantize_blocks' kernels sum them
+        const int64_t whole = std::min(end - j, whole_blocks_from(j, B, out.capacity, own));
+        if (whole > 0) amax = avx2::dequant_sum_amax_full_blocks(pieces, own, post_div, j, whole);
+        j += std::max<int64_t>(0, whole);
+      }
       float acc[kMaxBlockSize];
-      const int64_t width = std::min(B, out.capacity - j * B);
-      sum_block<E, F>(pieces, own, post_div, j, width, acc);
-      return run_amax<ElemType::F32>(acc, width, 1.0f);
+      for (; j < end; ++j) {
+        const int64_t width = std::min(B, out.capacity - j * B);
+        sum_block<E, F>(pieces, own, post_div, j, width, acc);
+        amax = std::max(amax, run_amax<ElemType::F32>(acc, width, 1.0f));
+      }
+      return amax;
     });
     parallel_blocks(total, grain, [&](int64_t b, int64_t end) {
       dequant_sum_requantize_blocks<E, F>(pieces, own, post_div, out, b, end, simd);

@@ -769,6 +769,35 @@ FP8C_AVX2 void dequant_sum_requantize_run(const BlockCodes& pieces, const Storag
   }
 }
 
+// finite_abs_bits' max over n lanes x(0 .. n / 8) and src[n & ~7 .. n) (scalar, times premul).
+template <ElemType E, bool kPremul>
+FP8C_AVX2 uint32_t finite_amax_run(const Storage<E>* src, int64_t n, float premul) {
+  const ScaledInput<E, kPremul> x{src, _mm256_set1_ps(premul)};
+  __m256i m0 = _mm256_setzero_si256(), m1 = _mm256_setzero_si256();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    m0 = _mm256_max_epu32(m0, finite_abs(x(i / 8)));
+    m1 = _mm256_max_epu32(m1, finite_abs(x(i / 8 + 1)));
+  }
+  for (; i + 8 <= n; i += 8) m0 = _mm256_max_epu32(m0, finite_abs(x(i / 8)));
+  uint32_t amax = max_lane(_mm256_max_epu32(m0, m1));
+  for (; i < n; ++i) amax = std::max(amax, finite_abs_bits(Elem<E>::load(src[i]) * premul));
+  return amax;
+}
+
+template <ElemType E, WireFormat F, typename Count>
+FP8C_AVX2 uint32_t dequant_sum_amax_run(const BlockCodes& pieces, const Storage<E>* own, float own_premul, Count B,
+                                        int post_div, int64_t j0, int64_t blocks) {
+  alignas(32) float acc[kMaxBlockSize];
+  const bool daz = denormals_are_zero();
+  __m256i amax = _mm256_setzero_si256();
+  for (int64_t j = j0; j < j0 + blocks; ++j) {
+    sum_block<E, F, false>(pieces, own, own_premul, B, post_div, j, daz, acc);
+    for (int64_t i = 0; i < B; i += 8) amax = _mm256_max_epu32(amax, finite_abs(_mm256_load_ps(acc + i)));
+  }
+  return max_lane(amax);
+}
+
 }  // namespace
 
 bool supported() {
@@ -828,6 +857,29 @@ void dequant_sum_requantize_full_blocks(const BlockCodes& pieces, const OwnAdden
                                        codes, scales, stochastic);
     });
   });
+}
+
+uint32_t finite_amax(const void* src, ElemType type, int64_t n, float premul) {
+  return dispatch_elem_type(type, [&](auto e) {
+    constexpr ElemType E = decltype(e)::value;
+    auto* s = static_cast<const Storage<E>*>(src);
+    return x86::premul_is_identity(premul) ? finite_amax_run<E, false>(s, n, premul)
+                                           : finite_amax_run<E, true>(s, n, premul);
+  });
+}
+
+uint32_t dequant_sum_amax_full_blocks(const BlockCodes& pieces, const OwnAddend& own, int post_div,
+                                      int64_t first_block, int64_t blocks) {
+  uint32_t amax = 0;
+  with_codec_types(own.type, pieces.format, [&](auto e, auto f) {
+    constexpr ElemType E = decltype(e)::value;
+    constexpr WireFormat F = decltype(f)::value;
+    const auto* o = own.present ? static_cast<const Storage<E>*>(own.src) : nullptr;
+    with_block<F>(pieces.block_size, [&](auto B) {
+      amax = dequant_sum_amax_run<E, F>(pieces, o, own.premul, B, post_div, first_block, blocks);
+    });
+  });
+  return amax;
 }
 
 }  // namespace avx2

@@ -48,6 +48,12 @@ void dequant_sum_full_blocks(const BlockCodes& pieces, const OwnAddend& own, int
 void dequant_sum_requantize_full_blocks(const BlockCodes& pieces, const OwnAddend& own, int post_div,
                                         int64_t first_block, int64_t blocks, float out_segment_scale,
                                         uint8_t* codes, uint8_t* scales, const StochasticRun* stochastic = nullptr);
+// The finite amax (finite_abs_bits) of n >= 1 elements src[i] * premul, and of
+// the sums of blocks [first_block, first_block + blocks) as
+// dequant_sum_requantize_full_blocks sums them: a segment scale's input.
+uint32_t finite_amax(const void* src, ElemType type, int64_t n, float premul);
+uint32_t dequant_sum_amax_full_blocks(const BlockCodes& pieces, const OwnAddend& own, int post_div,
+                                      int64_t first_block, int64_t blocks);
 #else
 // Not x86: supported() is false, so the SIMD switch stays off and these are
 // never called; they exist so the dispatch in codec_cpu.cpp compiles anywhere,
@@ -68,6 +74,10 @@ inline void dequant_sum_full_blocks(const BlockCodes&, const OwnAddend&, int, in
 }
 inline void dequant_sum_requantize_full_blocks(const BlockCodes&, const OwnAddend&, int, int64_t, int64_t, float,
                                                uint8_t*, uint8_t*, const StochasticRun* = nullptr) {
+  unreachable();
+}
+inline uint32_t finite_amax(const void*, ElemType, int64_t, float) { unreachable(); }
+inline uint32_t dequant_sum_amax_full_blocks(const BlockCodes&, const OwnAddend&, int, int64_t, int64_t) {
   unreachable();
 }
 #endif
