@@ -55,8 +55,8 @@ def main(argv=None):
                 x = inputs(kind, n, rank).to(dtype)
                 for op in ("quantize", "all_reduce", "reduce_scatter", "all_gather"):
                     if op == "quantize":  # one round trip through the codec, this rank's input
-                        codes, scales = fp8comm.quantize(x, wire_format=fmt)
-                        got, exact = fp8comm.dequantize(codes, scales, dtype=dtype, numel=n), x.double()
+                        q = fp8comm.quantize(x, wire_format=fmt)
+                        got, exact = fp8comm.dequantize(*q, wire_format=fmt, dtype=dtype, numel=n), x.double()
                     elif op == "all_reduce":
                         got, exact = x.clone(), x.double()
                         dist.all_reduce(got, group=g)

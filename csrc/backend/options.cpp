@@ -82,10 +82,31 @@ void check_node_wire_format(const std::string& name, const std::string& where) {
                     wire_format_choices(), ", got '", name, "'", where);
 }
 
+namespace {
+
+// block_size, once the formats are known: unset, the size a format in use
+// requires (NVFP4's 16), else FP8COMM_BLOCK_SIZE's; every format in use
+// must take it (one call's phases share one chunk plan).
+void resolve_block_size(Options& r, bool given) {
+  const std::optional<WireFormat> node = r.node_format();
+  const int required = required_block_size(*r.wire_format) != 0 ? required_block_size(*r.wire_format)
+                       : node                                  ? required_block_size(*node)
+                                                               : 0;
+  const bool from_env = !given && env::kBlockSize.read();
+  if (!given && !from_env && required != 0) {
+    r.block_size = required;
+  } else if (!given) {
+    r.block_size = env::kBlockSize.as_int();
+  }
+  const char* where = given ? "fp8comm.Options" : "fp8comm.Options (FP8COMM_BLOCK_SIZE)";
+  check_block_size(*r.block_size, *r.wire_format, where);
+  if (node) check_block_size(*r.block_size, *node, where);
+}
+
+}  // namespace
+
 c10::intrusive_ptr<Options> Options::resolved() const {
   auto r = c10::make_intrusive<Options>(*this);
-  r->block_size = block_size ? *block_size : env::kBlockSize.as_int();
-  check_block_size(*r->block_size, block_size ? "fp8comm.Options" : "fp8comm.Options (FP8COMM_BLOCK_SIZE)");
   if (!wire_format) {
     // FP8COMM_FP8_DTYPE: the deprecated spelling, read when FP8COMM_WIRE_FORMAT is unset.
     const bool old_name = !env::kWireFormat.read() && env::kFp8Dtype.read();
@@ -136,6 +157,7 @@ c10::intrusive_ptr<Options> Options::resolved() const {
     r->rounding = found;
   }
   r->rounding_seed = rounding_seed ? *rounding_seed : env::kRoundingSeed.as_int();
+  resolve_block_size(*r, block_size.has_value());
   return r;
 }
 

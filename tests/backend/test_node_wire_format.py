@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 import fp8comm
-from tests.backend.test_mxfp4_collectives import all_reduce_stats
+from tests.backend.test_fp4_collectives import all_reduce_stats
 from tests.support.harness import PoolSpec, ctx
 from tests.support.inputs import rank_input, same_bits
 from tests.support.reference import sqnr_db

@@ -312,7 +312,7 @@ def test_quantize_and_dequantize_odd_counts_same_bits(n, wire_format, dtype):
 
     def run():
         codes, scales = fp8comm.quantize(x, wire_format=wire_format)
-        back = fp8comm.dequantize(codes, scales, dtype=dtype, numel=n)
+        back = fp8comm.dequantize(codes, scales, dtype=dtype, numel=n, wire_format=wire_format)
         return codes.view(torch.uint8), scales.view(torch.uint8), back
 
     scalar, simd = both_paths(run)
