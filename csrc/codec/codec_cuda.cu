@@ -1,6 +1,7 @@
 // The block codec on CUDA: plain kernels over raw pointers (torch-free, so a
-// bare `nvcc -c` builds them), one kernel per operation, the element math from
-// fp8_block_math.h so the bytes equal the CPU codec's bit for bit.
+// bare `nvcc -c` builds them), one kernel per operation (a quantize into a
+// format with a segment scale: its segment-scale kernels first), the element
+// math from fp8_block_math.h so the bytes equal the CPU codec's bit for bit.
 //
 // Work unit: a *chunk* of 16 consecutive elements per thread — 64 bytes of
 // fp32 / 32 bytes of bf16 read with 16-byte loads, 16 codes written with one
