@@ -190,3 +190,9 @@ def test_stochastic_rounding_is_unbiased_below_the_top_code():
     a = fp8comm.quantize(x, wire_format=FMT, rounding="stochastic", rounding_key=7)
     b = fp8comm.quantize(x, wire_format=FMT, rounding="stochastic", rounding_key=7)
     assert all(torch.equal(u8(p), u8(q)) for p, q in zip(a, b))
+
+
+def test_an_empty_tensor_round_trips():
+    codes, scales, segment_scale = fp8comm.quantize(torch.zeros(0), wire_format=FMT)
+    assert codes.numel() == 0 and scales.numel() == 0 and segment_scale.item() == 1.0
+    assert fp8comm.dequantize(codes, scales, segment_scale, wire_format=FMT).numel() == 0
