@@ -75,7 +75,10 @@ def _wire_format(wire_format: str | None, fp8_dtype: torch.dtype | None, default
         return name
     if wire_format is None:
         return default
-    return _C.wire_format_name(str(wire_format), "fp8comm codec")  # the one parse and error (fp8_dtype_table.h)
+    name = str(wire_format).lower()
+    if name in _WIRE_REGISTRY:  # plain Python, so torch.compile traces it
+        return name
+    return _C.wire_format_name(str(wire_format), "fp8comm codec")  # raises the one error (fp8_dtype_table.h)
 
 
 def fp8_max(fp8_dtype: torch.dtype) -> float:
