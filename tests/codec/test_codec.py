@@ -1,6 +1,7 @@
 """The FP8 block codec on the CPU against the independent reference in
 codec_reference.py, the error bounds DESIGN.md promises, and bad arguments."""
 import math
+import re
 
 import pytest
 import torch
@@ -366,8 +367,9 @@ def test_bad_dtypes():
         fp8comm.quantize(torch.randn(10, dtype=torch.float64))
     with pytest.raises(ValueError, match="fp8_dtype must be torch.float8_e4m3fn or torch.float8_e5m2"):
         fp8comm.quantize(torch.randn(10), fp8_dtype=torch.float16)
-    choices = ", ".join(map(repr, fp8comm.codec.WIRE_FORMATS))
-    with pytest.raises(ValueError, match=f"wire_format must be one of {choices}, got 'fp4'"):
+    names = [f"'{name}'" for name in fp8comm.codec.WIRE_FORMATS]  # the one wording: fp8_dtype_table.h
+    choices = ", ".join(names[:-1]) + " or " + names[-1]
+    with pytest.raises(ValueError, match=re.escape(f"fp8comm codec: wire_format must be {choices}, got 'fp4'")):
         fp8comm.quantize(torch.randn(10), wire_format="fp4")
     with pytest.raises(ValueError, match="disagree"):
         fp8comm.quantize(torch.randn(10), wire_format="e4m3", fp8_dtype=torch.float8_e5m2)
