@@ -64,6 +64,9 @@ CONFIGS = [
     # Four bits (MXFP4: E2M1 codes, one E8M0 scale per 32) on the gradients'
     # reduce-scatter, alone and with error feedback and stochastic rounding.
     {"name": "mxfp4 comm", "flags": ["--no-fp8-compute", "--fp8-comm", "--wire", "mxfp4"]},
+    {"name": "nvfp4 comm", "flags": ["--no-fp8-compute", "--fp8-comm", "--wire", "nvfp4"]},
+    {"name": "nvfp4 comm + stochastic rounding",
+     "flags": ["--no-fp8-compute", "--fp8-comm", "--wire", "nvfp4", "--rounding", "stochastic"]},
     {"name": "mxfp4 comm + error feedback",
      "flags": ["--no-fp8-compute", "--fp8-comm", "--wire", "mxfp4", "--error-feedback", "fp32"]},
     {"name": "mxfp4 comm + stochastic rounding",

@@ -7,9 +7,9 @@
 #include <torch/csrc/DynamicTypes.h>
 
 #include "backend/fp8_work.h"
-#include "backend/options.h"
 #include "backend/registry.h"
 #include "backend/split.h"
+#include "bindings_options.h"
 #include "common/env.h"
 #include "codec/codec.h"
 #include "codec/cpu_threads.h"
@@ -30,142 +30,9 @@ c10::DeviceType device_type_of(const std::string& device) {
   TORCH_CHECK(false, "fp8comm: transports exist for \"cpu\" and \"cuda\", got \"", device, "\"");
 }
 
-// wire_format as given: a name ("mxfp4").
-std::optional<fp8comm::WireFormat> wire_format_option(const py::object& v) {
-  if (v.is_none()) return std::nullopt;
-  std::optional<fp8comm::WireFormat> found;
-  if (py::isinstance<py::str>(v)) found = fp8comm::find_wire_format(v.cast<std::string>());
-  TORCH_CHECK_VALUE(found, "fp8comm.Options: wire_format must be ", fp8comm::wire_format_choices(), ", got ",
-                    py::repr(v).cast<std::string>());
-  return found;
-}
-
-// The deprecated fp8_dtype as given: a name ("e4m3") or a torch dtype
-// (torch.float8_e4m3fn); a DeprecationWarning points to wire_format.
-std::optional<fp8comm::WireFormat> fp8_dtype_option(const py::object& v) {
-  if (v.is_none()) return std::nullopt;
-  std::optional<fp8comm::Fp8Dtype> found;
-  if (THPDtype_Check(v.ptr())) {
-    found = fp8comm::find_fp8_dtype(reinterpret_cast<THPDtype*>(v.ptr())->scalar_type);
-  } else if (py::isinstance<py::str>(v)) {
-    found = fp8comm::find_fp8_dtype(v.cast<std::string>());
-  }
-  TORCH_CHECK_VALUE(found, "fp8comm.Options: fp8_dtype must be ", fp8comm::fp8_dtype_choices(true), ", got ",
-                    py::repr(v).cast<std::string>(), " (fp8_dtype is deprecated: use wire_format)");
-  const std::string name = fp8comm::fp8_dtype_name(*found);
-  const std::string msg = "fp8comm.Options(fp8_dtype=...) is deprecated; use wire_format='" + name + "'";
-  if (PyErr_WarnEx(PyExc_DeprecationWarning, msg.c_str(), 1) != 0) throw py::error_already_set();
-  return fp8comm::find_wire_format(name);
-}
-
-// node_wire_format as given: "exact" or a wire format's name.
-std::optional<std::string> node_wire_format_option(const py::object& v) {
-  if (v.is_none()) return std::nullopt;
-  TORCH_CHECK_VALUE(py::isinstance<py::str>(v), "fp8comm.Options: node_wire_format must be 'exact' or ",
-                    fp8comm::wire_format_choices(), ", got ", py::repr(v).cast<std::string>());
-  const std::string name = v.cast<std::string>();
-  fp8comm::check_node_wire_format(name, "");
-  return name;
-}
-
-std::optional<std::string> wire_format_name(const std::optional<fp8comm::WireFormat>& f) {
-  if (!f) return std::nullopt;
-  return std::string(fp8comm::wire_format_name(*f));
-}
-
-std::optional<bool> bool_option(const py::object& v, const char* name) {
-  if (v.is_none()) return std::nullopt;
-  TORCH_CHECK_VALUE(py::isinstance<py::bool_>(v), "fp8comm.Options: ", name, " must be True or False, got ",
-                    py::repr(v).cast<std::string>());
-  return v.cast<bool>();
-}
-
 std::optional<std::chrono::milliseconds> timeout_option(const std::optional<std::chrono::milliseconds>& t) {
   TORCH_CHECK_VALUE(!t || t->count() > 0, "fp8comm.uncompressed: timeout must be positive, got ", t->count(), " ms");
   return t;
-}
-
-std::optional<int64_t> int_option(const py::object& v, const char* name, const char* rule) {
-  if (v.is_none()) return std::nullopt;
-  TORCH_CHECK_VALUE(py::isinstance<py::int_>(v) && !py::isinstance<py::bool_>(v), "fp8comm.Options: ", name,
-                    " must be ", rule, ", got ", py::repr(v).cast<std::string>());
-  return v.cast<int64_t>();
-}
-
-// scope as given: "all" or "inter_node".
-std::optional<fp8comm::Scope> scope_option(const py::object& v) {
-  if (v.is_none()) return std::nullopt;
-  std::optional<fp8comm::Scope> found;
-  if (py::isinstance<py::str>(v)) found = fp8comm::find_scope(v.cast<std::string>());
-  TORCH_CHECK_VALUE(found, "fp8comm.Options: scope must be 'all' or 'inter_node', got ",
-                    py::repr(v).cast<std::string>());
-  return found;
-}
-
-// rounding as given: "nearest" or "stochastic".
-std::optional<fp8comm::Rounding> rounding_option(const py::object& v) {
-  if (v.is_none()) return std::nullopt;
-  fp8comm::Rounding found;
-  TORCH_CHECK_VALUE(py::isinstance<py::str>(v) && fp8comm::find_rounding(v.cast<std::string>(), found),
-                    "fp8comm.Options: rounding must be 'nearest' or 'stochastic', got ", py::repr(v).cast<std::string>());
-  return found;
-}
-
-py::object rounding_value(const std::optional<fp8comm::Rounding>& r) {
-  return r ? py::object(py::str(fp8comm::rounding_name(*r))) : py::object(py::none());
-}
-
-// compress as given: a comma-separated string or an iterable of op names.
-std::optional<std::vector<std::string>> compress_items(const py::object& v) {
-  if (v.is_none()) return std::nullopt;
-  std::vector<std::string> items;
-  if (py::isinstance<py::str>(v)) return fp8comm::split_commas(v.cast<std::string>());
-  for (const auto& item : v) items.push_back(py::str(item).cast<std::string>());
-  return items;
-}
-
-// The Options doc string; the ops `compress` takes and its default are the
-// compressed algorithms table's and env.h's.
-const char* options_doc() {
-  static const std::string ops = [] {
-    std::string list;
-    for (const auto& name : fp8comm::compressed::names()) list += (list.empty() ? "" : ", ") + name;
-    return list;
-  }();
-  static const std::string doc = std::string(R"(
-Options of one fp8nccl / fp8gloo process group; pass as ``pg_options`` to
-``init_process_group`` or ``new_group``. A field left as None takes its
-FP8COMM_* environment variable when the group is created, then the default.
-
-block_size: elements per FP8 block, )" FP8C_BLOCK_SIZE_RULE R"( (FP8COMM_BLOCK_SIZE, 32).
-wire_format: the element format of every compressed hop: "e4m3" or "e5m2" (8-bit FP8
-    codes) or "mxfp4" (OCP MX FP4: 4-bit E2M1 codes, two per byte; use block_size=32
-    for the MX format's blocks) (FP8COMM_WIRE_FORMAT, e4m3). In the "inter_node" scope
-    it is the hop between nodes; inside a node, node_wire_format.
-fp8_dtype: deprecated spelling of wire_format for the FP8 formats ("e4m3" /
-    torch.float8_e4m3fn, "e5m2" / torch.float8_e5m2).
-min_numel: per-rank element count below which a collective passes through exactly
-    (FP8COMM_MIN_NUMEL, 16384: scalars such as the loss or a grad norm stay exact).
-)") +
-                                 "compress: which of " + ops + " are compressed: a list, or a\n"
-                                 "    comma-separated string; \"all\" or \"none\" (FP8COMM_COMPRESS, " +
-                                 fp8comm::env::kCompress.fallback + ")." + R"(
-cpu_threads: threads per process for the CPU codec (FP8COMM_CPU_THREADS; unset: the
-    process's share of its host's cores). Per process: ranks may differ.
-scope: "all" compresses every link; "inter_node" only the hop between nodes, exact
-    inside a node (FP8COMM_SCOPE, all).
-node_wire_format: the inter_node scope's phases inside a node: "exact", or compressed in
-    "e4m3", "e5m2" or "mxfp4" where the link inside a node costs more than the codec
-    (FP8COMM_NODE_WIRE_FORMAT, exact). Any other value needs scope="inter_node".
-rounding: "nearest" (even) or "stochastic": every quantization of a compressed collective
-    rounds each element up or down at random, unbiased (FP8COMM_ROUNDING, nearest).
-rounding_seed: the integer seed of stochastic rounding's random bits; with the call
-    counter, rank, chunk and segment it keys them, so runs are reproducible
-    (FP8COMM_ROUNDING_SEED, 0).
-track_error: True measures the quantization error of every compressed call on this rank;
-    fp8comm.get_stats then reports SQNR per op (FP8COMM_TRACK_ERROR, 0). Per process:
-    ranks may differ. CPU groups (fp8gloo) only: a CUDA group refuses it at creation.)";
-  return doc.c_str();
 }
 
 }  // namespace
@@ -187,6 +54,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       },
       py::arg("segment_numel"), py::arg("block_size"), py::arg("wire_format") = "e4m3",
       "Bytes of one wire segment [scales][codes] holding segment_numel elements.");
+
+  m.def(
+      "wire_format_name",
+      [](const std::string& name, const std::string& what) {
+        return std::string(fp8comm::wire_format_name(fp8comm::wire_format_of(name, what.c_str())));
+      },
+      py::arg("name"), py::arg("what"),
+      "The wire format `name` names, as its table spells it (\"MXFP4\" -> \"mxfp4\"); ValueError naming `what` "
+      "when it names none.");
 
   m.def(
       "wire_formats",
@@ -243,7 +119,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "environment_variables",
       [] {
         std::vector<std::tuple<std::string, std::string, std::string>> vars;
-        for (const auto* v : fp8comm::env::kAll) vars.emplace_back(v->name, v->fallback, v->doc);
+        for (const auto* v : fp8comm::env::kAll) vars.emplace_back(v->name, v->fallback, fp8comm::variable_doc(*v));
         return vars;
       },
       "(name, value when unset, what it sets) of every FP8COMM_* variable fp8comm reads (csrc/common/env.h).");
@@ -269,103 +145,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "(name, segment-header phases) of every compressed algorithm, in the order Options.compress lists them "
       "(csrc/algorithms/compressed_algorithms.h).");
 
-  py::class_<Options, c10d::Backend::Options, c10::intrusive_ptr<Options>>(m, "Options", options_doc())
-      .def(py::init([](const py::object& block_size, const py::object& fp8_dtype, const py::object& min_numel,
-                       const py::object& compress, const py::object& cpu_threads, const py::object& scope,
-                       const py::object& track_error, const py::object& rounding, const py::object& rounding_seed,
-                       const py::object& wire_format, const py::object& node_wire_format) {
-             auto o = c10::make_intrusive<Options>();
-             o->block_size = int_option(block_size, "block_size", FP8C_BLOCK_SIZE_RULE);
-             o->wire_format = wire_format_option(wire_format);
-             const auto old = fp8_dtype_option(fp8_dtype);
-             TORCH_CHECK_VALUE(!old || !o->wire_format || *old == *o->wire_format, "fp8comm.Options: fp8_dtype=",
-                               py::repr(fp8_dtype).cast<std::string>(), " and wire_format=",
-                               py::repr(wire_format).cast<std::string>(),
-                               " disagree; give wire_format alone (fp8_dtype is its deprecated spelling)");
-             if (old) o->wire_format = old;
-             o->min_numel = int_option(min_numel, "min_numel", "an int >= 0");
-             o->compress = compress_items(compress);
-             o->cpu_threads = int_option(cpu_threads, "cpu_threads", "an int >= 1");
-             o->scope = scope_option(scope);
-             o->track_error = bool_option(track_error, "track_error");
-             o->rounding = rounding_option(rounding);
-             o->rounding_seed = int_option(rounding_seed, "rounding_seed", "an int");
-             o->node_wire_format = node_wire_format_option(node_wire_format);
-             return o;
-           }),
-           py::arg("block_size") = py::none(), py::arg("fp8_dtype") = py::none(), py::arg("min_numel") = py::none(),
-           py::arg("compress") = py::none(), py::arg("cpu_threads") = py::none(), py::arg("scope") = py::none(),
-           py::arg("track_error") = py::none(), py::arg("rounding") = py::none(),
-           py::arg("rounding_seed") = py::none(), py::arg("wire_format") = py::none(),
-           py::arg("node_wire_format") = py::none())
-      .def_property_readonly("block_size", [](const Options& o) { return o.block_size; })
-      .def_property_readonly("wire_format", [](const Options& o) { return wire_format_name(o.wire_format); })
-      .def_property_readonly("fp8_dtype", [](const Options& o) { return wire_format_name(o.wire_format); },
-                             "Deprecated: wire_format.")
-      .def_property_readonly("min_numel", [](const Options& o) { return o.min_numel; })
-      .def_property_readonly("cpu_threads", [](const Options& o) { return o.cpu_threads; })
-      .def_property_readonly("scope",
-                             [](const Options& o) -> py::object {
-                               if (!o.scope) return py::none();
-                               return py::str(fp8comm::scope_name(*o.scope));
-                             })
-      .def_property_readonly("node_wire_format", [](const Options& o) { return o.node_wire_format; })
-      .def_property_readonly("track_error", [](const Options& o) { return o.track_error; })
-      .def_property_readonly("rounding", [](const Options& o) { return rounding_value(o.rounding); })
-      .def_property_readonly("rounding_seed", [](const Options& o) { return o.rounding_seed; })
-      .def_property_readonly("compress",
-                             [](const Options& o) -> py::object {
-                               if (!o.compress) return py::none();
-                               return py::tuple(py::cast(*o.compress));
-                             })
-      .def("resolved", &Options::resolved,
-           "A copy with every field set from the environment where unset, and checked (ValueError otherwise).")
-      .def("fingerprint", &Options::fingerprint,
-           "Of resolved options: what every rank of a group must agree on, by name.")
-      .def("__repr__", [](const Options& o) {
-        auto show = [](const auto& v) { return v ? py::repr(py::cast(*v)).template cast<std::string>() : std::string("None"); };
-        return "fp8comm.Options(block_size=" + show(o.block_size) + ", wire_format=" + show(wire_format_name(o.wire_format)) +
-               ", min_numel=" + show(o.min_numel) + ", compress=" + show(o.compress) +
-               ", cpu_threads=" + show(o.cpu_threads) +
-               ", scope=" + (o.scope ? "'" + std::string(fp8comm::scope_name(*o.scope)) + "'" : std::string("None")) +
-               ", node_wire_format=" + show(o.node_wire_format) +
-               ", track_error=" + show(o.track_error) +
-               ", rounding=" + py::repr(rounding_value(o.rounding)).cast<std::string>() +
-               ", rounding_seed=" + show(o.rounding_seed) + ")";
-      })
-      .def(py::pickle(
-          [](const Options& o) {  // copy.deepcopy(parent.options) when torch splits a group
-            return py::make_tuple(o.block_size, wire_format_name(o.wire_format), o.min_numel, o.compress, o.timeout.count(),
-                                  o.group_name, o.global_ranks_in_group, o.cpu_threads,
-                                  o.scope ? py::object(py::str(fp8comm::scope_name(*o.scope))) : py::object(py::none()),
-                                  o.track_error, rounding_value(o.rounding), o.rounding_seed, o.node_wire_format);
-          },
-          [](const py::tuple& t) {
-            TORCH_CHECK_VALUE(t.size() == 13, "fp8comm.Options: cannot unpickle a state of ", t.size(), " fields");
-            auto o = c10::make_intrusive<Options>();
-            o->block_size = t[0].cast<std::optional<int64_t>>();
-            o->wire_format = wire_format_option(t[1]);
-            o->min_numel = t[2].cast<std::optional<int64_t>>();
-            o->compress = t[3].cast<std::optional<std::vector<std::string>>>();
-            o->timeout = std::chrono::milliseconds(t[4].cast<int64_t>());
-            o->group_name = t[5].cast<std::string>();
-            o->global_ranks_in_group = t[6].cast<std::vector<uint64_t>>();
-            o->cpu_threads = t[7].cast<std::optional<int64_t>>();
-            o->scope = scope_option(t[8]);
-            o->track_error = t[9].cast<std::optional<bool>>();
-            o->rounding = rounding_option(t[10]);
-            o->rounding_seed = t[11].cast<std::optional<int64_t>>();
-            o->node_wire_format = node_wire_format_option(t[12]);
-            return o;
-          }))
-      .def("__eq__", [](const Options& a, const Options& b) {
-        return a.block_size == b.block_size && a.wire_format == b.wire_format && a.min_numel == b.min_numel &&
-               a.compress == b.compress && a.cpu_threads == b.cpu_threads && a.scope == b.scope &&
-               a.track_error == b.track_error && a.rounding == b.rounding && a.rounding_seed == b.rounding_seed &&
-               a.node_wire_format == b.node_wire_format;
-      });
+  fp8comm::bind_options(m);
 
-  py::class_<ProcessGroupFp8, c10d::Backend, c10::intrusive_ptr<ProcessGroupFp8>>(m, "ProcessGroupFp8")
+  py::class_<ProcessGroupFp8, c10d::Backend, c10::intrusive_ptr<ProcessGroupFp8>> pg_class(m, "ProcessGroupFp8");
+  pg_class
       .def("stats", [](ProcessGroupFp8& pg) { return pg.stats().snapshot(); })
       .def("reset_stats", [](ProcessGroupFp8& pg) { pg.stats().reset(); })
       .def("set_topology", &ProcessGroupFp8::set_topology, py::arg("nodes"), py::arg("ranks_on_my_node"),
@@ -411,7 +194,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("input"), py::arg("opts"), py::arg("residual"), py::call_guard<py::gil_scoped_release>(),
            "_reduce_scatter_base that keeps in `residual` what the wire dropped of each input element (error "
            "feedback: fp8comm.functional.reduce_scatter_tensor's residual=).")
-      .def_property_readonly("track_error", [](ProcessGroupFp8& pg) { return *pg.options().track_error; })
       .def(
           "transport",
           [](ProcessGroupFp8& pg, const std::string& device) { return pg.transport(device_type_of(device)); },
@@ -453,16 +235,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("device"), "What the algorithms know of the transport for `device` (transport_traits.h).")
       .def_property_readonly("options", [](ProcessGroupFp8& pg) { return pg.getBackendOptions(); },
                              "The group's resolved fp8comm.Options.")
-      // The resolved options' fields, as the group uses them.
-      .def_property_readonly("block_size", [](ProcessGroupFp8& pg) { return *pg.options().block_size; })
-      .def_property_readonly("wire_format",
-                             [](ProcessGroupFp8& pg) { return fp8comm::wire_format_name(*pg.options().wire_format); })
+      // The deprecated and the older spellings of two resolved knobs.
       .def_property_readonly("fp8_dtype",
-                             [](ProcessGroupFp8& pg) { return fp8comm::wire_format_name(*pg.options().wire_format); },
+                             [](ProcessGroupFp8& pg) { return fp8comm::knob_value(pg.options(), "wire_format"); },
                              "Deprecated: wire_format.")
-      .def_property_readonly("node_wire_format", [](ProcessGroupFp8& pg) { return *pg.options().node_wire_format; })
-      .def_property_readonly("min_numel", [](ProcessGroupFp8& pg) { return *pg.options().min_numel; })
       .def_property_readonly("compressed_ops", [](ProcessGroupFp8& pg) { return *pg.options().compress; });
+  // Every knob of the group's resolved options, as the group uses it.
+  for (const auto& name : fp8comm::knob_names()) {
+    pg_class.def_property_readonly(name.c_str(),
+                                   [name](ProcessGroupFp8& pg) { return fp8comm::knob_value(pg.options(), name); });
+  }
 
   // ---- for tests (fp8comm._testing): the fp8ncclsim transport, NCCL's contracts on CPU processes
   py::class_<fp8comm::NcclSimTransport, c10d::Backend, c10::intrusive_ptr<fp8comm::NcclSimTransport>>(

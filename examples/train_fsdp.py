@@ -65,7 +65,7 @@ def parse_args(argv=None):
                    help="convert the model's nn.Linear layers to fp8comm Fp8Linear")
     p.add_argument("--fp8-comm", action=argparse.BooleanOptionalAction, default=True,
                    help="communicate through fp8nccl / fp8gloo (else plain nccl / gloo)")
-    p.add_argument("--wire", default=None, choices=["e4m3", "e5m2", "mxfp4"],
+    p.add_argument("--wire", default=None, choices=fp8comm.codec.WIRE_FORMATS,
                    help="the compressed gradients' wire format (with --comm-block-size, --error-feedback: the "
                         "reduce-scatter is compressed over the plain group by fp8comm.fsdp.compress_communication, "
                         "which equals the fp8 group bitwise)")

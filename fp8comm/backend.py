@@ -85,11 +85,6 @@ def _nccl_split_source():
     return source if isinstance(source, dist.ProcessGroupNCCL) else None
 
 
-def _shown(value) -> str:
-    """A fingerprint value in an error: numbers as they are, names quoted."""
-    return value if isinstance(value, str) and value.lstrip("-").isdigit() else repr(value)
-
-
 def _global_rank(dist_backend_opts) -> int:
     ranks = list(dist_backend_opts.global_ranks_in_group or [])
     return ranks[dist_backend_opts.group_rank] if ranks else dist_backend_opts.group_rank
@@ -113,17 +108,9 @@ def _exchange_with_every_rank(dist_backend_opts, options: Options) -> tuple[str,
     }
     store.set(prefix + str(rank), json.dumps(mine, sort_keys=True))
     published = [json.loads(store.get(prefix + str(r))) for r in range(size)]
-    by_rank = [p["options"] for p in published]
-    differing = [key for key in by_rank[rank] if any(other.get(key) != by_rank[rank][key] for other in by_rank)]
-    if differing:
-        details = "; ".join(
-            f"{key}: " + ", ".join(f"rank {r} has {_shown(fp.get(key))}" for r, fp in enumerate(by_rank))
-            for key in differing
-        )
-        raise ValueError(
-            f"fp8comm: the ranks of this process group resolved different options ({details}). Every rank must "
-            "pass the same fp8comm.Options and set the same FP8COMM_* environment variables."
-        )
+    mismatch = _C.fingerprint_mismatch([p["options"] for p in published], rank)
+    if mismatch is not None:
+        raise ValueError(mismatch)
     return prefix, published
 
 

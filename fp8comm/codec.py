@@ -103,11 +103,12 @@ def _wire_format(wire_format: str | None, fp8_dtype: torch.dtype | None, default
             raise ValueError(f"fp8comm codec: fp8_dtype={fp8_dtype} and wire_format={wire_format!r} disagree; "
                              "give wire_format alone")
         return name
-    name = default if wire_format is None else str(wire_format).lower()
-    if name not in _WIRE_REGISTRY:
-        raise ValueError(f"fp8comm codec: wire_format must be one of {', '.join(map(repr, WIRE_FORMATS))}, "
-                         f"got {wire_format!r}")
-    return name
+    if wire_format is None:
+        return default
+    name = str(wire_format).lower()
+    if name in _WIRE_REGISTRY:  # plain Python, so torch.compile traces it
+        return name
+    return _C.wire_format_name(str(wire_format), "fp8comm codec")  # raises the one error (fp8_dtype_table.h)
 
 
 def fp8_max(fp8_dtype: torch.dtype) -> float:

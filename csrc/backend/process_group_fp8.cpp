@@ -14,8 +14,7 @@ namespace fp8comm {
 ProcessGroupFp8::ProcessGroupFp8(int rank, int size, c10::intrusive_ptr<fp8comm::Options> options,
                                  c10::intrusive_ptr<c10d::Store> store)
     : c10d::Backend(rank, size), options_(std::move(options)), uncompressed_(std::move(store), rank, size) {
-  TORCH_CHECK(options_ && options_->block_size && options_->wire_format && options_->min_numel && options_->compress &&
-                  options_->scope && options_->track_error,
+  TORCH_CHECK(options_ && options_->is_resolved(),
               "fp8comm: ProcessGroupFp8 needs resolved options (fp8comm.Options(...).resolved())");
   check_block_size(*options_->block_size, "fp8comm.Options");
 }

@@ -33,7 +33,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::run(const Collective& c, const a
     const int64_t position = at - node_group_ranks_.begin();
     nodes.emplace(NodeTransports{Transport(inner->intra, traits, position % L, L, timeout, c.name),
                                  Transport(inner->inter, traits, position / L, nodes_, timeout, c.name),
-                                 node_group_ranks_, options_->node_format(), &node_workspace_});
+                                 node_group_ranks_, options_->node_wire_format->format, &node_workspace_});
   }
   Route route{transport, nodes ? &*nodes : nullptr, ranks_on_my_node_};
   auto run_body = [&] {

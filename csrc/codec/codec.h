@@ -128,8 +128,10 @@ void dequant_sum_cpu(const BlockCodes& pieces, const OwnAddend& own, int post_di
 void dequant_sum_requantize_cpu(const BlockCodes& pieces, const OwnAddend& own, int post_div, const BlockCodes& out);
 
 // CUDA launchers (csrc/codec/codec_cuda.cu). `stream` is a cudaStream_t.
-// Each is one kernel launch on `stream`, asynchronous to the host; they return
-// a CUDA error code (0 on success) instead of throwing, to stay torch-free.
+// Each is one kernel launch on `stream` (those that quantize into a format with
+// a segment scale launch its segment-scale kernels first), asynchronous to the
+// host; they return a CUDA error code (0 on success) instead of throwing, to
+// stay torch-free.
 int quantize_cuda(const void* src, ElemType type, int64_t numel, float premul,
                   const float* premul_device, const BlockCodes& dst, void* stream);
 int dequantize_cuda(const BlockCodes& src, void* dst, ElemType type, int64_t numel, void* stream);

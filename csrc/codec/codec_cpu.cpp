@@ -64,10 +64,15 @@ Simd simd_level() {
 // Enough blocks per task that a task moves ~64 KiB of input.
 int64_t grain_blocks(int block_size) { return std::max<int64_t>(1, 16384 / block_size); }
 
-// The per-block element loops. `n` is either a compile-time 32 (a full block
-// of the default size: the loops unroll into a few AVX2 registers with no
-// remainder handling) or a run-time count.
-using Full32 = std::integral_constant<int64_t, 32>;
+// The per-block element loops. `n` is either a compile-time 32 or 16 (a
+// full block of the default size or of NVFP4's: the loops unroll into a few
+// AVX2 registers with no remainder handling) or a run-time count.
+template <typename Fn>
+FP8C_HD decltype(auto) with_count(int64_t n, Fn&& fn) {
+  if (n == 32) return fn(std::integral_constant<int64_t, 32>{});
+  if (n == 16) return fn(std::integral_constant<int64_t, 16>{});
+  return fn(n);
+}
 
 // The encode of element i of a block: to nearest even, or stochastically
 // with the bits of the block's run (rounding.h).
@@ -218,8 +223,7 @@ FP8C_VECTOR_CLONES void quantize_blocks(const Storage<E>* src, int64_t numel, fl
       *scales = quantize_run<E, F>(s, valid, premul, g, codes, StochasticEncode<F>{sr});
       zero_codes<F>(codes, valid, width);
     } else {
-      *scales = valid == 32 ? quantize_run<E, F>(s, Full32{}, premul, g, codes)
-                            : quantize_run<E, F>(s, valid, premul, g, codes);
+      *scales = with_count(valid, [&](auto n) { return quantize_run<E, F>(s, n, premul, g, codes); });
       zero_codes<F>(codes, valid, width);
     }
     if (j + run == blocks_per_segment) {
@@ -251,11 +255,7 @@ FP8C_VECTOR_CLONES void dequantize_blocks(const BlockCodes src, Storage<E>* dst,
     }
     ++blk;
     const float scale = block_scale<F>(*scales, load_segment_scale<F>(src.scales + r * src.stride));
-    if (valid == 32) {
-      dequantize_run<E, F>(codes, scale, Full32{}, dst + first);
-    } else {
-      dequantize_run<E, F>(codes, scale, valid, dst + first);
-    }
+    with_count(valid, [&](auto n) { dequantize_run<E, F>(codes, scale, n, dst + first); });
   }
 }
 
@@ -296,11 +296,7 @@ FP8C_HD void sum_run(const BlockCodes& pieces, const OwnAddend& own, int post_di
 template <ElemType E, WireFormat F>
 FP8C_HD void sum_block(const BlockCodes& pieces, const OwnAddend& own, int post_div, int64_t j, int64_t width,
                        float* acc) {
-  if (width == 32) {
-    sum_run<E, F>(pieces, own, post_div, j, Full32{}, acc);
-  } else {
-    sum_run<E, F>(pieces, own, post_div, j, width, acc);
-  }
+  with_count(width, [&](auto n) { sum_run<E, F>(pieces, own, post_div, j, n, acc); });
 }
 
 // Blocks from j on that the AVX2 kernels may take: whole blocks of the output
@@ -364,8 +360,7 @@ FP8C_VECTOR_CLONES void dequant_sum_requantize_blocks(const BlockCodes pieces, c
     if (stochastic) {
       out.scales[j] = requantize_run<F>(acc, width, g, codes, StochasticEncode<F>{out.stochastic_run(0, j * B)});
     } else {
-      out.scales[j] =
-          width == 32 ? requantize_run<F>(acc, Full32{}, g, codes) : requantize_run<F>(acc, width, g, codes);
+      out.scales[j] = with_count(width, [&](auto n) { return requantize_run<F>(acc, n, g, codes); });
     }
   }
   if (end == total_blocks) {

@@ -1,6 +1,7 @@
 // The block codec on CUDA: plain kernels over raw pointers (torch-free, so a
-// bare `nvcc -c` builds them), one kernel per operation, the element math from
-// fp8_block_math.h so the bytes equal the CPU codec's bit for bit.
+// bare `nvcc -c` builds them), one kernel per operation (a quantize into a
+// format with a segment scale: its segment-scale kernels first), the element
+// math from fp8_block_math.h so the bytes equal the CPU codec's bit for bit.
 //
 // Work unit: a *chunk* of 16 consecutive elements per thread — 64 bytes of
 // fp32 / 32 bytes of bf16 read with 16-byte loads, 16 codes written with one
@@ -11,6 +12,11 @@
 // A block of B elements is B/16 chunks. When B/16 is a power of two <= 32 the
 // block's chunks sit in adjacent lanes of one warp and the block amax is a
 // butterfly of warp shuffles; otherwise one warp walks the block's chunks.
+//
+// Block scales come from the format's traits (fp8_block_math.h, "scales by
+// kind"). A format with a segment scale (NVFP4) first finds each segment's
+// scale g in kernels of its own and stores it in the segment's header, where
+// the quantize kernels read it, as the CPU loops do ("segment scales" below).
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -139,7 +145,8 @@ __device__ __forceinline__ void sum_pieces(const BlockCodes& pieces, const OwnAd
     for (int t = 0; t < kChunk; ++t) acc[t] = t < own_valid ? v[t] * f : 0.0f;  // +0 past the end, as on the CPU
   }
   for (int64_t r = 0; r < pieces.num_segments; ++r) {
-    const float scale = scale_from_byte(pieces.scales[r * pieces.stride + j]);
+    const uint8_t* scales = pieces.scales + r * pieces.stride;
+    const float scale = block_scale<F>(scales[j], load_segment_scale<F>(scales));
     uint8_t c[kChunk];
     load_codes<F>(pieces.codes + r * pieces.stride + code_bytes<F>(i0), valid, c);
     const bool first = r == 0 && !own.present;
@@ -169,23 +176,23 @@ struct PiecesSource {
 };
 
 // ------------------------------------------------------------- quantizing
-// Encodes one chunk with its block's scale byte; writes zero codes past the
-// valid elements up to the capacity. Elements r, i0 + t of dst's segments,
-// rounded as dst says (rounding.h: stochastic bits of the element's index in
-// its segment).
+// Encodes one chunk with its block's encoding (block_encoding of its scale
+// byte and segment scale); writes zero codes past the valid elements up to
+// the capacity. Elements r, i0 + t of dst's segments, rounded as dst says
+// (rounding.h: stochastic bits of the element's index in its segment).
 template <WireFormat F>
-__device__ __forceinline__ void encode_chunk(const float (&v)[kChunk], int valid, uint8_t sb, const BlockCodes& dst,
-                                             int64_t r, int64_t i0, int count) {
-  const float inv = inv_scale_from_byte(sb);
-  const uint32_t limit = code_limit<F>(sb);
+__device__ __forceinline__ void encode_chunk(const float (&v)[kChunk], int valid, const BlockEncoding& enc,
+                                             const BlockCodes& dst, int64_t r, int64_t i0, int count) {
   uint8_t c[kChunk];
   if (dst.rounding == Rounding::kStochastic) {
     const StochasticRun run = dst.stochastic_run(r, i0);
 #pragma unroll
-    for (int t = 0; t < kChunk; ++t) c[t] = t < valid ? encode_code_stochastic<F>(v[t] * inv, limit, run.bits(t)) : 0;
+    for (int t = 0; t < kChunk; ++t) {
+      c[t] = t < valid ? encode_code_stochastic<F>(to_code_units<F>(v[t], enc), enc.limit, run.bits(t)) : 0;
+    }
   } else {
 #pragma unroll
-    for (int t = 0; t < kChunk; ++t) c[t] = t < valid ? encode_code<F>(v[t] * inv, limit) : 0;
+    for (int t = 0; t < kChunk; ++t) c[t] = t < valid ? encode_code<F>(to_code_units<F>(v[t], enc), enc.limit) : 0;
   }
   store_wire_codes<F>(dst.codes + r * dst.stride + code_bytes<F>(i0), count, c);
 }
@@ -249,8 +256,9 @@ __global__ void __launch_bounds__(kThreads) quantize_shuffle_kernel(Source sourc
       if constexpr (!WireTraits<F>::kHasNanCode) nonfinite |= __shfl_xor_sync(0xffffffffu, nonfinite, off);
     }
     if (!active || i0 >= dst.capacity) continue;
-    const uint8_t sb = scale_byte<F>(amax);
-    encode_chunk<F>(v, valid, sb, dst, r, i0, clamp_chunk(dst.capacity - i0));
+    const float g = load_segment_scale<F>(dst.scales + r * dst.stride);
+    const uint8_t sb = block_scale_byte<F>(amax, g);
+    encode_chunk<F>(v, valid, block_encoding<F>(sb, g), dst, r, i0, clamp_chunk(dst.capacity - i0));
     if (lane_in_block == 0) write_scale(dst, r, j, blocks_per_segment, stored_scale_byte<F>(sb, nonfinite));
   }
 }
@@ -283,11 +291,13 @@ __global__ void __launch_bounds__(kThreads) quantize_warp_kernel(Source source, 
       amax = other > amax ? other : amax;
       if constexpr (!WireTraits<F>::kHasNanCode) nonfinite |= __shfl_xor_sync(0xffffffffu, nonfinite, off);
     }
-    const uint8_t sb = scale_byte<F>(amax);
+    const float g = load_segment_scale<F>(dst.scales + r * dst.stride);
+    const uint8_t sb = block_scale_byte<F>(amax, g);
+    const BlockEncoding enc = block_encoding<F>(sb, g);
     for (int64_t i = int64_t{lane} * kChunk; i < width; i += 32 * kChunk) {
       float v[kChunk];
       const int valid = source.load(r, j * B + i, v);
-      encode_chunk<F>(v, valid, sb, dst, r, j * B + i, clamp_chunk(width - i));
+      encode_chunk<F>(v, valid, enc, dst, r, j * B + i, clamp_chunk(width - i));
     }
     if (lane == 0) write_scale(dst, r, j, blocks_per_segment, stored_scale_byte<F>(sb, nonfinite));
   }
@@ -298,8 +308,103 @@ int64_t grid_for(int64_t threads) {
   return blocks < 1 ? 1 : (blocks > kMaxGrid ? kMaxGrid : blocks);
 }
 
+// ------------------------------------------------------------- segment scales
+// A format with a segment scale (kSegmentScaleBytes != 0): every block scale
+// of a segment depends on the segment's g, which depends on the finite amax
+// of all that goes into the segment (the quantize source: the premultiplied
+// tensor, or the sums of dequant_sum_requantize). So g is computed first, by
+// the kernels below, and stored in the segment's header, where the quantize
+// kernels read it (load_segment_scale) as the CPU loops do.
+//
+// Warps stride over a segment's chunks, `warps_per_segment` of them sharing
+// one. With one warp per segment, the warp stores g itself. With more, each
+// warp atomicMax-es its amax into the header word (finite amaxes are
+// non-negative floats, which order as their bits), cleared first, and a last
+// kernel replaces that amax by g. The atomics need the header 4-byte
+// aligned; where it is not (segments at an odd address), each segment gets
+// one warp.
+
+// Enough warps to fill the GPU: a segment gets at most this many over the
+// segment count, so a call makes at most this many atomics in all.
+constexpr int64_t kSegmentAmaxWarps = 8192;
+
+template <WireFormat F>
+__device__ __forceinline__ uint8_t* segment_header(const BlockCodes& dst, int64_t r) {
+  return dst.scales + r * dst.stride - WireTraits<F>::kSegmentScaleBytes;
+}
+
+template <WireFormat F>
+__global__ void __launch_bounds__(kThreads) clear_segment_amax_kernel(BlockCodes dst) {
+  for (int64_t r = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; r < dst.num_segments;
+       r += int64_t{gridDim.x} * blockDim.x) {
+    *reinterpret_cast<uint32_t*>(segment_header<F>(dst, r)) = 0;
+  }
+}
+
+template <class Source, WireFormat F>
+__global__ void __launch_bounds__(kThreads) segment_amax_kernel(Source source, BlockCodes dst,
+                                                                int64_t warps_per_segment) {
+  const int64_t chunks = (dst.capacity + kChunk - 1) / kChunk;
+  const int lane = threadIdx.x & 31;
+  const int64_t total_warps = dst.num_segments * warps_per_segment;
+  const int64_t warps_per_grid = int64_t{gridDim.x} * (blockDim.x / 32);
+  for (int64_t w = int64_t{blockIdx.x} * (blockDim.x / 32) + threadIdx.x / 32; w < total_warps;
+       w += warps_per_grid) {
+    const int64_t r = w / warps_per_segment;
+    const int64_t k = w - r * warps_per_segment;
+    uint32_t amax = 0;
+    for (int64_t c = k * 32 + lane; c < chunks; c += warps_per_segment * 32) {
+      float v[kChunk];
+      const int valid = source.load(r, c * kChunk, v);
+      const uint32_t a = chunk_amax(v, valid);
+      amax = a > amax ? a : amax;
+    }
+    for (int off = 16; off >= 1; off /= 2) {
+      const uint32_t other = __shfl_xor_sync(0xffffffffu, amax, off);
+      amax = other > amax ? other : amax;
+    }
+    if (lane != 0) continue;
+    if (warps_per_segment == 1) {
+      store_segment_scale<F>(dst.scales + r * dst.stride, segment_scale<F>(amax));
+    } else if (amax != 0) {
+      atomicMax(reinterpret_cast<unsigned*>(segment_header<F>(dst, r)), amax);
+    }
+  }
+}
+
+// The header word of each segment: its amax -> its g.
+template <WireFormat F>
+__global__ void __launch_bounds__(kThreads) segment_scale_kernel(BlockCodes dst) {
+  for (int64_t r = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; r < dst.num_segments;
+       r += int64_t{gridDim.x} * blockDim.x) {
+    const uint32_t amax = *reinterpret_cast<const uint32_t*>(segment_header<F>(dst, r));
+    store_segment_scale<F>(dst.scales + r * dst.stride, segment_scale<F>(amax));
+  }
+}
+
+template <class Source, WireFormat F>
+int launch_segment_scales(const Source& source, const BlockCodes& dst, cudaStream_t stream) {
+  const int64_t P = dst.num_segments;
+  if (P == 0) return 0;
+  const int64_t chunks = (dst.capacity + kChunk - 1) / kChunk;
+  const uintptr_t header = reinterpret_cast<uintptr_t>(dst.scales) - WireTraits<F>::kSegmentScaleBytes;
+  const bool aligned = (header & 3u) == 0 && (dst.stride & 3) == 0;
+  int64_t warps = (chunks + 31) / 32;
+  const int64_t most = kSegmentAmaxWarps / P;
+  warps = warps < most ? warps : most;
+  warps = aligned && warps > 1 ? warps : 1;
+  if (warps > 1) FP8C_LAUNCH(grid_for(P), kThreads, 0, stream, clear_segment_amax_kernel<F>)(dst);
+  FP8C_LAUNCH(grid_for(P * warps * 32), kThreads, 0, stream, segment_amax_kernel<Source, F>)(source, dst, warps);
+  if (warps > 1) FP8C_LAUNCH(grid_for(P), kThreads, 0, stream, segment_scale_kernel<F>)(dst);
+  return static_cast<int>(cudaGetLastError());
+}
+
 template <class Source, WireFormat F>
 int launch_quantize(const Source& source, const BlockCodes& dst, cudaStream_t stream) {
+  if constexpr (WireTraits<F>::kSegmentScaleBytes != 0) {
+    const int error = launch_segment_scales<Source, F>(source, dst, stream);
+    if (error != 0) return error;
+  }
   const int64_t blocks_per_segment = (dst.capacity + dst.block_size - 1) / dst.block_size;
   const int64_t total_blocks = dst.num_segments * blocks_per_segment;
   if (total_blocks == 0) return 0;
@@ -329,7 +434,8 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(BlockCodes src, St
     const int64_t seg_end = (r + 1) * m < numel ? (r + 1) * m : numel;
     const int valid = clamp_chunk(seg_end - first);
     if (valid == 0) continue;
-    const float scale = scale_from_byte(src.scales[r * src.stride + i0 / src.block_size]);
+    const uint8_t* scales = src.scales + r * src.stride;
+    const float scale = block_scale<F>(scales[i0 / src.block_size], load_segment_scale<F>(scales));
     uint8_t c[kChunk];
     load_codes<F>(src.codes + r * src.stride + code_bytes<F>(i0), valid, c);
     float v[kChunk];

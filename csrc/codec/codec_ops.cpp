@@ -75,6 +75,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize(const at::Tensor& x, int
   at::Tensor buffer = scale_buffer(ceil_div(n, block_size), format, src.options());
   at::Tensor scales = buffer.narrow(0, head, buffer.numel() - head);
   BlockCodes dst = with_rounding(flat_codes(scales, codes, n, block_size, format), op, rounding, rounding_key);
+  dst.scales = static_cast<uint8_t*>(buffer.data_ptr()) + head;  // an empty slice's data_ptr is null
   if (n > 0) {
     quantize_into(src, 1.0f, std::nullopt, dst);
   } else {

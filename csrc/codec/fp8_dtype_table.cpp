@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cctype>
 
+#include "../common/choices.h"
+
 namespace fp8comm {
 namespace {
 
@@ -29,19 +31,17 @@ std::optional<WireFormat> find_wire_format(const std::string& name) {
   return std::nullopt;
 }
 
-std::string wire_format_choices() {
-  std::string out;
-  const size_t n = std::size(kWireFormatTable);
-  for (size_t i = 0; i < n; ++i) {
-    if (i > 0) out += i + 1 == n ? " or " : ", ";
-    out += std::string("'") + wire_format_name(kWireFormatTable[i].format) + "'";
-  }
-  return out;
+std::vector<std::string> wire_format_names() {
+  std::vector<std::string> names;
+  for (const auto& row : kWireFormatTable) names.emplace_back(wire_format_name(row.format));
+  return names;
 }
+
+std::string wire_format_choices() { return listed(wire_format_names()); }
 
 WireFormat wire_format_of(const std::string& name, const char* what) {
   const auto found = find_wire_format(name);
-  TORCH_CHECK_VALUE(found, what, ": wire_format must be ", wire_format_choices(), ", got '", name, "'");
+  TORCH_CHECK_VALUE(found, must_be(what, "wire_format", wire_format_choices(), "'" + name + "'"));
   return *found;
 }
 

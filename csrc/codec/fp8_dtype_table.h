@@ -7,6 +7,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "fp8_block_math.h"
 
@@ -41,9 +42,12 @@ inline constexpr WireFormatRow kWireFormatTable[] = {
 const WireFormatRow& wire_format_row(WireFormat format);
 // By name, any case ("mxfp4").
 std::optional<WireFormat> find_wire_format(const std::string& name);
-// The format named `name`; raises an error naming `what` when none is.
+// The format named `name`; raises the one "wire_format must be" error,
+// naming `what`, when none is.
 WireFormat wire_format_of(const std::string& name, const char* what);
+// Every format's name, in kWireFormatTable's order, and as errors list them:
 // "'e4m3', 'e5m2' or 'mxfp4'".
+std::vector<std::string> wire_format_names();
 std::string wire_format_choices();
 
 c10::ScalarType scalar_type_of(Fp8Dtype fp8_dtype);

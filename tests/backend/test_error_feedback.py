@@ -361,12 +361,13 @@ def test_residual_under_stochastic_rounding(pool, op):
 
 
 @pytest.mark.pools("flat-3", "nodes-2x2", "ncclsim-nodes-2x2")
+@pytest.mark.parametrize("wire_format", ["mxfp4", "nvfp4"])
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
 @pytest.mark.parametrize("op", ["all_reduce", "reduce_scatter_tensor"])
-def test_residual_of_the_4_bit_wire(pool, op, rounding):
-    # MXFP4 drops far more (a tenth of the signal); the identity holds as tightly.
+def test_residual_of_the_4_bit_wire(pool, op, rounding, wire_format):
+    # The 4-bit formats drop far more (a tenth of the signal); the identity holds as tightly.
     for r in pool.run(residual_is_what_the_wire_dropped, op, "float32", "SUM", "float32",
-                      _options(pool, rounding=rounding, wire_format="mxfp4")):
+                      _options(pool, rounding=rounding, wire_format=wire_format)):
         for step in range(2):
             assert r[f"dropped_{step}"] > 5e-2 and r[f"identity_{step}"] < 1e-5, r
 

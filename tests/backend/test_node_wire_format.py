@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 import fp8comm
-from tests.backend.test_mxfp4_collectives import all_reduce_stats
+from tests.backend.test_fp4_collectives import all_reduce_stats
 from tests.support.harness import PoolSpec, ctx
 from tests.support.inputs import rank_input, same_bits
 from tests.support.reference import sqnr_db
@@ -28,6 +28,10 @@ POOLS = [
              id=f"{backend}-2x2-mxfp4-e4m3", attrs={"local": 2, "hop": "mxfp4", "inside": "e4m3"})
     for backend in ("fp8gloo", "fp8ncclsim")
 ] + [
+    PoolSpec(4, "fp8gloo", pg_options={"min_numel": 1024, "compress": "all"},
+             env={"FP8COMM_WIRE_FORMAT": "nvfp4", "FP8COMM_NODE_WIRE_FORMAT": "e4m3", "FP8COMM_SCOPE": "inter_node",
+                  "FP8COMM_LOCAL_SIZE": "2"},
+             id="fp8gloo-2x2-nvfp4-e4m3", attrs={"local": 2, "hop": "nvfp4", "inside": "e4m3"}),
     PoolSpec(6, "fp8gloo", pg_options={"min_numel": 1024, "compress": "all"},
              env={"FP8COMM_WIRE_FORMAT": "e4m3", "FP8COMM_NODE_WIRE_FORMAT": "e5m2", "FP8COMM_SCOPE": "inter_node",
                   "FP8COMM_LOCAL_SIZE": "3"},
@@ -39,6 +43,7 @@ POOLS = [
 # 21.2, all_gather 18.7, a few tenths under exact inside; E4M3 between nodes
 # and E5M2 inside: 21.5 / 26.4 / 23.2, E5M2 the coarser).
 MIN_SQNR_DB = {"mxfp4": {"all_reduce": 16.0, "reduce_scatter": 20.0, "all_gather": 18.0},
+               "nvfp4": {"all_reduce": 17.5, "reduce_scatter": 21.0, "all_gather": 19.5},
                "e4m3": {"all_reduce": 20.5, "reduce_scatter": 25.0, "all_gather": 22.5}}
 
 
@@ -53,7 +58,9 @@ def _groups(backend: str, local: int, inside: str, hop: str):
     if key not in _GROUPS:
         c = ctx()
         nodes = [list(range(b * local, (b + 1) * local)) for b in range(c.world // local)]
-        flat = lambda fmt: fp8comm.Options(scope="all", min_numel=0, compress="all", wire_format=fmt)  # noqa: E731
+        block = c.group._get_backend(torch.device("cpu")).block_size  # one block size serves both formats
+        flat = lambda fmt: fp8comm.Options(scope="all", min_numel=0, compress="all", wire_format=fmt,  # noqa: E731
+                                           block_size=block)
         intra = [dist.new_group(node, backend=backend, pg_options=flat(inside)) for node in nodes]
         inter = [dist.new_group([node[l] for node in nodes], backend=backend, pg_options=flat(hop))
                  for l in range(local)]

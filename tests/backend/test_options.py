@@ -1,6 +1,7 @@
 """fp8comm.Options, the c10d::Backend::Options of fp8nccl / fp8gloo, and the
-environment variables fp8comm reads: each declared once (csrc/common/env.h)
-and documented in the README."""
+environment variables fp8comm reads: each knob declared once, as a row of
+csrc/common/options_table.h, the other variables in csrc/common/env.h; the
+README and DESIGN tables are the rows'."""
 import copy
 import pickle
 import re
@@ -10,10 +11,18 @@ import torch
 from torch._C._distributed_c10d import Backend
 
 import fp8comm
-from fp8comm.options import environment_variables
+from fp8comm.options import defaults_call, environment_table, environment_variables, knob_table, option_table
 from tests.support import REPO_ROOT
 
 ROOT = REPO_ROOT
+ROWS = option_table()
+WIRE_FORMATS = [name for name, *_ in fp8comm._C.wire_formats()]
+
+
+def choices(names):
+    """How errors list values: 'a', 'b' or 'c'."""
+    quoted = [f"'{n}'" for n in names]
+    return ", ".join(quoted[:-1]) + " or " + quoted[-1]
 
 
 def test_options_are_a_c10d_backend_options():
@@ -71,7 +80,8 @@ def test_node_wire_format_needs_the_inter_node_scope(monkeypatch):
 
 @pytest.mark.parametrize("value", ["fp8", "E4M3 ", 8])
 def test_node_wire_format_must_be_exact_or_a_wire_format(value):
-    with pytest.raises(ValueError, match="node_wire_format must be 'exact' or "):
+    expected = f"node_wire_format must be {choices(['exact'] + WIRE_FORMATS)}, got {value!r}"
+    with pytest.raises(ValueError, match=re.escape(expected)):
         fp8comm.Options(node_wire_format=value)
 
 
@@ -99,7 +109,7 @@ def test_rounding_from_the_option_or_the_environment(monkeypatch):
         fp8comm.Options().resolved()
     monkeypatch.setenv("FP8COMM_ROUNDING", "nearest")
     monkeypatch.setenv("FP8COMM_ROUNDING_SEED", "x")
-    with pytest.raises(ValueError, match="FP8COMM_ROUNDING_SEED must be an integer, got 'x'"):
+    with pytest.raises(ValueError, match="rounding_seed must be an int, got 'x' \\(from FP8COMM_ROUNDING_SEED\\)"):
         fp8comm.Options().resolved()
 
 
@@ -130,8 +140,8 @@ def test_fp8_dtype_is_a_deprecated_spelling_of_wire_format():
         fp8comm.Options(fp8_dtype="e4m3", wire_format="mxfp4")
     with pytest.raises(ValueError, match="fp8_dtype must be"):
         fp8comm.Options(fp8_dtype="mxfp4")  # 4 bits are not an FP8 dtype: wire_format names them
-    with pytest.raises(ValueError, match="wire_format must be 'e4m3', 'e5m2' or 'mxfp4', got 'nvfp4'"):
-        fp8comm.Options(wire_format="nvfp4")
+    with pytest.raises(ValueError, match=re.escape(f"wire_format must be {choices(WIRE_FORMATS)}, got 'int4'")):
+        fp8comm.Options(wire_format="int4")
 
 
 def test_the_deprecated_environment_variable_is_read_when_the_new_one_is_unset(monkeypatch):
@@ -172,12 +182,13 @@ def test_deepcopy_and_pickle_keep_every_field():
     assert fp8comm.Options(block_size=64) != fp8comm.Options(block_size=32)
 
 
-def test_every_environment_variable_is_documented_in_the_readme():
-    readme = (ROOT / "README.md").read_text()
-    for name, default, doc in environment_variables():
-        row = re.search(rf"^\| `{name}` \| ([^|]*) \| ([^|]*) \|$", readme, re.M)
-        assert row, f"README.md's environment variables table lacks {name}"
-        assert row.group(1).strip() == default, (name, row.group(1), default)
+def test_the_readme_and_design_tables_are_the_rows():
+    """The documents' tables are generated from the rows (fp8comm/options.py);
+    the assertion shows the text to paste."""
+    readme, design = (ROOT / "README.md").read_text(), (ROOT / "DESIGN.md").read_text()
+    assert environment_table() in readme, "README.md's environment variables table is not:\n" + environment_table()
+    assert f"`pg_options={defaults_call()}`" in readme, "README.md's options row should show " + defaults_call()
+    assert knob_table() in design, "DESIGN.md's \"Options\" table is not:\n" + knob_table()
 
 
 def test_the_product_reads_no_undeclared_environment_variable():
@@ -240,3 +251,98 @@ def test_node_name_from_local_size_then_torchrun_then_host(monkeypatch):
         node_name(5)
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
     assert node_name(5).startswith("host ")
+
+
+# A value other than the default for every knob: a new knob adds its own here.
+SAMPLE = {"block_size": 64, "wire_format": "mxfp4", "min_numel": 5, "compress": ("all_gather",), "cpu_threads": 3,
+          "scope": "inter_node", "node_wire_format": "e4m3", "rounding": "stochastic", "rounding_seed": 9,
+          "track_error": True}
+
+
+def _clear_variables(monkeypatch):
+    for name, _, _ in environment_variables():
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_every_knob_has_a_sample_value():
+    assert list(SAMPLE) == [row["name"] for row in ROWS]
+
+
+def test_every_knob_is_a_keyword_a_property_a_repr_field_and_a_doc_entry(monkeypatch):
+    _clear_variables(monkeypatch)
+    unset, given, resolved = fp8comm.Options(), fp8comm.Options(**SAMPLE), fp8comm.Options().resolved()
+    for row in ROWS:
+        name = row["name"]
+        assert getattr(unset, name) is None and f"{name}=None" in repr(unset)
+        assert getattr(given, name) == SAMPLE[name] and f"{name}={SAMPLE[name]!r}" in repr(given)
+        assert getattr(resolved, name) == row["default"], name
+        assert f"\n{name}: {row['doc']}. Takes " in " ".join(fp8comm.Options.__doc__.split("\n    ")), name
+
+
+def test_the_fingerprint_holds_the_knobs_the_ranks_agree_on():
+    r = fp8comm.Options(**SAMPLE).resolved()
+    assert set(r.fingerprint()) == {row["name"] for row in ROWS if not row["per_rank"]}
+
+
+def test_pickle_and_equality_cover_every_knob():
+    opts = fp8comm.Options(**SAMPLE)
+    assert pickle.loads(pickle.dumps(opts)) == opts
+    for name in SAMPLE:
+        assert fp8comm.Options(**{name: SAMPLE[name]}) != fp8comm.Options(), name
+        assert pickle.loads(pickle.dumps(fp8comm.Options(**{name: SAMPLE[name]}))) == fp8comm.Options(
+            **{name: SAMPLE[name]}), name
+
+
+def test_options_take_keywords_only_and_name_an_unknown_one():
+    with pytest.raises(TypeError, match="keyword arguments only"):
+        fp8comm.Options(32)
+    with pytest.raises(TypeError, match="unknown option 'blocksize'; the options are block_size, "):
+        fp8comm.Options(blocksize=32)
+
+
+def test_wire_format_choices_are_the_wire_format_table():
+    takes = {row["name"]: row["takes"] for row in ROWS}
+    assert takes["wire_format"] == choices(WIRE_FORMATS)
+    assert takes["node_wire_format"] == choices(["exact"] + WIRE_FORMATS)
+    docs = {name: doc for name, _, doc in environment_variables()}
+    assert docs["FP8COMM_WIRE_FORMAT"].startswith(f"Options.wire_format ({choices(WIRE_FORMATS)}):")
+    for name in WIRE_FORMATS:
+        r = fp8comm.Options(wire_format=name.upper(), node_wire_format=name, scope="inter_node").resolved()
+        assert (r.wire_format, r.node_wire_format) == (name, name)
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[row["name"] for row in ROWS])
+def test_a_bad_variable_names_the_knob_and_the_variable(monkeypatch, row):
+    if row["takes_variable"] == "an int":
+        bad = "x"
+    else:
+        bad = "-1" if row["takes_variable"].startswith("an int") or "multiple" in row["takes_variable"] else "bogus"
+    monkeypatch.setenv(row["variable"], bad)
+    expected = f"fp8comm.Options: {row['name']} must be {row['takes_variable']}, got '{bad}' (from {row['variable']})"
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        fp8comm.Options().resolved()
+
+
+def test_the_mismatch_names_the_knob_its_variable_and_each_rank():
+    a = fp8comm.Options(scope="all", min_numel=16384, block_size=32).resolved().fingerprint()
+    b = dict(a, scope="inter_node", min_numel="7")
+    message = fp8comm._C.fingerprint_mismatch([a, b], 0)
+    assert "min_numel: rank 0 has 16384, rank 1 has 7 (FP8COMM_MIN_NUMEL)" in message
+    assert "scope: rank 0 has 'all', rank 1 has 'inter_node' (FP8COMM_SCOPE)" in message
+    assert "block_size" not in message and "same fp8comm.Options" in message
+    assert fp8comm._C.fingerprint_mismatch([a, dict(a)], 1) is None
+
+
+def test_an_unset_block_size_is_the_size_a_format_requires(monkeypatch):
+    """NVFP4 has blocks of 16: an unset block_size takes it, a set one must be it,
+    and a node format that requires one sets it for the hop's format too."""
+    monkeypatch.delenv("FP8COMM_BLOCK_SIZE", raising=False)
+    assert fp8comm.Options(wire_format="nvfp4").resolved().block_size == 16
+    assert fp8comm.Options(wire_format="e4m3").resolved().block_size == 32
+    both = fp8comm.Options(wire_format="mxfp4", scope="inter_node", node_wire_format="nvfp4").resolved()
+    assert both.block_size == 16
+    with pytest.raises(ValueError, match="wire_format 'nvfp4' has blocks of 16 elements, got block_size=32"):
+        fp8comm.Options(wire_format="nvfp4", block_size=32).resolved()
+    monkeypatch.setenv("FP8COMM_BLOCK_SIZE", "64")
+    with pytest.raises(ValueError, match="has blocks of 16 elements, got block_size=64"):
+        fp8comm.Options(wire_format="nvfp4").resolved()

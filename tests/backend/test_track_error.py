@@ -270,7 +270,7 @@ def test_the_option_must_be_a_bool(value):
 
 def test_a_bad_variable_names_itself(monkeypatch):
     monkeypatch.setenv("FP8COMM_TRACK_ERROR", "yes")
-    with pytest.raises(ValueError, match=r"FP8COMM_TRACK_ERROR must be 0 \(off\) or 1 \(on\), got 'yes'"):
+    with pytest.raises(ValueError, match=r"track_error must be 0 \(off\) or 1 \(on\), got 'yes' \(from FP8COMM_TRACK_ERROR\)"):
         fp8comm.Options().resolved()
 
 

@@ -1,6 +1,7 @@
 """The FP8 block codec on the CPU against the independent reference in
 codec_reference.py, the error bounds DESIGN.md promises, and bad arguments."""
 import math
+import re
 
 import pytest
 import torch
@@ -366,18 +367,24 @@ def test_bad_dtypes():
         fp8comm.quantize(torch.randn(10, dtype=torch.float64))
     with pytest.raises(ValueError, match="fp8_dtype must be torch.float8_e4m3fn or torch.float8_e5m2"):
         fp8comm.quantize(torch.randn(10), fp8_dtype=torch.float16)
-    with pytest.raises(ValueError, match="wire_format must be one of 'e4m3', 'e5m2', 'mxfp4', got 'fp4'"):
+    names = [f"'{name}'" for name in fp8comm.codec.WIRE_FORMATS]  # the one wording: fp8_dtype_table.h
+    choices = ", ".join(names[:-1]) + " or " + names[-1]
+    with pytest.raises(ValueError, match=re.escape(f"fp8comm codec: wire_format must be {choices}, got 'fp4'")):
         fp8comm.quantize(torch.randn(10), wire_format="fp4")
     with pytest.raises(ValueError, match="disagree"):
         fp8comm.quantize(torch.randn(10), wire_format="e4m3", fp8_dtype=torch.float8_e5m2)
     codes, scales = fp8comm.quantize(torch.randn(100))
     with pytest.raises(RuntimeError, match="need 4 scales, got 3"):
         fp8comm.dequantize(codes, scales[:3])
-    with pytest.raises(RuntimeError, match="codes must be the codes of a wire format"):
+    with pytest.raises(ValueError, match="the codes of no wire format; name the format with wire_format="):
         fp8comm.dequantize(codes.view(torch.uint8), scales)
+    with pytest.raises(ValueError, match="the codes of wire_format 'e5m2' are Float8_e5m2, got Float8_e4m3fn"):
+        fp8comm.dequantize(codes, scales, wire_format="e5m2")
     codes, scales = fp8comm.quantize(torch.randn(99), wire_format="mxfp4")
+    with pytest.raises(ValueError, match="are mxfp4 or nvfp4; name the format with wire_format="):
+        fp8comm.dequantize(codes, scales)  # a dtype two formats share names neither
     with pytest.raises(RuntimeError, match="50 Float4_e2m1fn_x2 elements hold 100 codes, not numel=98"):
-        fp8comm.dequantize(codes, scales, numel=98)
+        fp8comm.dequantize(codes, scales, numel=98, wire_format="mxfp4")
 
 
 def test_bad_wire_buffers():

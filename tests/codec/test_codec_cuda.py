@@ -15,10 +15,22 @@ pytestmark = pytest.mark.cuda
 if not (torch.cuda.is_available() and fp8comm._C.has_cuda):
     pytest.skip("needs a GPU and fp8comm built with CUDA", allow_module_level=True)
 
-FORMATS = ["e4m3", "e5m2", "mxfp4"]  # the wire formats (MXFP4: 4-bit codes, NaN-scaled non-finite blocks)
+# the wire formats (the 4-bit ones: NaN-scaled non-finite blocks; NVFP4: blocks of
+# 16 with E4M3 scales times a float32 segment scale)
+FORMATS = ["e4m3", "e5m2", "mxfp4", "nvfp4"]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 BLOCKS = [16, 32, 48, 128, 4096]
 SIZES = [0, 1, 15, 33, 1000, (1 << 20) + 7]
+
+
+def format_blocks(blocks):
+    """(format, block size) pairs: every format with each of `blocks`, a format
+    that requires one block size (NVFP4: 16) with that one."""
+    pairs = []
+    for fmt in FORMATS:
+        required = fp8comm.codec.wire_format_info(fmt).block_size
+        pairs += [(fmt, required)] if required else [(fmt, b) for b in blocks]
+    return pairs
 
 
 def bits(t):
@@ -42,17 +54,24 @@ def codes_per_element(fmt):
     return 8 // fp8comm.codec.wire_format_code_bits(fmt)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+def assert_same(cpu, gpu):
+    """Tensors of the same bits, pairwise."""
+    assert len(cpu) == len(gpu)
+    for a, b in zip(cpu, gpu):
+        assert torch.equal(bits(a), bits(b))
+
+
+@pytest.mark.parametrize("fmt,block_size", format_blocks(BLOCKS))
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("block_size", BLOCKS)
 @pytest.mark.parametrize("n", SIZES)
 def test_quantize_and_dequantize(n, block_size, dtype, fmt):
+    """(codes, scales) and NVFP4's segment scale, and their decoding."""
     x = nasty(n, dtype)
-    c_cpu, s_cpu = fp8comm.quantize(x, block_size=block_size, wire_format=fmt)
-    c_gpu, s_gpu = fp8comm.quantize(x.cuda(), block_size=block_size, wire_format=fmt)
-    assert torch.equal(bits(c_cpu), bits(c_gpu)) and torch.equal(bits(s_cpu), bits(s_gpu))
-    d_cpu = fp8comm.dequantize(c_cpu, s_cpu, block_size=block_size, dtype=dtype, numel=n)
-    d_gpu = fp8comm.dequantize(c_gpu, s_gpu, block_size=block_size, dtype=dtype, numel=n)
+    q_cpu = fp8comm.quantize(x, block_size=block_size, wire_format=fmt)
+    q_gpu = fp8comm.quantize(x.cuda(), block_size=block_size, wire_format=fmt)
+    assert_same(q_cpu, q_gpu)
+    d_cpu = fp8comm.dequantize(*q_cpu, wire_format=fmt, block_size=block_size, dtype=dtype, numel=n)
+    d_gpu = fp8comm.dequantize(*q_gpu, wire_format=fmt, block_size=block_size, dtype=dtype, numel=n)
     assert torch.equal(bits(d_cpu), bits(d_gpu))
 
 
@@ -63,14 +82,17 @@ def test_misaligned_views(dtype, fmt):
     (MXFP4: the second byte, codes 2..), so code loads are misaligned too."""
     base = nasty(100_003, dtype)
     per = codes_per_element(fmt)
+    B = fp8comm.codec.default_block_size(fmt)
     for offset in (1, 3, 8):
         x = base[offset:]
-        c_cpu, s_cpu = fp8comm.quantize(x, wire_format=fmt)
-        c_gpu, s_gpu = fp8comm.quantize(base.cuda()[offset:], wire_format=fmt)
-        assert torch.equal(bits(c_cpu), bits(c_gpu)) and torch.equal(bits(s_cpu), bits(s_gpu))
+        c_cpu, s_cpu, *g_cpu = fp8comm.quantize(x, wire_format=fmt)
+        c_gpu, s_gpu, *g_gpu = fp8comm.quantize(base.cuda()[offset:], wire_format=fmt)
+        assert_same([c_cpu, s_cpu, *g_cpu], [c_gpu, s_gpu, *g_gpu])
         n = x.numel() - per
-        out_cpu = fp8comm.dequantize(c_cpu[1:], s_cpu[: math.ceil(n / 32)], dtype=dtype, numel=n)
-        out_gpu = fp8comm.dequantize(c_gpu[1:], s_gpu[: math.ceil(n / 32)], dtype=dtype, numel=n)
+        out_cpu = fp8comm.dequantize(c_cpu[1:], s_cpu[: math.ceil(n / B)], *g_cpu, wire_format=fmt, dtype=dtype,
+                                     numel=n)
+        out_gpu = fp8comm.dequantize(c_gpu[1:], s_gpu[: math.ceil(n / B)], *g_gpu, wire_format=fmt, dtype=dtype,
+                                     numel=n)
         assert torch.equal(bits(out_cpu), bits(out_gpu))
 
 
@@ -79,9 +101,8 @@ def wire(num_segments, m, block_size, device, fmt="e4m3"):
                        device=device)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt,block_size", format_blocks(BLOCKS))
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("block_size", BLOCKS)
 @pytest.mark.parametrize("n,P", [(1000, 4), (100_003, 3), (5, 4), (1 << 20, 2)])
 def test_fused_segment_ops(n, P, block_size, dtype, fmt):
     x = nasty(n, dtype, seed=1)
@@ -104,9 +125,8 @@ def test_fused_segment_ops(n, P, block_size, dtype, fmt):
         assert torch.equal(bits(a), bits(b))
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt,block_size", format_blocks(BLOCKS))
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("block_size", BLOCKS)
 @pytest.mark.parametrize("num_pieces", [0, 1, 3])
 def test_sums_with_own_addend(num_pieces, block_size, dtype, fmt):
     """The own (unquantized) addend of reduce_scatter / all_reduce: CUDA equals
@@ -135,8 +155,9 @@ def test_sums_with_own_addend(num_pieces, block_size, dtype, fmt):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_tensor_premul_on_the_device(fmt):
     x = nasty(50_000, torch.float32)
-    a = wire(2, 25_000, 32, "cpu", fmt)
-    b = wire(2, 25_000, 32, "cuda", fmt)
+    B = fp8comm.codec.default_block_size(fmt)
+    a = wire(2, 25_000, B, "cpu", fmt)
+    b = wire(2, 25_000, B, "cuda", fmt)
     fp8comm.quantize_segments(x, a, 2, 25_000, wire_format=fmt, premul=torch.tensor(0.3))
     fp8comm.quantize_segments(x.cuda(), b, 2, 25_000, wire_format=fmt, premul=torch.tensor(0.3, device="cuda"))
     assert torch.equal(bits(a), bits(b))
@@ -166,6 +187,7 @@ def test_ops_run_on_the_current_stream():
     seed=st.integers(0, 2**31 - 1),
 )
 def test_hypothesis_cuda_equals_cpu(n, log_scale, dtype, fmt, block_size, P, seed):
+    block_size = fp8comm.codec.wire_format_info(fmt).block_size or block_size  # NVFP4: 16
     gen = torch.Generator().manual_seed(seed)
     x = (torch.randn(n, generator=gen) * 10.0**log_scale).to(dtype)
     m = max(1, math.ceil(n / P))
@@ -197,12 +219,24 @@ def test_nan_outputs_are_the_canonical_nan(dtype, fmt):
     opposite codes summed (E5M2: Inf - Inf), NaN own inputs of every kind.
     MXFP4 (no NaN or Inf code): every code byte, in a block of E8M0's NaN
     scale in one piece, and in a block whose largest codes overflow float32
-    under the largest scale in both pieces with opposite signs (Inf - Inf)."""
-    block_size, m = 32, 512
+    under the largest scale in both pieces with opposite signs (Inf - Inf);
+    NVFP4 the same with E4M3's NaN scale, and 448 times a segment scale of
+    2^117 for the overflow."""
+    block_size, m = (16 if fmt == "nvfp4" else 32), 512
     g = torch.Generator().manual_seed(0)
     S = fp8comm.segment_bytes(m, block_size, wire_format=fmt)
     buf = wire(2, m, block_size, "cpu", fmt)
     for r in range(2):
+        if fmt == "nvfp4":  # [segment scale][32 block scales][12 padding][m / 2 code bytes]
+            seg = buf[r * S:(r + 1) * S]
+            seg[:4] = torch.tensor([2.0**117]).view(torch.uint8)
+            seg[4:36] = torch.randint(0x30, 0x40, (32,), generator=g, dtype=torch.uint8)  # 0.5 to 1.875
+            seg[36:48] = 0
+            seg[48:] = torch.arange(256, dtype=torch.int32).to(torch.uint8) ^ (0x88 * r)
+            seg[4 + 1] = 0x7E  # block 1: code 6 (nibble 7) times 448 * 2^117 is +-Inf
+            if r == 0:
+                seg[4 + 2] = 0x7F  # block 2 of piece 0: NaN throughout
+            continue
         buf[r * S:r * S + 16] = torch.randint(120, 135, (16,), generator=g, dtype=torch.uint8)
         if fmt == "mxfp4":  # m / 2 code bytes: each byte once, both signs flipped in piece 1
             buf[r * S + 16:(r + 1) * S] = torch.arange(256, dtype=torch.int32).to(torch.uint8) ^ (0x88 * r)
@@ -241,11 +275,14 @@ def test_nan_outputs_are_the_canonical_nan(dtype, fmt):
         block1 = torch.arange(32, 64)
         inf_minus_inf = block1[(block1 % 2 == 0) & (block1 % 32 // 2 % 8 >= 4)]  # low nibbles 4-7 (2, 3, 4, 6)
         assert torch.isnan(summed[inf_minus_inf]).all()
+    if fmt == "nvfp4":
+        deq, summed, _ = (t.cpu() for t in out["cuda"])
+        assert torch.isnan(deq[32:48]).all() and torch.isnan(summed[32:48]).all()  # the NaN-scaled block
+        assert torch.isnan(summed[30])  # byte 15 of block 1, low nibbles -6 and +6 (piece 1): -Inf + Inf
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt,block_size", format_blocks([32, 48, 512]))
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("block_size", [32, 48, 512])
 @pytest.mark.parametrize("n,P", [(1000, 4), (100_003, 3), (1 << 20, 2)])
 def test_stochastic_rounding_cuda_equals_cpu(n, P, block_size, dtype, fmt):
     """Stochastic rounding's keyed bits and encode: the CUDA kernels write the
@@ -256,11 +293,10 @@ def test_stochastic_rounding_cuda_equals_cpu(n, P, block_size, dtype, fmt):
         kw = dict(block_size=block_size, wire_format=fmt, rounding="stochastic", rounding_key=key)
         out = {}
         for device in ("cpu", "cuda"):
-            codes, scales = fp8comm.quantize(x.to(device), **kw)
+            flat = fp8comm.quantize(x.to(device), **kw)
             buf = wire(P, m, block_size, device, fmt)
             fp8comm.quantize_segments(x.to(device), buf, P, m, premul=0.75, **kw)
             req = wire(1, m, block_size, device, fmt)
             fp8comm.dequant_sum_requantize(buf, req, P, m, post_div=3, **kw)
-            out[device] = (codes, scales, buf, req)
-        for a, b in zip(out["cpu"], out["cuda"]):
-            assert torch.equal(bits(a), bits(b))
+            out[device] = (*flat, buf, req)
+        assert_same(out["cpu"], out["cuda"])

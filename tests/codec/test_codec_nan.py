@@ -389,7 +389,7 @@ def test_mxfp4_nan_scales_decode_to_the_canonical_nan(dtype, block_size):
     scales[-1] = mx_ref.NAN_SCALE
     ref = mx_ref.dequantize(packed, scales, n, block_size).to(dtype)
     out = fp8comm.dequantize(packed.view(torch.float4_e2m1fn_x2), scales.view(torch.float8_e8m0fnu),
-                             block_size=block_size, dtype=dtype, numel=n)
+                             block_size=block_size, dtype=dtype, numel=n, wire_format="mxfp4")
     assert_nan_canonical(out, ref)
     assert torch.isnan(out.view(-1)[block_size:2 * block_size]).all()
 
@@ -476,7 +476,7 @@ def test_mxfp4_nan_inputs_of_every_kind(dtype, block_size):
     assert torch.equal(codes.view(torch.uint8), ref_codes)
     nan_blocks = scales.view(torch.uint8) == mx_ref.NAN_SCALE
     assert nan_blocks.any() and not nan_blocks.all()
-    back = fp8comm.dequantize(codes, scales, block_size=block_size, dtype=dtype, numel=n)
+    back = fp8comm.dequantize(codes, scales, block_size=block_size, dtype=dtype, numel=n, wire_format="mxfp4")
     assert_nan_canonical(back, mx_ref.dequantize(ref_codes, ref_scales, n, block_size).to(dtype))
 
     out = torch.full((n,), 7.0, dtype=dtype)

@@ -55,9 +55,11 @@ FP8 = [E4M3, E5M2]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 ELEM = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # fp8comm::ElemType
 CAST_FORMAT = {E4M3: 0, E5M2: 1}  # fp8comm::Fp8Dtype (the linear casts)
-FORMAT = {"e4m3": 0, "e5m2": 1, "mxfp4": 2}  # fp8comm::WireFormat (the codec)
+FORMAT = {"e4m3": 0, "e5m2": 1, "mxfp4": 2, "nvfp4": 3}  # fp8comm::WireFormat (the codec)
 FP8_FORMATS = ["e4m3", "e5m2"]
-CODE_BITS = {"e4m3": 8, "e5m2": 8, "mxfp4": 4}
+CODE_BITS = {fmt: fp8comm.codec.wire_format_code_bits(fmt) for fmt in FORMAT}
+# Bytes of a segment's segment scale (NVFP4: a float32 before its block scales)
+HEAD = {fmt: fp8comm.codec.wire_format_info(fmt).segment_scale_bytes for fmt in FORMAT}
 # B / 16 a power of two <= 32: the shuffle kernel; the others: the warp kernel
 BLOCKS = [16, 32, 64, 128, 256, 512, 48, 80, 1024, 4096]
 TYPES = list(itertools.product(DTYPES, FP8))  # the casts'
@@ -133,6 +135,7 @@ def lib(lib_path):
         "simt_cast": (ctypes.c_int, [p, i64, i64, i64, i64, i64, p, p, p, p, p, p]),
         "simt_cast_workspace_words": (i64, [i64, i64, i64]),
         "simt_selftest": (ctypes.c_int, [ctypes.c_char_p, p, p, p, p, i64]),
+        "simt_take_launches": (ctypes.c_char_p, []),
     }
     for name, (restype, argtypes) in signatures.items():
         getattr(lib, name).restype = restype
@@ -147,8 +150,9 @@ def wire(lib, segments, num_segments, m, block_size, fmt):
 
 
 def flat(scales, codes, n, block_size, fmt):
-    """The layout of fp8comm.quantize's (codes, scales): codec_ops.cpp's flat_codes."""
-    return Codes(scales.data_ptr(), codes.data_ptr(), 0, 1, n, n, 0, block_size, FORMAT[fmt])
+    """The layout of fp8comm.quantize's (codes, scales): codec_ops.cpp's flat_codes.
+    `scales` starts with the segment scale's bytes, if the format has one."""
+    return Codes(scales.data_ptr() + HEAD[fmt], codes.data_ptr(), 0, 1, n, n, 0, block_size, FORMAT[fmt])
 
 
 def code_bytes(n, fmt):
@@ -263,16 +267,23 @@ def codec_cases(kind):
     """Every block size with every (dtype, format); the rest drawn with a fixed
     seed (one per format family, so adding a format leaves the others' cases)."""
     cases = []
-    for formats, rng in ((FP8_FORMATS, random.Random(kind)), (["mxfp4"], random.Random(kind + " mxfp4"))):
+    for formats, rng in ((FP8_FORMATS, random.Random(kind)), (["mxfp4"], random.Random(kind + " mxfp4")),
+                         (["nvfp4"], random.Random(kind + " nvfp4"))):
         cases += draw_cases(kind, rng, formats)
     return cases
 
 
 def draw_cases(kind, rng, formats):
+    """A format that requires one block size (NVFP4: 16) gets as many rounds as
+    the others get block sizes, and segments of up to some thousand elements
+    too: several warps then share a segment's amax (codec_cuda.cu, "segment
+    scales")."""
     cases = []
-    for _, block_size, (dtype, fmt) in itertools.product(range(ROUNDS), BLOCKS, itertools.product(DTYPES, formats)):
+    required = fp8comm.codec.wire_format_info(formats[0]).block_size
+    blocks, rounds = ([required], ROUNDS * 4) if required else (BLOCKS, ROUNDS)
+    for _, block_size, (dtype, fmt) in itertools.product(range(rounds), blocks, itertools.product(DTYPES, formats)):
         P = rng.randint(1, 5)
-        m = pick_m(rng, block_size)
+        m = pick_m(rng, block_size) if not required or rng.random() < 0.6 else rng.randint(500, 2500)
         c = dict(block_size=block_size, dtype=dtype, fmt=fmt, P=P, m=m, seed=rng.randrange(1 << 30),
                  src_off=rng.randint(0, 3), dst_off=rng.randint(0, 3), premul=rng.choice([1.0, 0.75, -2.0, 0.1, 3e-5]),
                  on_device=rng.random() < 0.5, post_div=rng.randint(1, P + 1), random_codes=rng.random() < 0.5)
@@ -282,9 +293,9 @@ def draw_cases(kind, rng, formats):
         c["own_numel"] = m - rng.randint(0, min(m, 50))
         c["own_dtype"] = dtype if kind == "sum" else rng.choice(DTYPES)
         c["out_numel"] = rng.choice([m, rng.randint(1, m)])
-        # MXFP4 marks a whole block NaN for one non-finite input: half its cases have
-        # none, so large blocks get finite scales too
-        c["finite"] = fmt == "mxfp4" and rng.random() < 0.5
+        # the 4-bit formats mark a whole block NaN for one non-finite input: half
+        # their cases have none, so large blocks get finite scales too
+        c["finite"] = CODE_BITS[fmt] == 4 and rng.random() < 0.5
         cases.append(pytest.param(c, id=f"{name(dtype)}-{fmt}-B{block_size}-P{P}-m{m}-n{c['n']}"))
     return cases
 
@@ -292,6 +303,13 @@ def draw_cases(kind, rng, formats):
 # MXFP4's random scales: ordinary ones, the extremes (E2M1 subnormal results,
 # 6 * 2^127 overflowing to Inf) and E8M0's NaN, the scale of its non-finite blocks.
 MXFP4_SCALES = torch.tensor([*range(110, 150), 1, 2, 3, 4, 253, 254, 255, 255, 255, 255], dtype=torch.uint8)
+# NVFP4's: E4M3 bytes, ordinary ones (0x38 is 1.0), subnormal, the largest
+# (448), zero, negative ones and E4M3's NaNs (0x7F: the scale of non-finite
+# blocks); and segment scales: powers of two over their whole range
+# [2^-117, 2^117], so products reach float32 subnormals and overflow to Inf.
+NVFP4_SCALES = torch.tensor([*range(0x28, 0x50), 0x01, 0x07, 0x00, 0x7E, 0x7E, 0xB8, 0xC4, 0x7F, 0x7F, 0xFF],
+                            dtype=torch.uint8)
+NVFP4_SEGMENT_EXPONENTS = [-117, -117, -100, -30, -8, 0, 0, 3, 40, 110, 117, 117]
 
 
 def pieces_for(c, gen, num):
@@ -299,17 +317,20 @@ def pieces_for(c, gen, num):
     nasty data, or random codes (every NaN and Inf code; MXFP4: every code,
     NaN and extreme scales) with random scales (padding zero, as on the wire)."""
     B, m, fmt = c["block_size"], c["m"], c["fmt"]
-    S, nb = fp8comm.segment_bytes(m, B, wire_format=fmt), math.ceil(m / B)
+    S, nb, head = fp8comm.segment_bytes(m, B, wire_format=fmt), math.ceil(m / B), HEAD[fmt]
     _, segs = filled(num * S, torch.uint8, c["dst_off"])
     if num and c["random_codes"]:
         codes_at = S - code_bytes(nb * B, fmt)
         for r in range(num):
             seg = segs[r * S:(r + 1) * S].zero_()
-            if fmt == "mxfp4":
-                pick = torch.randint(0, MXFP4_SCALES.numel(), (nb,), generator=gen)
-                seg[:nb] = MXFP4_SCALES[pick]
+            if fmt in ("mxfp4", "nvfp4"):
+                table = MXFP4_SCALES if fmt == "mxfp4" else NVFP4_SCALES
+                seg[head:head + nb] = table[torch.randint(0, table.numel(), (nb,), generator=gen)]
             else:
                 seg[:nb] = torch.randint(110, 150, (nb,), generator=gen, dtype=torch.uint8)
+            if head:
+                e = NVFP4_SEGMENT_EXPONENTS[torch.randint(0, len(NVFP4_SEGMENT_EXPONENTS), (1,), generator=gen).item()]
+                seg[:head] = torch.tensor([2.0 ** e], dtype=torch.float32).view(torch.uint8)
             codes = torch.randint(0, 256, (code_bytes(m, fmt),), generator=gen, dtype=torch.uint8)
             if m % 2 and CODE_BITS[fmt] == 4:
                 codes[-1] &= 0xF  # element m, padding, is a zero code
@@ -343,17 +364,20 @@ def test_quantize_and_dequantize_flat(lib, c):
     gen = torch.Generator().manual_seed(c["seed"])
     B, n, fmt, dtype = c["block_size"], c["n"], c["fmt"], c["dtype"]
     x = embed(nasty(n, dtype, gen, c["finite"]), c["src_off"])
-    codes, scales = fp8comm.quantize(x, block_size=B, wire_format=fmt)
+    codes, scales, *segment_scale = fp8comm.quantize(x, block_size=B, wire_format=fmt)
     nb, nc = scales.numel(), code_bytes(n, fmt)
     assert codes.numel() == nc
+    head = torch.cat([t.view(torch.uint8) for t in segment_scale]) if segment_scale else torch.empty(0, dtype=torch.uint8)
+    assert head.numel() == HEAD[fmt]
     _, _, emu_codes, emu_codes_view = outers(nc, torch.uint8, c["dst_off"])
-    _, _, emu_scales, emu_scales_view = outers(nb, torch.uint8, 3 - c["dst_off"])
+    _, _, emu_scales, emu_scales_view = outers(HEAD[fmt] + nb, torch.uint8, 3 - c["dst_off"])
     layout = flat(emu_scales_view, emu_codes_view, n, B, fmt)
     assert lib.simt_quantize(x.data_ptr(), ELEM[dtype], n, 1.0, None, ctypes.byref(layout)) == 0
     assert_same_bits(emu_codes, expected(nc, torch.uint8, c["dst_off"], codes.view(torch.uint8)), "codes")
-    assert_same_bits(emu_scales, expected(nb, torch.uint8, 3 - c["dst_off"], scales), "scales")
+    assert_same_bits(emu_scales, expected(HEAD[fmt] + nb, torch.uint8, 3 - c["dst_off"],
+                                          torch.cat([head, scales.view(torch.uint8)])), "scales")
 
-    back = fp8comm.dequantize(codes, scales, block_size=B, dtype=dtype, numel=n)
+    back = fp8comm.dequantize(codes, scales, *segment_scale, wire_format=fmt, block_size=B, dtype=dtype, numel=n)
     _, _, emu, emu_view = outers(n, dtype, c["src_off"])
     assert lib.simt_dequantize(ctypes.byref(layout), emu_view.data_ptr(), ELEM[dtype], n) == 0
     assert_same_bits(emu, expected(n, dtype, c["src_off"], back), "decoded")
@@ -411,6 +435,57 @@ def test_dequant_sum_requantize(lib, c):
                                          ctypes.byref(wire(lib, emu_view, 1, m, B, fmt)))
     assert rc == 0
     assert_same_bits(emu, cpu, "re-quantized segment")
+
+
+def kernels_launched(lib):
+    """The emulated kernels launched since the last call, by name."""
+    return [line.split("<")[0] for line in lib.simt_take_launches().decode().splitlines()]
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "odd-address"])
+def test_segment_scale_passes(lib, aligned):
+    """NVFP4's segment scales (codec_cuda.cu, "segment scales"): with the
+    segment headers 4-byte aligned, several warps share a segment's amax
+    through atomics (a clear, the amax and a g kernel before the quantize);
+    at an odd address one warp per segment stores g itself. Both write the CPU
+    codec's bytes, for a quantize and a sum + re-quantize, with segments of
+    very different magnitudes and one of zeros (g = 1); a format without a
+    segment scale launches its quantize kernel alone."""
+    gen = torch.Generator().manual_seed(11)
+    P, m, B, fmt = 4, 3000, 16, "nvfp4"
+    off = 0 if aligned else 1
+    magnitude = torch.tensor([1e-30, 0.0, 1.0, 1e25]).repeat_interleave(m)
+    x = embed(torch.randn(P * m - 5, generator=gen) * magnitude[:P * m - 5], 1)
+    S = fp8comm.segment_bytes(m, B, wire_format=fmt)
+    cpu, cpu_view, emu, emu_view = outers(P * S, torch.uint8, off)
+    fp8comm.quantize_segments(x, cpu_view, P, m, block_size=B, wire_format=fmt, premul=0.75)
+    lib.simt_take_launches()
+    assert lib.simt_quantize(x.data_ptr(), ELEM[x.dtype], x.numel(), 0.75, None,
+                             ctypes.byref(wire(lib, emu_view, P, m, B, fmt))) == 0
+    passes = ["clear_segment_amax_kernel", "segment_amax_kernel", "segment_scale_kernel"] if aligned else \
+        ["segment_amax_kernel"]
+    assert kernels_launched(lib) == passes + ["quantize_shuffle_kernel"]
+    assert_same_bits(emu, cpu, "wire segments")
+    heads = cpu_view.view(P, S)[:, :4].contiguous().view(torch.float32).flatten().tolist()
+    assert len(set(heads)) == P and heads[1] == 1.0, heads  # a g of each segment's own
+
+    own = embed(nasty(m, torch.bfloat16, gen, finite=True), 2)
+    cpu, cpu_view, emu, emu_view = outers(S, torch.uint8, off)
+    pieces = torch.empty(P * S, dtype=torch.uint8)
+    fp8comm.quantize_segments(x, pieces, P, m, block_size=B, wire_format=fmt)
+    fp8comm.dequant_sum_requantize(pieces, cpu_view, P, m, block_size=B, wire_format=fmt, post_div=P, own=own,
+                                   own_premul=-2.0)
+    assert lib.simt_dequant_sum_requantize(ctypes.byref(wire(lib, pieces, P, m, B, fmt)), 1, own.data_ptr(),
+                                           ELEM[own.dtype], own.numel(), -2.0, None, P,
+                                           ctypes.byref(wire(lib, emu_view, 1, m, B, fmt))) == 0
+    assert kernels_launched(lib) == passes + ["quantize_shuffle_kernel"]
+    assert_same_bits(emu, cpu, "re-quantized segment")
+
+    e4m3 = torch.empty(P * fp8comm.segment_bytes(m, B), dtype=torch.uint8)
+    assert lib.simt_quantize(x.data_ptr(), ELEM[x.dtype], x.numel(), 1.0, None,
+                             ctypes.byref(wire(lib, e4m3, P, m, B, "e4m3"))) == 0
+    assert kernels_launched(lib) == ["quantize_shuffle_kernel"]
 
 
 def test_mismatched_own_dtype_is_an_error(lib):

@@ -40,7 +40,7 @@ def test_every_code_decodes_to_its_e2m1_value(scale_byte):
     """All 256 bytes (every pair of codes) under a scale: the table's values, NaN under 0xFF."""
     packed = torch.arange(256, dtype=torch.uint8)
     scales = torch.full((16,), scale_byte, dtype=torch.uint8).view(torch.float8_e8m0fnu)
-    got = fp8comm.dequantize(packed.view(torch.float4_e2m1fn_x2), scales, block_size=32)
+    got = fp8comm.dequantize(packed.view(torch.float4_e2m1fn_x2), scales, block_size=32, wire_format="mxfp4")
     expect = ref.dequantize(packed, scales, 512).float()  # 6 * 2**127 overflows float32 to Inf, as decoded
     assert torch.equal(torch.isnan(got), torch.isnan(expect))
     finite = ~torch.isnan(expect)
@@ -59,7 +59,7 @@ def test_codes_and_scales_equal_the_reference(n, dtype, block_size):
     ref_codes, ref_scales = ref.quantize(x, block_size)
     assert torch.equal(u8(scales), ref_scales)
     assert torch.equal(u8(codes), ref_codes)
-    back = fp8comm.dequantize(codes, scales, block_size=block_size, dtype=dtype, numel=n)
+    back = fp8comm.dequantize(codes, scales, block_size=block_size, dtype=dtype, numel=n, wire_format="mxfp4")
     assert torch.equal(back, ref.dequantize(ref_codes, ref_scales, n, block_size).to(dtype))
 
 
@@ -83,7 +83,7 @@ def test_every_e2m1_value_round_trips_exactly_under_any_scale():
     for exp in (-126, -60, -3, 0, 5, 60, 124):
         x = (torch.cat([grid, -grid, grid.flip(0), -grid]) * 2.0**exp).float()
         codes, scales = fp8comm.quantize(x, wire_format=FMT)
-        assert torch.equal(fp8comm.dequantize(codes, scales), x), exp
+        assert torch.equal(fp8comm.dequantize(codes, scales, wire_format="mxfp4"), x), exp
 
 
 def test_huge_inputs_near_flt_max_stay_finite():
@@ -92,7 +92,7 @@ def test_huge_inputs_near_flt_max_stay_finite():
     codes, scales = fp8comm.quantize(x, wire_format=FMT)
     ref_codes, ref_scales = ref.quantize(x, 32)
     assert torch.equal(u8(codes), ref_codes) and torch.equal(u8(scales), ref_scales)
-    assert torch.isfinite(fp8comm.dequantize(codes, scales)).all()
+    assert torch.isfinite(fp8comm.dequantize(codes, scales, wire_format="mxfp4")).all()
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
@@ -105,18 +105,18 @@ def test_a_non_finite_input_makes_its_block_nan_and_leaves_the_others(bad, dtype
     assert u8(scales).tolist()[1] == ref.NAN_SCALE
     ref_codes, ref_scales = ref.quantize(x, 32)
     assert torch.equal(u8(codes), ref_codes) and torch.equal(u8(scales), ref_scales)
-    out = fp8comm.dequantize(codes, scales, dtype=dtype)
+    out = fp8comm.dequantize(codes, scales, dtype=dtype, wire_format="mxfp4")
     assert torch.isnan(out[32:64]).all()  # the whole block: E2M1 has no NaN or Inf code
     keep = torch.ones(96, dtype=torch.bool)
     keep[32:64] = False
-    assert torch.equal(out[keep], fp8comm.dequantize(clean_codes, clean_scales, dtype=dtype)[keep])
+    assert torch.equal(out[keep], fp8comm.dequantize(clean_codes, clean_scales, dtype=dtype, wire_format="mxfp4")[keep])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_round_trip_error_within_half_a_step(dtype):
     x = spread(8192, dtype, seed=11)
     codes, scales = fp8comm.quantize(x, wire_format=FMT)
-    err = (fp8comm.dequantize(codes, scales).double() - x.double()).abs()
+    err = (fp8comm.dequantize(codes, scales, wire_format="mxfp4").double() - x.double()).abs()
     assert (err <= ref.half_step(x.float())).all()
 
 
@@ -125,7 +125,7 @@ def test_sqnr_on_gaussian_data_is_the_documented_figure():
     of Gaussian data (the block maximum never saturates); E4M3 31 dB."""
     x = torch.randn(1 << 20, generator=torch.Generator().manual_seed(0))
     codes, scales = fp8comm.quantize(x, wire_format=FMT)
-    db = sqnr_db(x, fp8comm.dequantize(codes, scales))
+    db = sqnr_db(x, fp8comm.dequantize(codes, scales, wire_format="mxfp4"))
     assert 18.5 <= db <= 19.5, db
 
 
@@ -197,7 +197,7 @@ def test_thread_count_does_not_change_the_bytes():
 def test_the_ops_trace_under_torch_compile():
     def round_trip(x):
         codes, scales = fp8comm.quantize(x * 2, wire_format=FMT)
-        return fp8comm.dequantize(codes, scales, numel=x.numel())
+        return fp8comm.dequantize(codes, scales, numel=x.numel(), wire_format="mxfp4")
 
     x = torch.randn(333)
     assert torch.equal(torch.compile(round_trip, fullgraph=True, backend="eager")(x), round_trip(x))
@@ -210,6 +210,6 @@ def test_mixed_magnitude_bucket_keeps_every_layer():
     gen = torch.Generator().manual_seed(1)
     layers = [torch.randn(4099, generator=gen) * 10.0**k for k in range(-6, 3)]
     codes, scales = fp8comm.quantize(torch.cat(layers), wire_format=FMT)
-    y = fp8comm.dequantize(codes, scales, numel=9 * 4099)
+    y = fp8comm.dequantize(codes, scales, numel=9 * 4099, wire_format="mxfp4")
     for i, layer in enumerate(layers):
         assert sqnr_db(layer, y[i * 4099:(i + 1) * 4099]) >= 16.5, i

@@ -28,6 +28,7 @@ class Violations(NamedTuple):
 
 
 NONE = Violations(0, 0)
+FOUR_BIT = ("mxfp4", "nvfp4")  # E2M1 formats: a non-finite input makes its whole block NaN
 
 
 def segment_half_ulps(x: torch.Tensor, seg: int, block: int, fp8_dtype) -> torch.Tensor:
@@ -57,14 +58,14 @@ def bound_violations(op: str, ys: list, out: torch.Tensor, div: int, block: int,
     the wire (its input times its PREMUL_SUM factor, in FP32): for all_reduce
     the whole tensor, for reduce_scatter the whole input, for all_gather the
     input. div: the group size for AVG, else 1. fp8_dtype: the FP8 torch
-    dtype, or "mxfp4", whose blocks holding a non-finite value decode to NaN
-    throughout (E2M1 has no NaN code): there a NaN output is the promise."""
+    dtype, or a 4-bit format, whose blocks holding a non-finite value decode to
+    NaN throughout (E2M1 has no NaN code): there a NaN output is the promise."""
     P = len(ys)
     dtype = out.dtype
     m = ys[0].numel() if op != "reduce_scatter" else ys[0].numel() // P
     whole_block_nan = None
     if op == "all_gather":
-        if fp8_dtype == "mxfp4":
+        if fp8_dtype in FOUR_BIT:
             whole_block_nan = torch.cat([nonfinite_blocks([y], m, block) for y in ys])
         ref = torch.cat([y.double() for y in ys])
         bound = torch.cat([segment_half_ulps(y, m, block, fp8_dtype) for y in ys])
@@ -83,13 +84,13 @@ def bound_violations(op: str, ys: list, out: torch.Tensor, div: int, block: int,
             upper = (exact.abs() + first + slack).float()
             bound = first + segment_half_ulps(upper, seg, block, fp8_dtype)
             ref = exact
-            if fp8_dtype == "mxfp4":
+            if fp8_dtype in FOUR_BIT:
                 whole_block_nan = nonfinite_blocks(ys, seg, block)
         else:
             sl = slice(rank * m, (rank + 1) * m)
             bound = sum(segment_half_ulps(y, m, block, fp8_dtype)[sl] for y in ys) / div
             ref, slack = exact[sl], slack[sl]
-            if fp8_dtype == "mxfp4":
+            if fp8_dtype in FOUR_BIT:
                 whole_block_nan = nonfinite_blocks([y.reshape(-1) for y in ys], m, block)[sl]
     out64 = out.double().reshape(-1)
     # The result v before the cast to the output dtype is within bound + slack

@@ -59,9 +59,12 @@ def dequantize(codes_u8: torch.Tensor, scale_bytes: torch.Tensor, block_size: in
 def half_ulp(x: torch.Tensor, block_size: int, fp8_dtype) -> torch.Tensor:
     """Half an ulp of the wire format at each element's magnitude, in units of
     the element (the round-trip error bound). fp8_dtype: an FP8 torch dtype, or
-    "mxfp4" (tests/support/mxfp4_reference.py)."""
+    "mxfp4" / "nvfp4" (tests/support/mxfp4_reference.py, nvfp4_reference.py)."""
     if fp8_dtype == "mxfp4":
         from tests.support.mxfp4_reference import half_step
+        return half_step(x, block_size)
+    if fp8_dtype == "nvfp4":  # x is one segment: its scale is part of every block's
+        from tests.support.nvfp4_reference import half_step
         return half_step(x, block_size)
     e = scale_exponents(x, block_size, fp8_dtype)
     scale = torch.pow(2.0, e.double()).repeat_interleave(block_size)[: x.numel()]

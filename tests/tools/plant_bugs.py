@@ -131,11 +131,12 @@ MUTANTS = [
     ),
     Mutant(
         name="fingerprint-drops-field",
-        path="csrc/backend/options.cpp",
-        old='          {"scope", scope_name(*scope)},\n',
-        new="",
+        path="csrc/common/options_table.h",
+        old='X(scope, Scope, choices(), "FP8COMM_SCOPE", "all", kGroup,',
+        new='X(scope, Scope, choices(), "FP8COMM_SCOPE", "all", kRank,',
         hints=("tests/backend/test_options_agreement.py",),
-        plants="Options::fingerprint leaves out `scope`: ranks that disagree on it create the group",
+        plants="the scope row is per rank, so Options::fingerprint leaves it out: ranks that disagree on it create "
+               "the group",
     ),
     Mutant(
         name="ef-residual-sign",

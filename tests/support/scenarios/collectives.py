@@ -146,7 +146,7 @@ def all_gather(k, dtype, form="tensor", group="group", seed=0, non_contiguous=Fa
         block, fmt = options.block_size, options.wire_format
         codec = torch.cat([fp8comm.dequantize(*fp8comm.quantize(rank_input(r, k, dtype, seed), block_size=block,
                                                                 wire_format=fmt), block_size=block, dtype=dtype,
-                                              numel=k)
+                                              numel=k, wire_format=fmt)
                            for r in range(c.world)])
         return RoundTrip(outs[0].contiguous(), sqnr_db(ref, outs[0]), stats, torch.equal(outs[0], codec))
     return Outcome(outs[0].contiguous(), sqnr_db(ref, outs[0]), stats)

@@ -87,4 +87,12 @@ int simt_dequant_sum_requantize(const HostCodes* pieces, int64_t own_present, co
 
 const char* simt_codec_error_string(int error) { return fp8comm::cuda_error_string(error); }
 
+// The kernels launched since the last call, one name a line.
+const char* simt_take_launches() {
+  static std::string taken;
+  taken.swap(simt::launch_log);
+  simt::launch_log.clear();
+  return taken.c_str();
+}
+
 }  // extern "C"

@@ -44,6 +44,8 @@
 namespace simt {
 
 inline const char* current_kernel = "";
+// The kernels launched, one name a line (the tests read and clear it).
+inline std::string launch_log;
 
 [[noreturn]] inline void fail(const char* fmt, ...) {
   va_list args;
@@ -326,6 +328,7 @@ struct Launch {
   template <class... A>
   void operator()(A&&... args) const {
     current_kernel = name;
+    launch_log.append(name).push_back('\n');
     if (rt.current != nullptr) fail("launched from inside a kernel (not emulated)");
     if (grid.x == 0 || block.x == 0 || block.x > 1024) {
       last_error = cudaErrorInvalidConfiguration;

@@ -1,13 +1,14 @@
-"""MXFP4 on the wire of the compressed collectives (Options(wire_format=
-"mxfp4"), here through FP8COMM_WIRE_FORMAT): the same flat and by-node
-algorithms as the FP8 formats, on fp8gloo and on fp8ncclsim (fp8nccl's
-path). In the inter_node scope only the hop between nodes is 4-bit and the
-node phases stay exact: the result equals the by-node model bit for bit, the
-bytes inside a node are the uncompressed ones, and the bytes between nodes are
-the 4-bit wire's. Flat, every output is within the documented bound
-(tests/support/bounds.py with the MXFP4 half step), all_reduce and all_gather
-results are bitwise equal on every rank, and the stats count 4.25 bits per
-element plus the segment padding."""
+"""The 4-bit formats on the wire of the compressed collectives
+(Options(wire_format="mxfp4" or "nvfp4"), here through FP8COMM_WIRE_FORMAT):
+the same flat and by-node algorithms as the FP8 formats, on fp8gloo and on
+fp8ncclsim (fp8nccl's path). In the inter_node scope only the hop between
+nodes is 4-bit and the node phases stay exact: the result equals the by-node
+model bit for bit, the bytes inside a node are the uncompressed ones, and the
+bytes between nodes are the 4-bit wire's. Flat, every output is within the
+documented bound (tests/support/bounds.py with the format's half step),
+all_reduce and all_gather results are bitwise equal on every rank, and the
+stats count the format's bits per element (4.25 for MXFP4, 4.5 for NVFP4) plus
+the segment padding."""
 from __future__ import annotations
 
 import pytest
@@ -26,18 +27,19 @@ from tests.support.ops import FAMILIES
 # SQNR against FP64 of Gaussian inputs with MXFP4 between nodes (one
 # quantization per piece; all_reduce also re-quantizes the sum).
 MIN_SQNR_DB = {"all_reduce": 14.0, "reduce_scatter": 16.0, "all_gather": 17.0}
-MXFP4 = {"FP8COMM_WIRE_FORMAT": "mxfp4"}
+FORMATS = ("mxfp4", "nvfp4")
+BITS = {"mxfp4": 4 + 8 / 32, "nvfp4": 4 + 8 / 16}  # a code and its share of a block scale
 
 POOLS = [
     PoolSpec(4, backend, pg_options={"min_numel": 1024, "compress": "all"},
-             env={**MXFP4, "FP8COMM_SCOPE": "inter_node", "FP8COMM_LOCAL_SIZE": "2"},
-             id=f"{backend}-2x2-inter_node", attrs={"scope": "inter_node", "nodes": 2, "local": 2})
-    for backend in ("fp8gloo", "fp8ncclsim")
+             env={"FP8COMM_WIRE_FORMAT": fmt, "FP8COMM_SCOPE": "inter_node", "FP8COMM_LOCAL_SIZE": "2"},
+             id=f"{backend}-2x2-inter_node-{fmt}", attrs={"scope": "inter_node", "nodes": 2, "local": 2, "fmt": fmt})
+    for backend in ("fp8gloo", "fp8ncclsim") for fmt in FORMATS
 ] + [
     PoolSpec(3, backend, pg_options={"min_numel": 1024, "compress": "all"},
-             env={**MXFP4, "FP8COMM_SCOPE": "all", "FP8COMM_LOCAL_SIZE": "1"}, id=f"{backend}-3-flat",
-             attrs={"scope": "all"})
-    for backend in ("fp8gloo", "fp8ncclsim")
+             env={"FP8COMM_WIRE_FORMAT": fmt, "FP8COMM_SCOPE": "all", "FP8COMM_LOCAL_SIZE": "1"},
+             id=f"{backend}-3-flat-{fmt}", attrs={"scope": "all", "fmt": fmt})
+    for backend in ("fp8gloo", "fp8ncclsim") for fmt in FORMATS
 ]
 INTER_NODE = [p.id for p in POOLS if p.attrs["scope"] == "inter_node"]
 FLAT = [p.id for p in POOLS if p.attrs["scope"] == "all"]
@@ -56,8 +58,8 @@ def flat_case(name: str, n: int, dtype, reduce_kind: str):
     premul = factor if reduce_kind == "premul_sum" else 1.0
     ys = [rank_input(r, per_rank, dtype, seed=3).float() * premul for r in range(c.world)]
     div = c.world if reduce_kind == "avg" else 1
-    block = c.group._get_backend(torch.device("cpu")).block_size
-    violations = bound_violations(family, ys, out.reshape(-1), div, block, "mxfp4", c.rank)
+    backend = c.group._get_backend(torch.device("cpu"))
+    violations = bound_violations(family, ys, out.reshape(-1), div, backend.block_size, backend.wire_format, c.rank)
     return out, violations, stats
 
 
@@ -102,9 +104,9 @@ def test_flat_outputs_are_within_the_bound(pool, name, reduce_kind):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_the_stats_count_the_4_bit_wire(pool, dtype):
-    """The bytes counted are the formulas' over the MXFP4 segment layout, and
-    an FP32 all_reduce sends 4.25 / 32 of the uncompressed bytes (plus the
-    16-byte padding of each segment's scales)."""
+    """The bytes counted are the formulas' over the format's segment layout,
+    and an FP32 all_reduce sends BITS / 32 of the uncompressed bytes (plus the
+    segment scale and the 16-byte padding of each segment's scales)."""
     cases = [("all_reduce", [5_003], dtype), ("reduce_scatter_tensor", [5_003], dtype),
              ("all_gather_tensor", [5_003], dtype), ("all_reduce", [1_000_003], torch.float32)]
     for rank, compared in enumerate(pool.run(compare_all, pool.scope, cases)):
@@ -114,10 +116,11 @@ def test_the_stats_count_the_4_bit_wire(pool, dtype):
     stats = pool.run(all_reduce_stats, n)[0]
     if pool.scope == "all":
         fp32 = stats["bytes_sent_uncompressed"]
-        assert 4.25 / 32 <= stats["bytes_sent"] / fp32 <= 4.25 / 32 + 0.002, stats
+        assert BITS[pool.fmt] / 32 <= stats["bytes_sent"] / fp32 <= BITS[pool.fmt] / 32 + 0.002, stats
     else:  # the hop's flat all_reduce of n / local elements among the nodes, 4-bit
         fp32 = 2 * (pool.nodes - 1) / pool.nodes * (n // pool.local) * 4
-        assert 4.25 / 32 <= stats["bytes_sent_inter_node"] / fp32 <= 4.25 / 32 + 0.002, stats
+        bits = BITS[pool.fmt]
+        assert bits / 32 <= stats["bytes_sent_inter_node"] / fp32 <= bits / 32 + 0.002, stats
         assert stats["bytes_sent_intra_node"] == 2 * (pool.local - 1) * (n // pool.local) * 4  # exact inside
 
 
