@@ -66,9 +66,9 @@ def bench_size(n: int, dtype: torch.dtype, device: str, reps: int, stochastic: b
     es = torch.tensor([], dtype=dtype).element_size()
     x = torch.randn(n, device=device).to(dtype)
     fmt = dict(wire_format=wire_format)
-    S1 = fp8comm.segment_bytes(n, 32, **fmt)
+    S1 = fp8comm.segment_bytes(n, **fmt)  # the format's default block
     m = math.ceil(n / P)
-    Sp = fp8comm.segment_bytes(m, 32, **fmt)
+    Sp = fp8comm.segment_bytes(m, **fmt)
     wire1 = torch.empty(S1, dtype=torch.uint8, device=device)
     wireP = torch.empty(P * Sp, dtype=torch.uint8, device=device)
     out = torch.empty(n, dtype=dtype, device=device)
@@ -112,7 +112,7 @@ def main(argv=None):
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() and fp8comm._C.has_cuda else "cpu")
     p.add_argument("--sizes", default="1M,4M,16M,64M,256M")
     p.add_argument("--dtypes", default="float32,bfloat16")
-    p.add_argument("--wire-format", default="e4m3", help="comma list of wire formats (e4m3, e5m2, mxfp4)")
+    p.add_argument("--wire-format", default="e4m3", help="comma list of wire formats (fp8comm.codec.WIRE_FORMATS), each at its default block size")
     p.add_argument("--reps", type=int, default=0, help="0: pick by size")
     p.add_argument("--quick", action="store_true", help="tiny sizes, few reps (a smoke test)")
     p.add_argument("--stochastic", action="store_true",
