@@ -150,12 +150,17 @@ def test_quantize_same_bytes(wire_format, dtype, block_size, premul, rounding, f
     x = inputs(4096 + 13, dtype, seed=block_size)
     P = 3
     m = -(-x.numel() // P) + 37  # uneven segments: the last one partly empty
+    assert_segments_same_bytes(x, P, m, block_size, wire_format, premul, rounding, 0xC0FFEE, flush_denormal)
+
+
+def assert_segments_same_bytes(x, P, m, block_size, wire_format, premul, rounding, key, flush_denormal):
+    """quantize_segments of x into P segments of m: the scalar loops' bytes and the SIMD kernels' are one."""
     out = torch.empty(P * fp8comm.codec.segment_bytes(m, block_size, wire_format=wire_format), dtype=torch.uint8)
 
     def run():
         out.fill_(0xAB)
         fp8comm.quantize_segments(x, out, P, m, block_size=block_size, wire_format=wire_format, premul=premul,
-                                  rounding=rounding, rounding_key=0xC0FFEE)
+                                  rounding=rounding, rounding_key=key)
         return out.clone()
 
     scalar, simd = both_paths(run, flush_denormal)
@@ -174,16 +179,7 @@ def test_quantize_one_kind_per_segment_same_bytes(wire_format, dtype, premul, ro
     x = inputs(n, dtype, seed=29)
     P = x.numel() // n
     block_size = fp8comm.codec.default_block_size(wire_format)
-    out = torch.empty(P * fp8comm.codec.segment_bytes(n, block_size, wire_format=wire_format), dtype=torch.uint8)
-
-    def run():
-        out.fill_(0xAB)
-        fp8comm.quantize_segments(x, out, P, n, block_size=block_size, wire_format=wire_format, premul=premul,
-                                  rounding=rounding, rounding_key=0xBEEF)
-        return out.clone()
-
-    scalar, simd = both_paths(run, flush_denormal)
-    assert torch.equal(scalar, simd)
+    assert_segments_same_bytes(x, P, n, block_size, wire_format, premul, rounding, 0xBEEF, flush_denormal)
 
 
 def random_segments(P, m, block_size, seed, wire_format, segment_scales=None):
