@@ -121,9 +121,9 @@ FP8C_GROUP_INLINE float block_scale_of(uint8_t b, float g) {
 // The multiplier of the fast decode for a block scale byte (and its
 // segment's scale g), or 0 when the block must take the exact decode. FP8
 // (E8M0 scales): codes placed as the top bits of fp32 lanes, so lane =
-// decode_code(code) * 2^-kRebias and the factor is 2^(kRebias + e); 0 when
-// that is no float, or DAZ is set in this thread (FP8 subnormal codes land on
-// fp32 subnormals). 4-bit: lanes looked up in a table of exact values, lane =
+// decode_code(code) * 2^-kRebias and the factor is 2^(kRebias + e) (an
+// E4M3 scale: S * 2^kRebias); 0 when that is no float, or DAZ is set in this
+// thread (FP8 subnormal codes land on fp32 subnormals). 4-bit: lanes looked up in a table of exact values, lane =
 // decode_code(code), so the factor is the scale block_scale itself, whatever
 // the mode; 0 where that is NaN, Inf or 0 (the NaN scale, E8M0's byte 0, a
 // segment scale no quantize writes): finite codes times it could be NaN, so
@@ -134,10 +134,14 @@ FP8C_GROUP_INLINE float raw_decode_factor(uint8_t scale_byte, float g, bool daz)
     const float s = block_scale_of<F>(scale_byte, g);
     const uint32_t a = float_bits(s) & 0x7FFFFFFFu;
     return a == 0 || a >= 0x7F800000u ? 0.0f : s;
-  } else {
-    static_assert(WireTraits<F>::kScaleKind == ScaleKind::kE8M0, "the FP8 fast decode's factor is a power of two");
+  } else if constexpr (WireTraits<F>::kScaleKind == ScaleKind::kE8M0) {
     const int exp = static_cast<int>(WireTraits<F>::kRebias) + static_cast<int>(scale_byte) - kScaleBias;
     return daz || exp > 127 ? 0.0f : pow2f(exp);
+  } else {
+    // S * 2^kRebias, exact where finite: one rounding of the same product as decode_code(code) * S.
+    const float s = block_scale_of<F>(scale_byte, g) * pow2f(static_cast<int>(WireTraits<F>::kRebias));
+    const uint32_t a = float_bits(s) & 0x7FFFFFFFu;
+    return daz || a == 0 || a >= 0x7F800000u ? 0.0f : s;
   }
 }
 
