@@ -101,20 +101,32 @@ def _by_hand(x: torch.Tensor, backend) -> torch.Tensor:
     return out
 
 
+class _Format:
+    """A wire format and block size as _by_hand reads them off a backend."""
+
+    def __init__(self, wire_format: str, block_size: int):
+        self.wire_format, self.block_size = wire_format, block_size
+
+
 def _on_my_node(r: int) -> bool:
     return r // _local() == ctx().rank // _local()
 
 
-def model(rows: list, dtype, seed: int, backend, exact_inside: bool) -> tuple:
-    """(this rank's output by the model, the exact output, which elements were quantized)."""
+def model(rows: list, dtype, seed: int, backend, exact_inside: bool, node_format: str | None = None) -> tuple:
+    """(this rank's output by the model, the exact output, which elements
+    were quantized); with node_format, the slices from this node in that format."""
     c = ctx()
     got, exact, quantized = [], [], []
     for s in range(c.world):
         x = _input(s, rows, dtype, seed)
         begin = sum(rows[s][:c.rank])
         piece = x[begin:begin + rows[s][c.rank]].reshape(-1)
-        kept = s == c.rank or (exact_inside and _on_my_node(s))
-        got.append(piece.clone() if kept else _by_hand(piece, backend))
+        inside = exact_inside and _on_my_node(s) and s != c.rank
+        kept = s == c.rank or (inside and node_format is None)
+        if inside and node_format is not None:
+            got.append(_by_hand(piece, _Format(node_format, backend.block_size)))
+        else:
+            got.append(piece.clone() if kept else _by_hand(piece, backend))
         exact.append(piece)
         quantized.append(torch.full((piece.numel(),), not kept))
     return torch.cat(got), torch.cat(exact), torch.cat(quantized)
@@ -242,6 +254,20 @@ def passes_through(scope: str) -> tuple:
     return same, counts
 
 
+def node_format(scope: str) -> bool:
+    """inter_node with node_wire_format="e5m2": the slices inside a node in
+    E5M2, those between nodes in E4M3; whether the output equals that model."""
+    c = ctx()
+    group = _group(scope, node_wire_format="e5m2")
+    rows = split_rows("uneven", c.world, 7)
+    sends, recvs = rows[c.rank], [rows[s][c.rank] for s in range(c.world)]
+    x = _input(c.rank, rows, torch.bfloat16, 7)
+    out = torch.zeros(sum(recvs), WIDTH, dtype=torch.bfloat16)
+    dist.all_to_all_single(out, x, recvs, sends, group=group)
+    want, _, _ = model(rows, torch.bfloat16, 7, group._get_backend(torch.device("cpu")), True, "e5m2")
+    return same_bits(out.reshape(-1), want)
+
+
 def stochastic(scope: str) -> tuple:
     """E4M3 with stochastic rounding: (differs from the nearest model, SQNR)."""
     c = ctx()
@@ -304,6 +330,11 @@ def test_compress_all_does_not_compress_all_to_all(pool):
     for same, counts in pool.run(passes_through, pool.scope):
         assert same == [True, True]
         assert counts == [(0, 1), (0, 1)]
+
+
+@pytest.mark.pools(*[p.id for p in POOLS if p.attrs["scope"] == "inter_node"])
+def test_node_wire_format_compresses_the_slices_inside_a_node(pool):
+    assert all(pool.run(node_format, pool.scope))
 
 
 def test_stochastic_rounding(pool):
