@@ -27,7 +27,7 @@ struct SegmentHeader {
   uint8_t phase;        // Phase::wire
   uint8_t wire_format;  // WireFormat
   uint16_t block_size;  // <= 4096
-  int64_t numel;        // the collective's size: all_reduce n, reduce_scatter / all_gather per-rank numel
+  int64_t numel;        // the collective's size: all_reduce n, reduce_scatter / all_gather per-rank numel, all_to_all the slice's
 
   SegmentHeader(const Phase& p, WireFormat f, int block, int64_t n)
       : phase(p.wire), wire_format(static_cast<uint8_t>(f)), block_size(static_cast<uint16_t>(block)), numel(n) {}
