@@ -141,15 +141,17 @@ def _autograd_run(fn, matrix, trailing, dtype, group, **kwargs):
     return y.detach().clone(), x.grad.clone()
 
 
-def autograd_equals_torch(pattern: str, trailing: tuple, dtype_name: str, mesh: bool) -> dict:
+def autograd_equals_torch(pattern: str, trailing: tuple, dtype_name: str, where: str) -> dict:
+    """``where``: a plain group, a 1-D DeviceMesh over it, or an fp8 group
+    (whose exact backward runs in an uncompressed block)."""
     import torch.distributed._functional_collectives as funcol
     from torch.distributed.device_mesh import DeviceMesh
 
     c = ctx()
     dtype = getattr(torch, dtype_name)
     matrix = split_matrix(pattern, c.world)
-    plain, _ = _groups({})
-    group = DeviceMesh.from_group(plain, "cpu") if mesh else plain
+    plain, fp8 = _groups({"compress": "all", "min_numel": 0})
+    group = {"group": plain, "mesh": DeviceMesh.from_group(plain, "cpu"), "fp8_group": fp8}[where]
     y, grad = _autograd_run(F.all_to_all_single_autograd, matrix, trailing, dtype, group)
     torch_y, torch_grad = _autograd_run(funcol.all_to_all_single_autograd, matrix, trailing, dtype, c.gloo)
     return {"forward": same_bits(y, torch_y), "grad": same_bits(grad, torch_grad),
@@ -270,9 +272,9 @@ def test_exact_is_the_reference_and_torchs_result(pool, pattern, trailing, dtype
 @pytest.mark.parametrize("pattern", PATTERNS)
 @pytest.mark.parametrize("trailing", [(8,), (2, 3)], ids=["tokens", "3d"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("mesh", [False, True], ids=["group", "mesh"])
-def test_autograd_is_torchs_forward_and_backward(pool, pattern, trailing, dtype, mesh):
-    for r in pool.run(autograd_equals_torch, pattern, trailing, dtype, mesh):
+@pytest.mark.parametrize("where", ["group", "mesh", "fp8_group"])
+def test_autograd_is_torchs_forward_and_backward(pool, pattern, trailing, dtype, where):
+    for r in pool.run(autograd_equals_torch, pattern, trailing, dtype, where):
         assert r["forward"] and r["grad"] and r["shape"], r
 
 
