@@ -134,16 +134,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def(
       "compressed_algorithms",
       [] {
-        std::vector<std::pair<std::string, std::vector<int>>> rows;
+        std::vector<std::tuple<std::string, std::vector<int>, bool>> rows;
         for (const auto* a : fp8comm::compressed::kAll) {
           std::vector<int> phases;
           for (size_t i = 0; i < a->num_phases; ++i) phases.push_back(static_cast<int>(a->phases[i].wire));
-          rows.emplace_back(a->name, phases);
+          rows.emplace_back(a->name, phases, a->in_all);
         }
         return rows;
       },
-      "(name, segment-header phases) of every compressed algorithm, in the order Options.compress lists them "
-      "(csrc/algorithms/compressed_algorithms.h).");
+      "(name, segment-header phases, whether compress='all' names it) of every compressed algorithm, in the "
+      "order Options.compress lists them (csrc/algorithms/compressed_algorithms.h).");
 
   fp8comm::bind_options(m);
 

@@ -2,7 +2,8 @@
 // The compressed algorithms (DESIGN.md, "Algorithms"), as one table: each
 // one's name (as Options.compress and FP8COMM_COMPRESS spell it), the
 // segment-header phases it puts on the wire (their bytes and what errors call
-// them), and its entry over a Route (flat, or by node where the route says).
+// them), whether compress="all" names it, and its entry over a Route (flat,
+// or by node where the route says).
 // A row of the collectives table (csrc/backend/collectives.h) points at the
 // algorithm that serves it; the options' op names and errors, the `compress`
 // doc string and the dispatch of a compressed call all read this table.
@@ -24,14 +25,18 @@ namespace fp8comm {
 // What a compressed call hands its algorithm: contiguous tensors; the
 // algorithm writes the outputs only once every phase is through (algorithms.h).
 struct CompressedArgs {
-  // all_reduce: the buffer, reduced in place; reduce_scatter: one; all_gather: P segments
+  // all_reduce: the buffer, reduced in place; reduce_scatter: one; all_gather: P segments; all_to_all: one
   std::vector<at::Tensor> outputs;
-  std::vector<at::Tensor> inputs;        // all_reduce: none; reduce_scatter: P segments; all_gather: one
+  // all_reduce: none; reduce_scatter: P segments; all_gather: one; all_to_all: one
+  std::vector<at::Tensor> inputs;
   const Reduction* reduction = nullptr;  // all_reduce, reduce_scatter
   // Error feedback (all_reduce, reduce_scatter of one flat input): where the
   // call keeps what the wire dropped of each input element (algorithms.h);
   // undefined: nothing kept.
   at::Tensor residual;
+  // all_to_all: the elements of the input for each rank and of the output
+  // from each rank, in rank order (checked against every rank's: all_to_all.h).
+  std::vector<int64_t> send_numels, recv_numels;
 };
 
 // Runs one algorithm over the call's Route; returns the bytes this rank sent.
@@ -44,6 +49,10 @@ struct CompressedAlgorithm {
   const char* name;
   Phase phases[kMaxPhases];  // the first num_phases, in the order they go on the wire
   size_t num_phases;
+  // Whether compress="all" (and FP8COMM_COMPRESS=all) names it. A compressed
+  // algorithm added later is not: "all" keeps meaning what it meant, and the
+  // new one compresses only where it is named (DESIGN.md, "Options").
+  bool in_all;
   RunCompressed run;
 };
 
@@ -56,16 +65,19 @@ NodeBytes run_reduce_scatter(Route& route, const WireLayout& wire, Workspace& ws
                              QuantizationError* error);
 NodeBytes run_all_gather(Route& route, const WireLayout& wire, Workspace& ws, const CompressedArgs& args,
                          QuantizationError* error);
+NodeBytes run_all_to_all(Route& route, const WireLayout& wire, Workspace& ws, const CompressedArgs& args,
+                         QuantizationError* error);
 
 // A phase's byte never changes: ranks of different builds must read each other's headers.
 // clang-format off
-inline constexpr CompressedAlgorithm kAllReduce{"all_reduce", {{1, "the reduce phase of an all_reduce"}, {2, "the gather phase of an all_reduce"}}, 2, &run_all_reduce};
-inline constexpr CompressedAlgorithm kReduceScatter{"reduce_scatter", {{3, "a reduce_scatter"}}, 1, &run_reduce_scatter};
-inline constexpr CompressedAlgorithm kAllGather{"all_gather", {{4, "an all_gather"}}, 1, &run_all_gather};
+inline constexpr CompressedAlgorithm kAllReduce{"all_reduce", {{1, "the reduce phase of an all_reduce"}, {2, "the gather phase of an all_reduce"}}, 2, true, &run_all_reduce};
+inline constexpr CompressedAlgorithm kReduceScatter{"reduce_scatter", {{3, "a reduce_scatter"}}, 1, true, &run_reduce_scatter};
+inline constexpr CompressedAlgorithm kAllGather{"all_gather", {{4, "an all_gather"}}, 1, true, &run_all_gather};
+inline constexpr CompressedAlgorithm kAllToAll{"all_to_all", {{5, "an all_to_all"}}, 1, false, &run_all_to_all};
 // clang-format on
 
 // Every compressed algorithm, in the order Options.compress lists them.
-inline constexpr const CompressedAlgorithm* kAll[] = {&kAllReduce, &kReduceScatter, &kAllGather};
+inline constexpr const CompressedAlgorithm* kAll[] = {&kAllReduce, &kReduceScatter, &kAllGather, &kAllToAll};
 
 // No two phases of any algorithms share a byte, and none is 0 (never written).
 constexpr bool phases_distinct() {
@@ -83,10 +95,12 @@ constexpr bool phases_distinct() {
 }
 static_assert(phases_distinct(), "each phase of each compressed algorithm needs its own nonzero byte");
 
-// Their names, in that order.
-inline std::vector<std::string> names() {
+// Their names, in that order; with in_all_only, those compress="all" names.
+inline std::vector<std::string> names(bool in_all_only = false) {
   std::vector<std::string> out;
-  for (const CompressedAlgorithm* a : kAll) out.emplace_back(a->name);
+  for (const CompressedAlgorithm* a : kAll) {
+    if (a->in_all || !in_all_only) out.emplace_back(a->name);
+  }
   return out;
 }
 

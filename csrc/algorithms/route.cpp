@@ -11,9 +11,23 @@ NodeBytes Route::run(const std::function<void(Transport&)>& flat,
   }
   const int64_t before = group_transport.bytes_sent();
   flat(group_transport);
-  const int64_t bytes = group_transport.bytes_sent() - before, peers = group_transport.size() - 1;
+  return split(group_transport.bytes_sent() - before, {});
+}
+
+bool Route::on_my_node(int64_t r) const {
+  return !node_of.empty() && node_of.at(r) == node_of.at(group_transport.rank());
+}
+
+NodeBytes Route::split(int64_t bytes, const std::vector<int64_t>& to_rank) const {
+  const int64_t peers = group_transport.size() - 1;
   if (peers == 0) return {};
-  const int64_t intra = bytes * (ranks_on_my_node - 1) / peers;
+  int64_t intra = bytes * (ranks_on_my_node - 1) / peers;
+  if (!node_of.empty() && !to_rank.empty()) {
+    intra = 0;
+    for (size_t r = 0; r < to_rank.size(); ++r) {
+      if (static_cast<int64_t>(r) != group_transport.rank() && on_my_node(r)) intra += to_rank[r];
+    }
+  }
   return {intra, bytes - intra};
 }
 

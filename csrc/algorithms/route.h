@@ -7,6 +7,7 @@
 // other nodes (stats). Each algorithm's entry over a Route is its row of
 // compressed_algorithms.h.
 #include <functional>
+#include <vector>
 
 #include "../common/node_bytes.h"
 #include "algorithms.h"
@@ -17,6 +18,9 @@ struct Route {
   Transport& group_transport;
   NodeTransports* nodes = nullptr;  // set: the by-node algorithms
   int64_t ranks_on_my_node = 1;     // this rank's node's ranks in the group, itself included
+  // The node of each group rank, where every node holds as many of them
+  // (the topology's group ranks); empty: not known.
+  std::vector<int64_t> node_of;
 
   // Runs `flat` over the group's transport, or `by_node` over the node
   // transports where there are some; returns the bytes they sent in it. By
@@ -24,6 +28,13 @@ struct Route {
   // others. Flat: every exchange sends each peer the same bytes, so the
   // group transport's count splits by the share of peers on this node.
   NodeBytes run(const std::function<void(Transport&)>& flat, const std::function<void(NodeTransports&)>& by_node);
+
+  // Whether group rank r is on this rank's node (false where not known).
+  bool on_my_node(int64_t r) const;
+  // `bytes` the group transport sent, of which to_rank[r] went to rank r:
+  // split by node where node_of is known, else by the share of peers on
+  // this node.
+  NodeBytes split(int64_t bytes, const std::vector<int64_t>& to_rank) const;
 };
 
 }  // namespace fp8comm

@@ -47,6 +47,21 @@ Transport::Pending Transport::start_exchange(at::Tensor& recv, at::Tensor& send,
   return work;
 }
 
+Transport::Pending Transport::start_exchange(at::Tensor& recv, at::Tensor& send, std::vector<int64_t> recv_bytes,
+                                             std::vector<int64_t> send_bytes) {
+  TORCH_INTERNAL_ASSERT(recv_bytes[rank_] == 0 && send_bytes[rank_] == 0, "fp8comm ", op_,
+                        ": a rank's own slice never travels");
+  if (size_ == 1) return {};
+  c10d::AllToAllOptions opts;
+  opts.timeout = timeout_;
+  opts.asyncOp = true;
+  int64_t sent = 0;
+  for (int64_t b : send_bytes) sent += b;
+  Pending work = inner_->alltoall_base(recv, send, recv_bytes, send_bytes, opts);
+  bytes_sent_ += sent;
+  return work;
+}
+
 int64_t Transport::gather_slot(int64_t r) const {
   if (!traits_.gather_by_all_to_all) return r;
   return r == rank_ ? size_ - 1 : exchange_slot(r, rank_);

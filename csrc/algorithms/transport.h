@@ -33,6 +33,11 @@ class Transport {
   // left out: a rank's own segment never travels). An alltoall_base with a
   // zero split for this rank.
   Pending start_exchange(at::Tensor& recv, at::Tensor& send, int64_t S);
+  // The same with bytes of its own for each rank (all_to_all's slices):
+  // send_bytes[r] from `send` to rank r and recv_bytes[r] from rank r into
+  // `recv`, back to back in rank order; zero for this rank.
+  Pending start_exchange(at::Tensor& recv, at::Tensor& send, std::vector<int64_t> recv_bytes,
+                         std::vector<int64_t> send_bytes);
 
   // The slot of an all_gather's P-slot buffer that holds rank r's segment:
   // slot r through an all_gather; by an exchange, the other ranks' segments
@@ -87,7 +92,7 @@ class Transport {
   void adopt_works(Transport& other);
 
   // Bytes this rank has sent to the other ranks through this transport: the
-  // P - 1 segments of each exchange, the P - 1 copies of its slot each
+  // P - 1 segments (or all_to_all's slices) of each exchange, the P - 1 copies of its slot each
   // all_gather delivers, the P - 1 pieces each reduce_scatter delivers to
   // their owners. Counted from what each phase is given to send, so the
   // stats are what the transport carried (route.h).

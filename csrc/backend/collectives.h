@@ -18,13 +18,13 @@ namespace fp8comm {
 
 // Bytes this rank sends in the plain collective, for `bytes` of payload
 // (all_reduce: the tensor; reduce_scatter: the output; all_gather: the input;
-// all_to_all: the input; send: the tensors) in a group of P ranks.
+// all_to_all: the input less this rank's own slice; send: the tensors) in a
+// group of P ranks.
 enum class Volume : uint8_t {
   kNotCounted,  // broadcast, reduce, gather, scatter, recv, barrier: rooted or receive-only
   kAllReduce,   // 2 (P - 1) / P x bytes
   kToEachPeer,  // (P - 1) x bytes: the same bytes to each other rank (reduce_scatter, all_gather)
-  kAllToAll,    // (P - 1) / P x bytes
-  kSent,        // bytes
+  kSent,        // bytes (all_to_all, send)
 };
 
 struct Collective {
@@ -37,7 +37,6 @@ struct Collective {
     switch (volume) {
       case Volume::kAllReduce: return 2 * (P - 1) * bytes / P;
       case Volume::kToEachPeer: return (P - 1) * bytes;
-      case Volume::kAllToAll: return (P - 1) * bytes / P;
       case Volume::kSent: return bytes;
       case Volume::kNotCounted: break;
     }
@@ -61,8 +60,8 @@ constexpr Collective kBroadcast{"broadcast", OpType::BROADCAST, nullptr, Volume:
 constexpr Collective kReduce{"reduce", OpType::REDUCE, nullptr, Volume::kNotCounted};
 constexpr Collective kGather{"gather", OpType::GATHER, nullptr, Volume::kNotCounted};
 constexpr Collective kScatter{"scatter", OpType::SCATTER, nullptr, Volume::kNotCounted};
-constexpr Collective kAllToAllSingle{"all_to_all", OpType::ALLTOALL_BASE, nullptr, Volume::kAllToAll};
-constexpr Collective kAllToAll{"all_to_all", OpType::ALLTOALL, nullptr, Volume::kAllToAll};
+constexpr Collective kAllToAllSingle{"all_to_all", OpType::ALLTOALL_BASE, &compressed::kAllToAll, Volume::kSent};
+constexpr Collective kAllToAll{"all_to_all", OpType::ALLTOALL, &compressed::kAllToAll, Volume::kSent};
 constexpr Collective kSend{"send", OpType::SEND, nullptr, Volume::kSent};
 constexpr Collective kRecv{"recv", OpType::RECV, nullptr, Volume::kNotCounted};
 constexpr Collective kRecvAnySource{"recv", OpType::RECVANYSOURCE, nullptr, Volume::kNotCounted};

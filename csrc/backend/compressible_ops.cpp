@@ -3,6 +3,7 @@
 // runs the algorithm or passes the call through exactly (DESIGN.md,
 // "Algorithms", exact passthrough).
 #include "../algorithms/algorithms.h"
+#include "../algorithms/all_to_all_splits.h"
 #include "../algorithms/residual.h"
 #include "arguments.h"
 #include "emulated_reduce.h"
@@ -360,6 +361,123 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::allgather_into_tensor_coalesced(
                    [&](at::Tensor& out, at::Tensor& in, const c10d::AllgatherOptions& one) {
                      return all_gather_into_tensor(c, out, in, one);
                    });
+}
+
+// ------------------------------------------------------------------ all_to_all
+// Compressed only where Options.compress names all_to_all (compress="all"
+// does not). Before any data moves the ranks gather every rank's slice sizes
+// and check every pair, so sizes that disagree raise on every rank; the size
+// rule (min_numel) then reads the group's mean input, the same on every rank.
+template <typename Exact, typename Body>
+c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::all_to_all_checked(const Collective& c, const at::Tensor& input,
+                                                                   const std::vector<int64_t>& send_numels,
+                                                                   const std::vector<int64_t>& recv_numels,
+                                                                   const c10d::AllToAllOptions& opts,
+                                                                   const std::vector<at::Tensor>& user_tensors,
+                                                                   std::vector<at::Tensor> outputs, Exact&& exact,
+                                                                   Body&& body) {
+  // The size exchange and the call, one after the other on every rank.
+  std::lock_guard<std::recursive_mutex> lock(call_mutex_);
+  Transport t(inner_for(input.device(), c.name), traits_for(input.device().type()), rank_, size_, opts.timeout,
+              c.name);
+  const SplitTable table = gather_splits(t, send_numels, recv_numels, input.device());
+  check_splits(table, c.name);
+  // The sizes' all_gather sends every peer the same bytes.
+  const int64_t checked = t.bytes_sent();
+  const int64_t intra = size_ > 1 ? checked * (ranks_on_my_node_ - 1) / (size_ - 1) : 0;
+  const NodeBytes sent{intra, checked - intra};
+  int64_t to_peers = 0;
+  for (int64_t r = 0; r < size_; ++r) to_peers += r == rank_ ? 0 : send_numels[r];
+  const int64_t payload = to_peers * input.element_size();
+  if (!compresses(c, input, table.total_sent() / size_)) {
+    auto work = exact();
+    record_passthrough(c, payload, sent);
+    return passed_through(std::move(work), c, std::move(outputs));
+  }
+  return compressed_call(c, input.device(), opts.asyncOp, opts.timeout, user_tensors, std::move(outputs), payload,
+                         std::forward<Body>(body), sent);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                              std::vector<int64_t>& output_split_sizes,
+                                                              std::vector<int64_t>& input_split_sizes,
+                                                              const c10d::AllToAllOptions& opts) {
+  const Collective& c = collectives::kAllToAllSingle;
+  check_writable(c.name, output, "the output");
+  auto exact = [&] {
+    at::Tensor out = as_bytes_if_fp8(output);
+    at::Tensor in = as_bytes_if_fp8(input);
+    return inner_for(input.device(), c.name)->alltoall_base(out, in, output_split_sizes, input_split_sizes, opts);
+  };
+  const bool alike = input.device() == output.device() && input.scalar_type() == output.scalar_type() &&
+                     output.layout() == at::kStrided;
+  if (!alike || !may_compress(c, input)) {
+    auto work = exact();
+    const int64_t own = input.dim() == 0 || input_split_sizes.empty()
+                            ? bytes_of(input) / size_
+                            : input_split_sizes.at(rank_) * (input.size(0) ? bytes_of(input) / input.size(0) : 0);
+    record_passthrough(c, bytes_of(input) - own);
+    return passed_through(std::move(work), c, {output});
+  }
+  const auto send = slice_numels(input, input_split_sizes, size_, c.name, "input");
+  const auto recv = slice_numels(output, output_split_sizes, size_, c.name, "output");
+  return all_to_all_checked(c, input, send, recv, opts, {input, output}, {output}, exact, [&](auto&& algorithm) {
+    at::Tensor out = contiguous_or_self(output);
+    CompressedArgs args{{out}, {contiguous_or_self(input)}, nullptr};
+    args.send_numels = send;
+    args.recv_numels = recv;
+    algorithm(args);
+    write_back(output, out);
+  });
+}
+
+// One tensor per rank each way: compressed as the single form over their
+// concatenations, each output written once every phase is through.
+c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::alltoall(std::vector<at::Tensor>& outputs,
+                                                         std::vector<at::Tensor>& inputs,
+                                                         const c10d::AllToAllOptions& opts) {
+  const Collective& c = collectives::kAllToAll;
+  check_writable(c.name, outputs, "an output");
+  auto exact = [&] {
+    auto outs = as_bytes_if_fp8(outputs);
+    auto ins = as_bytes_if_fp8(inputs);
+    return inner_for(inputs.at(0).device(), c.name)->alltoall(outs, ins, opts);
+  };
+  bool alike = static_cast<int64_t>(inputs.size()) == size_ && static_cast<int64_t>(outputs.size()) == size_;
+  for (size_t i = 0; alike && i < inputs.size(); ++i) {
+    for (const at::Tensor* t : {&inputs[i], &outputs[i]}) {
+      alike = alike && t->device() == inputs[0].device() && t->scalar_type() == inputs[0].scalar_type() &&
+              t->layout() == at::kStrided;
+    }
+  }
+  if (!alike || !may_compress(c, inputs.at(0))) {
+    auto work = exact();
+    record_passthrough(c, bytes_of(inputs) - (static_cast<int64_t>(inputs.size()) == size_ ? bytes_of(inputs[rank_]) : 0));
+    return passed_through(std::move(work), c, outputs);
+  }
+  std::vector<int64_t> send, recv;
+  for (int64_t r = 0; r < size_; ++r) {
+    send.push_back(inputs[r].numel());
+    recv.push_back(outputs[r].numel());
+  }
+  std::vector<at::Tensor> user = inputs;
+  user.insert(user.end(), outputs.begin(), outputs.end());
+  return all_to_all_checked(c, inputs[0], send, recv, opts, user, outputs, exact, [&](auto&& algorithm) {
+    std::vector<at::Tensor> flat_inputs;
+    for (const auto& in : inputs) flat_inputs.push_back(in.reshape({-1}));
+    int64_t received = 0;
+    for (int64_t n : recv) received += n;
+    at::Tensor out = at::empty({received}, outputs[0].options().memory_format(at::MemoryFormat::Contiguous));
+    CompressedArgs args{{out}, {at::cat(flat_inputs)}, nullptr};
+    args.send_numels = send;
+    args.recv_numels = recv;
+    algorithm(args);
+    int64_t offset = 0;
+    for (int64_t r = 0; r < size_; ++r) {
+      outputs[r].copy_(out.narrow(0, offset, recv[r]).view(outputs[r].sizes()));
+      offset += recv[r];
+    }
+  });
 }
 
 }  // namespace fp8comm

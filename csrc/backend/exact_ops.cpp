@@ -64,28 +64,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::scatter(std::vector<at::Tensor>&
                  [&](c10d::Backend& inner) { return inner.scatter(outs, ins, opts); });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::alltoall_base(at::Tensor& output, at::Tensor& input,
-                                                              std::vector<int64_t>& output_split_sizes,
-                                                              std::vector<int64_t>& input_split_sizes,
-                                                              const c10d::AllToAllOptions& opts) {
-  check_writable(kAllToAllSingle.name, output, "the output");
-  at::Tensor out = as_bytes_if_fp8(output);
-  at::Tensor in = as_bytes_if_fp8(input);
-  return forward(kAllToAllSingle, input.device(), bytes_of(input), {output}, [&](c10d::Backend& inner) {
-    return inner.alltoall_base(out, in, output_split_sizes, input_split_sizes, opts);
-  });
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::alltoall(std::vector<at::Tensor>& outputs,
-                                                         std::vector<at::Tensor>& inputs,
-                                                         const c10d::AllToAllOptions& opts) {
-  check_writable(kAllToAll.name, outputs, "an output");
-  auto outs = as_bytes_if_fp8(outputs);
-  auto ins = as_bytes_if_fp8(inputs);
-  return forward(kAllToAll, inputs.at(0).device(), bytes_of(inputs), outputs,
-                 [&](c10d::Backend& inner) { return inner.alltoall(outs, ins, opts); });
-}
-
 c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
   auto ts = as_bytes_if_fp8(tensors);
   return forward(kSend, tensors.at(0).device(), bytes_of(tensors), tensors,

@@ -75,7 +75,7 @@ std::string takes(const Flag&, Source source) {
 }
 
 std::string takes(const Ops&, Source source) {
-  return listed({"all", "none"}) +
+  return "'all' (" + listed(compressed::names(/*in_all_only=*/true), "and", /*quoted=*/false) + ") or 'none'" +
          (source == Source::kPython ? ", or a list or comma-separated string of " : ", or a comma list of ") +
          listed(compressed::names(), "and");
 }
@@ -103,7 +103,7 @@ std::optional<OpList> select_ops(const std::vector<std::string>& raw) {
     if (!strip(s).empty()) items.push_back(strip(s));
   }
   const OpList all = compressed::names();
-  if (items == std::vector<std::string>{"all"}) return all;
+  if (items == std::vector<std::string>{"all"}) return compressed::names(/*in_all_only=*/true);
   if (items.empty() || items == std::vector<std::string>{"none"}) return OpList{};
   for (const auto& s : items) {
     if (std::find(all.begin(), all.end(), s) == all.end()) return std::nullopt;

@@ -116,7 +116,8 @@ std::optional<int64_t> parse(const std::string& text, const Ints& values);
 std::optional<bool> parse(const std::string& text, const Flag& values);
 std::optional<OpList> parse(const std::string& text, const Ops& values);
 // Op names (or "all" / "none") -> the ops in compressed::kAll's order; none
-// when a name is no compressed algorithm's.
+// when a name is no compressed algorithm's. "all": the algorithms whose row
+// says compress="all" names them (CompressedAlgorithm::in_all).
 std::optional<OpList> select_ops(const std::vector<std::string>& names);
 
 // A value as the fingerprint, repr and the variables write it.

@@ -132,6 +132,10 @@ const std::string ProcessGroupFp8::getBackendName() const {
 }
 
 bool ProcessGroupFp8::compresses(const Collective& c, const at::Tensor& t, int64_t per_rank_numel) const {
+  return may_compress(c, t) && per_rank_numel > 0 && per_rank_numel >= *options_->min_numel;
+}
+
+bool ProcessGroupFp8::may_compress(const Collective& c, const at::Tensor& t) const {
   const bool enabled = options_->compresses(c.compressed);
   std::lock_guard<std::mutex> lock(mutex_);
   // A group on one node in the inter_node scope has no hop to compress.
@@ -139,17 +143,27 @@ bool ProcessGroupFp8::compresses(const Collective& c, const at::Tensor& t, int64
   // Inside a coalescing block the inner backend defers its ops until
   // endCoalescing, so the multi-phase algorithms cannot run there.
   return enabled && has_link && !uncompressed_.active() && coalescing_.empty() && t.layout() == at::kStrided &&
-         is_codec_dtype(t.scalar_type()) && per_rank_numel > 0 && per_rank_numel >= *options_->min_numel;
+         is_codec_dtype(t.scalar_type());
+}
+
+std::vector<int64_t> ProcessGroupFp8::node_of_rank() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<int64_t> node_of;
+  if (node_group_ranks_.empty()) return node_of;
+  const int64_t L = static_cast<int64_t>(node_group_ranks_.size()) / nodes_;
+  node_of.assign(size_, 0);
+  for (size_t i = 0; i < node_group_ranks_.size(); ++i) node_of.at(node_group_ranks_[i]) = static_cast<int64_t>(i) / L;
+  return node_of;
 }
 
 // Stats are recorded after a call has been issued (enqueued on CUDA, done on
 // the CPU): calls refused by a check, here or in the inner backend, and CPU
 // calls that fail in the transport are not counted.
-void ProcessGroupFp8::record_passthrough(const Collective& c, int64_t payload) {
+void ProcessGroupFp8::record_passthrough(const Collective& c, int64_t payload, const NodeBytes& also) {
   const int64_t plain = c.plain_bytes_sent(payload, size_);
   // The inner backend's ring spreads these bytes evenly over the peers.
   const int64_t intra = size_ > 1 ? plain * (ranks_on_my_node_ - 1) / (size_ - 1) : 0;
-  stats_.record(c.name, false, NodeBytes{intra, plain - intra}, plain);
+  stats_.record(c.name, false, NodeBytes{intra + also.intra_node, plain - intra + also.inter_node}, plain);
 }
 
 void ProcessGroupFp8::record_compressed(const Collective& c, int64_t payload, const NodeBytes& wire,

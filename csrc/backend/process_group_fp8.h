@@ -1,6 +1,6 @@
 #pragma once
 // ProcessGroupFp8: a c10d::Backend that compresses float all-reduce,
-// reduce-scatter and all-gather to FP8 blocks and forwards everything else,
+// reduce-scatter, all-gather and (where named) all-to-all to FP8 blocks and forwards everything else,
 // untouched, to an inner transport backend — torch's ProcessGroupNCCL for CUDA
 // tensors ("fp8nccl"), ProcessGroupGloo for CPU tensors ("fp8gloo").
 //
@@ -108,6 +108,13 @@ class ProcessGroupFp8 : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                            std::vector<at::Tensor>& inputs,
                                            const c10d::AllgatherOptions& opts = {}) override;
+  // c10d's semantics: split sizes are rows of dim 0 (empty: equal parts).
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_split_sizes,
+                                               std::vector<int64_t>& input_split_sizes,
+                                               const c10d::AllToAllOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts = {}) override;
 
   // ---- error feedback (fp8comm.functional's residual=): the same calls,
   // keeping in `residual` (float32 or bfloat16, contiguous, the input's
@@ -136,12 +143,6 @@ class ProcessGroupFp8 : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
                                          std::vector<std::vector<at::Tensor>>& inputs,
                                          const c10d::ScatterOptions& opts = {}) override;
-  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
-                                               std::vector<int64_t>& output_split_sizes,
-                                               std::vector<int64_t>& input_split_sizes,
-                                               const c10d::AllToAllOptions& opts = {}) override;
-  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-                                          const c10d::AllToAllOptions& opts = {}) override;
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
@@ -157,6 +158,10 @@ class ProcessGroupFp8 : public c10d::Backend {
   std::vector<c10::intrusive_ptr<c10d::Backend>> all_transports() const;
   // Whether `c` on tensors like `t`, `per_rank_numel` elements per rank, is compressed.
   bool compresses(const Collective& c, const at::Tensor& t, int64_t per_rank_numel) const;
+  // The node of each group rank (Route::node_of); empty where nodes differ in size.
+  std::vector<int64_t> node_of_rank() const;
+  // Whether it may be, by every rule but the size (DESIGN.md, "Algorithms", exact passthrough).
+  bool may_compress(const Collective& c, const at::Tensor& t) const;
 
   // Runs `body(Route&)` (a compressed algorithm) inline on the CPU or on
   // the side stream of a CUDA device, one call at a time, and returns its
@@ -170,12 +175,14 @@ class ProcessGroupFp8 : public c10d::Backend {
   // on the call's Route, where body does the collective's own part (its
   // contiguous buffers, the write-back) and calls algorithm(CompressedArgs)
   // once to run c's compressed algorithm (compressed_algorithms.h); then
-  // records it in stats with `payload` bytes (record_compressed).
+  // records it in stats with `payload` bytes (record_compressed) and the
+  // bytes it sent, `sent_before` (all_to_all's split sizes) included.
   template <typename Body>
   c10::intrusive_ptr<c10d::Work> compressed_call(const Collective& c, const at::Device& device, bool async_op,
                                                  std::chrono::milliseconds timeout,
                                                  const std::vector<at::Tensor>& user_tensors,
-                                                 std::vector<at::Tensor> outputs, int64_t payload, Body&& body);
+                                                 std::vector<at::Tensor> outputs, int64_t payload, Body&& body,
+                                                 const NodeBytes& sent_before = {});
 
   // A Work for the caller: `work` as the inner backend returned it, or, where
   // it returned none (a synchronous call, already ordered), a completed one.
@@ -184,7 +191,8 @@ class ProcessGroupFp8 : public c10d::Backend {
   // Stats: `payload` bytes as the collectives table counts them; a
   // compressed call sent `wire` bytes instead of the plain volume, and
   // measured `error` where the options track it.
-  void record_passthrough(const Collective& c, int64_t payload);
+  // `also`: bytes the call sent besides (all_to_all's split sizes).
+  void record_passthrough(const Collective& c, int64_t payload, const NodeBytes& also = {});
   void record_compressed(const Collective& c, int64_t payload, const NodeBytes& wire, const QuantizationError& error);
   // Where a compressed call adds its quantization error: `error` with
   // Options.track_error, else nowhere (null).
@@ -218,6 +226,20 @@ class ProcessGroupFp8 : public c10d::Backend {
                                                         const c10d::AllgatherOptions& opts);
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_exact(const Collective& c, at::Tensor& output,
                                                              at::Tensor& input, const c10d::ReduceScatterOptions& opts);
+  // An all_to_all whose every rule but the size lets it be compressed
+  // (compressible_ops.cpp): the ranks gather their slice sizes (send_numels,
+  // recv_numels: elements to and from each rank) and check them, then decide
+  // on the group's mean input size, so that every rank takes the same path:
+  // exact() (the inner backend's call) or body(algorithm) as in
+  // compressed_call.
+  template <typename Exact, typename Body>
+  c10::intrusive_ptr<c10d::Work> all_to_all_checked(const Collective& c, const at::Tensor& input,
+                                                    const std::vector<int64_t>& send_numels,
+                                                    const std::vector<int64_t>& recv_numels,
+                                                    const c10d::AllToAllOptions& opts,
+                                                    const std::vector<at::Tensor>& user_tensors,
+                                                    std::vector<at::Tensor> outputs, Exact&& exact, Body&& body);
+
   // Every check of one (output, input) pair that can be made on this rank.
   void check_reduce_scatter_tensor(const Collective& c, const at::Tensor& output, const at::Tensor& input,
                                    const c10d::ReduceScatterOptions& opts);

@@ -35,7 +35,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::run(const Collective& c, const a
                                  Transport(inner->inter, traits, position / L, nodes_, timeout, c.name),
                                  node_group_ranks_, options_->node_wire_format->format, &node_workspace_});
   }
-  Route route{transport, nodes ? &*nodes : nullptr, ranks_on_my_node_};
+  Route route{transport, nodes ? &*nodes : nullptr, ranks_on_my_node_, node_of_rank()};
   auto run_body = [&] {
     try {
       body(route);
@@ -80,15 +80,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::compressed_call(const Collective
                                                                 bool async_op, std::chrono::milliseconds timeout,
                                                                 const std::vector<at::Tensor>& user_tensors,
                                                                 std::vector<at::Tensor> outputs, int64_t payload,
-                                                                Body&& body) {
+                                                                Body&& body, const NodeBytes& sent_before) {
   TORCH_INTERNAL_ASSERT(c.compressed, "fp8comm ", c.name, ": the collectives table names no compressed algorithm");
   const CompressedAlgorithm& algorithm = *c.compressed;
-  NodeBytes sent;
+  NodeBytes sent = sent_before;
   QuantizationError error;
   auto work = run(c, device, async_op, timeout, user_tensors, std::move(outputs), [&](Route& route) {
     // Numbered under the call lock, in the order every rank issues its calls.
     const WireLayout wire = wire_layout(device.type()).for_call(*options_->rounding_seed, compressed_calls_++, rank_);
-    body([&](const CompressedArgs& args) { sent = algorithm.run(route, wire, workspace_, args, error_if_tracked(error)); });
+    body([&](const CompressedArgs& args) {
+      const NodeBytes run = algorithm.run(route, wire, workspace_, args, error_if_tracked(error));
+      sent.intra_node += run.intra_node;
+      sent.inter_node += run.inter_node;
+    });
   });
   record_compressed(c, payload, sent, error);
   return work;

@@ -2,7 +2,8 @@
 is the one list of compressible ops: the names Options.compress accepts, the
 choices its error lists, the Options doc string, and the options tables of
 README.md and DESIGN.md all equal it; its phases are the segment headers'
-bytes."""
+bytes; its in_all column is what compress="all" names (a row added later,
+all_to_all, compresses only where named)."""
 import re
 
 import pytest
@@ -13,16 +14,23 @@ from fp8comm.options import environment_variables
 from tests.support import REPO_ROOT
 
 TABLE = _C.compressed_algorithms()
-NAMES = [name for name, _ in TABLE]
+NAMES = [name for name, _, _ in TABLE]
+IN_ALL = [name for name, _, in_all in TABLE if in_all]
 
 
 def test_each_phase_belongs_to_one_algorithm_with_its_wire_value():
     # The phase values are bytes of the segment header: they never change.
-    assert dict(TABLE) == {"all_reduce": [1, 2], "reduce_scatter": [3], "all_gather": [4]}
+    assert {name: phases for name, phases, _ in TABLE} == {"all_reduce": [1, 2], "reduce_scatter": [3],
+                                                           "all_gather": [4], "all_to_all": [5]}
+
+
+def test_all_names_the_collectives_it_named_before():
+    """compress="all" (and FP8COMM_COMPRESS=all) must not widen when a row is added."""
+    assert IN_ALL == ["all_reduce", "reduce_scatter", "all_gather"]
 
 
 def test_options_accept_exactly_the_table():
-    assert fp8comm.Options(compress="all").resolved().compress == tuple(NAMES)
+    assert fp8comm.Options(compress="all").resolved().compress == tuple(IN_ALL)
     for name in NAMES:
         assert fp8comm.Options(compress=[name]).resolved().compress == (name,)
     assert fp8comm.Options(compress=list(reversed(NAMES))).resolved().compress == tuple(NAMES)
@@ -30,21 +38,23 @@ def test_options_accept_exactly_the_table():
 
 def test_the_error_lists_the_table():
     with pytest.raises(ValueError) as raised:
-        fp8comm.Options(compress="all_to_all").resolved()
-    listed = re.search(r"comma-separated string of (.*), got 'all_to_all'", str(raised.value)).group(1)
+        fp8comm.Options(compress="broadcast").resolved()
+    listed = re.search(r"comma-separated string of (.*), got 'broadcast'", str(raised.value)).group(1)
     assert listed == ", ".join(f"'{name}'" for name in NAMES[:-1]) + f" and '{NAMES[-1]}'"
 
 
 def test_the_options_doc_lists_the_table():
     doc = " ".join(fp8comm.Options.__doc__.split("\n    "))
-    assert "compress: which collectives are compressed. Takes 'all' or 'none', or a list or comma-separated string of " \
+    assert "compress: which collectives are compressed. Takes 'all' (" + ", ".join(IN_ALL[:-1]) + f" and {IN_ALL[-1]}) " \
+           "or 'none', or a list or comma-separated string of " \
            + ", ".join(f"'{name}'" for name in NAMES[:-1]) + f" and '{NAMES[-1]}'" in doc
 
 
 def test_the_environment_variable_doc_lists_the_table():
     docs = {name: doc for name, _, doc in environment_variables()}
     ops = ", ".join(f"'{name}'" for name in NAMES[:-1]) + f" and '{NAMES[-1]}'"
-    assert docs["FP8COMM_COMPRESS"].startswith(f"Options.compress ('all' or 'none', or a comma list of {ops}):")
+    every = ", ".join(IN_ALL[:-1]) + f" and {IN_ALL[-1]}"
+    assert docs["FP8COMM_COMPRESS"].startswith(f"Options.compress ('all' ({every}) or 'none', or a comma list of {ops}):")
 
 
 @pytest.mark.parametrize("doc, row_start", [("DESIGN.md", "| compress |"), ("README.md", "| `FP8COMM_COMPRESS` |")])

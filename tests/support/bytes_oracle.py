@@ -69,3 +69,24 @@ def by_node(family: str, nodes: int, local: int, wire: Wire, numel: int, element
         k = ceil_div(numel, local)
         return 2 * (local - 1) * k * element_size, all_reduce(nodes, wire, k)
     return (local - 1) * nodes * numel * element_size, FLAT[family](nodes, wire, numel)
+
+
+def all_to_all(world: int, rank: int, wire: Wire, send_numels: list, element_size: int, on_my_node,
+               exact_inside: bool) -> tuple[int, int]:
+    """(intra, inter) of a compressed all_to_all: the split sizes' all_gather
+    (2P int64s to each of the P - 1 others, spread evenly as the flat
+    algorithms' bytes are), then each non-empty slice for a peer as one wire
+    segment, or, to a rank on this node when `exact_inside` (the inter_node
+    scope), as its exact bytes padded to 16; this rank's own never travels."""
+    ranks_on_my_node = sum(1 for r in range(world) if on_my_node(r))
+    intra, inter = evenly((world - 1) * 2 * world * 8, world, ranks_on_my_node)
+    for r, n in enumerate(send_numels):
+        if r == rank or n == 0:
+            continue
+        inside = on_my_node(r)
+        sent = -(-n * element_size // 16) * 16 if inside and exact_inside else wire.segment_bytes(n)
+        if inside:
+            intra += sent
+        else:
+            inter += sent
+    return intra, inter
