@@ -2,6 +2,7 @@
 
     import fp8comm.functional as F
     F.reduce_scatter_tensor(out, grads, group=mesh.get_group("dp"))  # a plain nccl / gloo group
+    tokens = F.all_to_all_single_autograd(x, out_splits, in_splits, ep_group, options=E4M3_A2A)  # MoE dispatch
 
 The group's own backend is the transport of a ProcessGroupFp8 made on the
 first call for (group, device, options): a collective step, as the call is.
@@ -18,8 +19,9 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions
 
-from . import _C, backend
+from . import _C, backend, splits
 from .options import Options
+from .uncompressed_blocks import uncompressed
 
 # Under torch.compile each call is a graph break and runs eagerly: dynamo
 # cannot trace into the backend object (it is not one of torch's functional
@@ -177,6 +179,139 @@ def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor, group=None
     opts.asyncOp = async_op
     pg = compressor(group, input.device, options, "all_gather_into_tensor")
     return _finish(pg._allgather_base(output, input, opts), async_op)
+
+
+@_eager
+def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_sizes=None, input_split_sizes=None,
+                      group=None, async_op: bool = False, options=None):
+    """Rows of ``input`` to each rank and theirs into ``output``
+    (``dist.all_to_all_single``'s arguments: split sizes count rows of the
+    first dimension, None for equal slices), compressed where the options
+    compress all_to_all: only where ``compress`` names "all_to_all" ("all"
+    does not include it); this rank's own slice is always exact."""
+    op = "all_to_all_single"
+    _check_tensor(output, op, "output")
+    _check_tensor(input, op, "input")
+    splits.check_pair(output, input, op)
+    group = _group_or_default(group, op)
+    _resolved(options, op)
+    out_sizes = splits.as_sizes(output_split_sizes, op, "output_split_sizes")
+    in_sizes = splits.as_sizes(input_split_sizes, op, "input_split_sizes")
+    # Checked before the compressor is made: a call refused here is refused
+    # on the rank that made it, without a collective step.
+    splits.check(out_sizes, output, group.size(), op, "output_split_sizes", "output")
+    splits.check(in_sizes, input, group.size(), op, "input_split_sizes", "input")
+    pg = compressor(group, input.device, options, op)
+    opts = dist.AllToAllOptions()
+    opts.asyncOp = async_op
+    # None travels as dist's empty list (equal slices), so the backend sees
+    # what an fp8 group's dist.all_to_all_single gives it.
+    return _finish(pg.alltoall_base(output, input, out_sizes or [], in_sizes or [], opts), async_op)
+
+
+A2A = "all_to_all"
+
+
+@_eager
+def all_to_all_single_autograd(input: torch.Tensor, output_split_sizes, input_split_sizes, group, *, options=None,
+                               backward_options=None) -> torch.Tensor:
+    """torch.distributed._functional_collectives.all_to_all_single_autograd,
+    compressed: a new tensor of ``sum(output_split_sizes)`` rows (``input``'s
+    trailing dimensions) holding each rank's rows for this rank; its backward
+    sends the gradient back the reverse way (the split sizes swapped).
+
+    ``options``: the forward's fp8comm.Options (None: the FP8COMM_*
+    environment, as the other calls); ``backward_options``: the backward's
+    (None: exact, torch's own all_to_all). Either, when given, must name
+    "all_to_all" in ``compress`` (or be compress="none", exact): this call
+    adds nothing to the options, and refuses options that would pass it
+    through unasked (``compress="all"`` does not include all_to_all), so one
+    Options means the same here as on an fp8 group. ``group``: a process
+    group (None: the default) or a one-dimensional DeviceMesh. Split sizes:
+    lists of ints, or both None for equal slices (torch's rule). Under
+    torch.compile a graph break, run eagerly."""
+    op = "all_to_all_single_autograd"
+    _check_tensor(input, op, "input")
+    group = _group_or_default(_mesh_group(group, op), op)
+    _names_all_to_all(options, op, "options")
+    _names_all_to_all(backward_options, op, "backward_options")
+    out_sizes = splits.as_sizes(output_split_sizes, op, "output_split_sizes")
+    in_sizes = splits.as_sizes(input_split_sizes, op, "input_split_sizes")
+    if (out_sizes is None) != (in_sizes is None):
+        raise ValueError(f"fp8comm.functional.{op}: output_split_sizes and input_split_sizes must both be lists or "
+                         "both None (equal slices)")
+    if input.dim() == 0:
+        raise ValueError(f"fp8comm.functional.{op}: input is a scalar; it needs a first dimension to split "
+                         "(view it as shape [1])")
+    if out_sizes is None:
+        splits.check(None, input, group.size(), op, "input_split_sizes", "input")
+        out_sizes = in_sizes = splits.equal(input.shape[0], group.size())
+    splits.check(in_sizes, input, group.size(), op, "input_split_sizes", "input")
+    return _AllToAllSingle.apply(input, out_sizes, in_sizes, group, options, backward_options)
+
+
+class _AllToAllSingle(torch.autograd.Function):
+    """all_to_all_single forward in ``options``; backward the reverse exchange
+    of the gradient in ``backward_options`` (None: exact)."""
+
+    @staticmethod
+    def forward(ctx, input, out_sizes, in_sizes, group, options, backward_options):
+        ctx.sizes, ctx.group, ctx.backward_options = (out_sizes, in_sizes), group, backward_options
+        return _exchange(input, out_sizes, in_sizes, group, options)
+
+    @staticmethod
+    def backward(ctx, grad):
+        out_sizes, in_sizes = ctx.sizes
+        if ctx.backward_options is None:
+            return _exact_exchange(grad, in_sizes, out_sizes, ctx.group), None, None, None, None, None
+        return _exchange(grad, in_sizes, out_sizes, ctx.group, ctx.backward_options), None, None, None, None, None
+
+
+def _exchange(input: torch.Tensor, out_sizes: list, in_sizes: list, group, options) -> torch.Tensor:
+    """A new tensor: ``input``'s rows exchanged by all_to_all_single in ``options``."""
+    output = input.new_empty((sum(out_sizes), *input.shape[1:]))
+    all_to_all_single(output, input.contiguous(), out_sizes, in_sizes, group=group, options=options)
+    return output
+
+
+def _exact_exchange(input: torch.Tensor, out_sizes: list, in_sizes: list, group) -> torch.Tensor:
+    """``input``'s rows exchanged by torch's own all_to_all_single: exact (on
+    an fp8 group, whose options may compress all_to_all, inside an
+    uncompressed block)."""
+    input = input.contiguous()
+    output = input.new_empty((sum(out_sizes), *input.shape[1:]))
+    if isinstance(_inner(group, input.device, "all_to_all_single_autograd"), _C.ProcessGroupFp8):
+        with uncompressed(group):
+            dist.all_to_all_single(output, input, out_sizes, in_sizes, group=group)
+    else:
+        dist.all_to_all_single(output, input, out_sizes, in_sizes, group=group)
+    return output
+
+
+def _names_all_to_all(options, op: str, which: str) -> None:
+    """Refuses options that would pass the call through while asking for a
+    compressed one: compress neither names all_to_all nor is empty."""
+    if options is None:
+        return
+    compress = _resolved(options, op).compress
+    if compress and A2A not in compress:
+        raise ValueError(f"fp8comm.functional.{op}: {which} compress {','.join(compress)!r} does not name "
+                         f"{A2A!r}, so this all_to_all would pass through exactly ('all' does not include it); "
+                         f"add {A2A!r} to compress to compress it, or pass compress='none' (or {which}=None"
+                         f"{'' if which == 'options' else ', exact'})")
+
+
+def _mesh_group(group, op: str):
+    """A one-dimensional DeviceMesh's process group (torch's drop-in takes
+    either); anything else unchanged."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    if not isinstance(group, DeviceMesh):
+        return group
+    if group.ndim != 1:
+        raise ValueError(f"fp8comm.functional.{op}: group is a {group.ndim}-dimensional DeviceMesh; pass one "
+                         "dimension's group (mesh.get_group(dim))")
+    return group.get_group()
 
 
 _SUMS = (dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.PREMUL_SUM)

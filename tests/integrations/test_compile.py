@@ -7,7 +7,8 @@
   results equal the eager ones bit for bit, and both differ from plain gloo's
   exact results (FP8 was on the wire).
 - fp8comm.functional on a plain group under torch.compile: a graph break,
-  the call eager between the compiled parts, results equal to eager; FSDP2
+  the call eager between the compiled parts, results equal to eager (and
+  all_to_all_single_autograd's gradients equal eager's); FSDP2
   on a plain mesh with fp8comm.fsdp's reduce-scatter and compiled blocks
   trains exactly as eager (the comm runs outside the compiled blocks).
 - An FSDP2 + Fp8Linear training step with every block compiled (as torchtitan
@@ -125,6 +126,47 @@ def fp8comm_functional_compiled(backend: str = "aot_eager"):
             "compressed": fp8comm.get_stats(c.gloo)["per_op"]["all_reduce"]["compressed"]}
 
 
+def _a2a_options():
+    """Options that compress all_to_all where this build's backend does, else None (exact)."""
+    try:
+        return fp8comm.Options(compress="all_to_all", min_numel=1024)
+    except ValueError:
+        return None
+
+
+def _fp8comm_a2a_step(x, group, options):
+    """fp8comm.functional.all_to_all_single_autograd (MoE dispatch and
+    combine's call) with exact compute around it; returns the loss."""
+    import fp8comm.functional
+
+    y = fp8comm.functional.all_to_all_single_autograd(x * 2.0, None, None, group, options=options,
+                                                      backward_options=options)
+    return (y.sin() * 3.0).sum()
+
+
+def fp8comm_a2a_autograd_compiled(backend: str = "aot_eager"):
+    """The same step eagerly and compiled, forward and backward: a graph break
+    at the call, its backward run by autograd as eager's."""
+    import torch._dynamo
+
+    c = ctx()
+    x, _ = _inputs(c.rank)
+    options = _a2a_options()
+    out = {}
+    for mode in ("eager", "compiled"):
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+        step = _fp8comm_a2a_step if mode == "eager" else torch.compile(_fp8comm_a2a_step, backend=backend)
+        leaf = x.view(-1, 8).clone().requires_grad_(True)
+        loss = step(leaf, c.gloo, options)
+        loss.backward()
+        out[mode] = {"loss": loss.detach(), "grad": leaf.grad,
+                     "graph_breaks": sum(torch._dynamo.utils.counters["graph_break"].values())}
+    out["compressed"] = fp8comm.get_stats(c.gloo)["per_op"].get("all_to_all", {}).get("compressed", 0)
+    out["options"] = options is not None
+    return out
+
+
 def fsdp2_compiled_training(steps: int = 3, backend: str = "inductor", plain: bool = False):
     """FSDP2 (fully_shard per block, then the root) over the fp8gloo group,
     Fp8Linear block layers, every block compiled with torch.compile
@@ -216,6 +258,15 @@ def test_fp8comm_functional_under_torch_compile_breaks_the_graph_and_equals_eage
         assert torch.equal(r["compiled"], r["eager"])
         assert r["graph_breaks"] >= 1, r["graph_breaks"]  # the call ran eagerly between compiled parts
         assert r["compressed"] == 2, r  # the eager call and the compiled function's
+
+
+def test_fp8comm_a2a_autograd_under_torch_compile_breaks_the_graph_and_equals_eager(pool):
+    for r in pool.run(fp8comm_a2a_autograd_compiled, timeout=400):
+        eager, compiled = r["eager"], r["compiled"]
+        assert torch.equal(compiled["loss"], eager["loss"]) and torch.equal(compiled["grad"], eager["grad"])
+        assert compiled["graph_breaks"] >= 1, compiled
+        # compressed forward and backward, eager and compiled, where the build compresses all_to_all
+        assert r["compressed"] == (4 if r["options"] else 0), r
 
 
 def test_fsdp2_on_a_plain_mesh_with_fp8comm_fsdp_under_torch_compile(pool):
