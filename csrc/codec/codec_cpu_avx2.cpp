@@ -478,10 +478,10 @@ FP8C_AVX2_INLINE bool e4m3_segment_scales8(__m256i amax, float g, uint8_t* scale
   constexpr WireFormat S = WireFormat::E4M3;
   static_assert(T::kScaleKind == ScaleKind::kE4M3TimesSegment, "E4M3 block scales times a segment scale");
   const __m256 a = _mm256_castsi256_ps(amax);
-  // c = encode(amax / (max * g)), one code higher where value(c) * 7 * g < amax
+  // c = encode(amax / (max * g)), one code higher where value(c) * kRoundsToMax * g < amax
   __m256i c = encode8<S, Lanes::kAny>(_mm256_div_ps(a, _mm256_set1_ps(T::kMax * g)), splat(WireTraits<S>::kMaxCode));
-  const __m256 sevenfold = _mm256_mul_ps(decode_bytes8<S>(c), _mm256_set1_ps(7.0f * g));
-  c = _mm256_sub_epi32(c, _mm256_castps_si256(_mm256_cmp_ps(sevenfold, a, _CMP_LT_OQ)));
+  const __m256 ceiling = _mm256_mul_ps(decode_bytes8<S>(c), _mm256_set1_ps(T::kRoundsToMax * g));
+  c = _mm256_sub_epi32(c, _mm256_castps_si256(_mm256_cmp_ps(ceiling, a, _CMP_LT_OQ)));
   c = _mm256_blendv_epi8(c, splat(kE4M3One), _mm256_cmpeq_epi32(amax, _mm256_setzero_si256()));
   const __m256 s = _mm256_mul_ps(decode_bytes8<S>(c), _mm256_set1_ps(g));
   // block_encoding's limit: the largest code while its value times the scale is at most FLT_MAX;

@@ -98,6 +98,10 @@ struct MiniFloatBits {
   static constexpr uint32_t kMaxMantissa = (MaxCode & ((1u << MantBits) - 1u)) << (23 - MantBits);
   static constexpr float kMax = static_cast<float>((MaxCode & ((1u << MantBits) - 1u)) | (1u << MantBits)) *
                                 static_cast<float>(uint64_t{1} << (kMaxExp - MantBits));
+  // kMax plus half the step below it: the largest value that rounds to kMax
+  // on the grid continued past it (E2M1: 7, halfway to 8; E4M3: 464).
+  static_assert(kMaxExp - MantBits - 1 >= 0, "a top step of at least 2");
+  static constexpr float kRoundsToMax = kMax + static_cast<float>(uint64_t{1} << (kMaxExp - MantBits - 1));
 };
 
 // The FP8 compute dtypes (Fp8Linear's casts, csrc/linear/): each has one
@@ -396,11 +400,11 @@ FP8C_HD float decode_code(uint8_t c) {
 // kE4M3TimesSegment: g is the smallest power of two with segment amax <=
 // max * 448 * g, in [2^-117, 2^117] so every S is a normal float; the block's
 // byte is the E4M3 code c nearest to amax / (max * g), one code higher where
-// amax / S would exceed 7 (E4M3 subnormals, whose steps are coarse). So S =
-// value(c) * g is exact, and the block maximum, at most max + 1/16 of it in
-// code units, always rounds to its nearest code on E2M1's grid continued
-// past 6 (the next code would be 8): it never saturates beyond a rounding
-// step. A block of zeros stores 1.0 (0x38).
+// amax / S would exceed kRoundsToMax (E4M3 subnormals, whose steps are
+// coarse). So S = value(c) * g is exact, and the block maximum, at most max
+// + 1/16 of it in code units, always rounds to its nearest code on the
+// format's grid continued past max (E2M1: 6, the next code would be 8): it
+// never saturates beyond a rounding step. A block of zeros stores 1.0 (0x38).
 constexpr int kSegmentScaleMinExp = -117;
 constexpr int kSegmentScaleMaxExp = 117;
 constexpr uint8_t kE4M3One = 0x38;
@@ -456,8 +460,8 @@ FP8C_HD uint8_t block_scale_byte(uint32_t amax_bits, float g) {
     const float amax = bits_float(amax_bits);
     const float unit = T::kMax * g;  // exact: a power of two times max
     uint32_t c = encode_code<S>(amax / unit, WireTraits<S>::kMaxCode);
-    // value(c) has 4 significant bits, so value(c) * 7 * g is exact.
-    c = decode_code<S>(static_cast<uint8_t>(c)) * (7.0f * g) < amax ? c + 1 : c;
+    // value(c) has 4 significant bits and kRoundsToMax few, so their product times g is exact.
+    c = decode_code<S>(static_cast<uint8_t>(c)) * (T::kRoundsToMax * g) < amax ? c + 1 : c;
     return amax_bits == 0 ? kE4M3One : static_cast<uint8_t>(c);
   }
 }
