@@ -34,7 +34,8 @@ from tests.support.inputs import rank_input  # noqa: E402
 from tests.support.reference import sqnr_db  # noqa: E402
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-OPTIONS = {"min_numel": 1024, "compress": "all"}
+# Every compressed collective; all_to_all compresses only when named ("all" leaves it out).
+OPTIONS = {"min_numel": 1024, "compress": "all_reduce,reduce_scatter,all_gather,all_to_all"}
 MIN_SQNR_DB = 25.0  # FP8 E4M3 through one or two quantizations: ~27-31 dB on randn
 
 
@@ -147,6 +148,25 @@ def _issue(kind, pg, device, rank, world, k, dtype, op, async_op, seed):
         refs = [torch.cat([inputs(r, k, dtype, seed + i).double() for r in range(world)])
                 for i in range(len(outs))]
         return outs, refs
+    if kind.startswith("all_to_all"):
+        # Uneven splits (a zero-size slice among them) that every rank derives alike:
+        # rank s sends split(s, d) elements to rank d.
+        def split(s, d):
+            return 0 if (s + d) % 3 == 2 else k // (world + 1) + 97 * s + 31 * d
+
+        send = [split(rank, d) for d in range(world)]
+        recv = [split(s, rank) for s in range(world)]
+        x = inp(sum(send))
+        out = torch.empty(sum(recv), dtype=dtype, device=device)
+        if kind == "all_to_all_single":
+            done(dist.all_to_all_single(out, x, recv, send, group=pg, async_op=async_op))
+        else:  # all_to_all_list
+            parts = [torch.empty(n, dtype=dtype, device=device) for n in recv]
+            done(dist.all_to_all(parts, list(x.split(send)), group=pg, async_op=async_op))
+            out = torch.cat(parts)
+        ref = torch.cat([inputs(s, sum(split(s, d) for d in range(world)), dtype, seed).double()
+                         [sum(split(s, d) for d in range(rank)):][:split(s, rank)] for s in range(world)])
+        return [out], [ref]
     raise ValueError(kind)
 
 
@@ -186,7 +206,7 @@ def check(results, kind):
         assert cuda_stats["calls_compressed"] >= 1 and cuda_stats["calls_passthrough"] == 0, cuda_stats
         assert cuda_stats["per_op"] == cpu_stats["per_op"], (cuda_stats["per_op"], cpu_stats["per_op"])
         assert min(r["sqnr"]) >= MIN_SQNR_DB, r["sqnr"]
-    if not kind.startswith("reduce_scatter"):  # every rank holds the same result
+    if not kind.startswith(("reduce_scatter", "all_to_all")):  # every rank holds the same result
         for rank, r in enumerate(results[1:], start=1):
             for g, g0 in zip(r["cuda"], results[0]["cuda"]):
                 assert same_bits(g, g0), f"rank {rank} differs from rank 0"
@@ -231,6 +251,14 @@ def test_reduce_scatter_avg_and_premul(pool, kind, op):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_all_gather_forms(pool, kind, dtype):
     check(pool.run(cuda_vs_cpu, kind, 10_007, dtype), kind)
+
+
+@pytest.mark.parametrize("kind", ["all_to_all_single", "all_to_all_list"])
+@pytest.mark.parametrize("async_op", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_all_to_all_forms(pool, kind, async_op, dtype):
+    """Uneven splits with a zero-size slice; this rank's own slice is exact."""
+    check(pool.run(cuda_vs_cpu, kind, 30_011, dtype, "sum", async_op), kind)
 
 
 @pytest.mark.parametrize("kind", ["reduce_scatter_tensor", "reduce_scatter_coalescing_manager",
