@@ -110,7 +110,9 @@ def all_to_all(forward: str, backward: str):
     def options(fmt):
         # all_to_all compresses only where `compress` names it; min_numel 0, so a
         # step's smaller slices are compressed too.
-        return None if fmt == "exact" else fp8comm.Options(wire_format=fmt, compress="all_to_all", min_numel=0)
+        if fmt == "exact":
+            return fp8comm.Options(compress="none")
+        return fp8comm.Options(wire_format=fmt, compress="all_to_all", min_numel=0)
 
     fwd, bwd = options(forward), options(backward)
 
@@ -152,16 +154,15 @@ class MoE(nn.Module):
         probs = self.router(x).float().softmax(-1)
         top_p, top_e = probs.topk(self.top_k, dim=-1)
         top_p = top_p / top_p.sum(-1, keepdim=True)
+        counts = torch.bincount(top_e.reshape(-1), minlength=self.experts)  # token slots per expert
         # Load balancing: the share of this rank's token slots each expert gets,
         # times its mean router probability (minimal, 1, when both are even).
-        share = torch.bincount(top_e.reshape(-1), minlength=self.experts).float() / top_e.numel()
-        self.aux_loss = self.experts * (share * probs.mean(0)).sum()
+        self.aux_loss = self.experts * (counts.float() / top_e.numel() * probs.mean(0)).sum()
 
         # The token slots sorted by expert: each rank's experts are one run.
         order = top_e.reshape(-1).argsort(stable=True)
         tokens = order // self.top_k
         sent = x[tokens].to(dtype)
-        counts = torch.bincount(top_e.reshape(-1), minlength=self.experts)
         # counts_in[s * local + j]: how many tokens rank s sends to local expert j.
         counts_in = torch.empty_like(counts)
         dist.all_to_all_single(counts_in, counts, group=self.group)
