@@ -114,7 +114,8 @@ def all_to_all(forward: str, backward: str):
             return fp8comm.Options(compress="none")
         return fp8comm.Options(wire_format=fmt, compress="all_to_all", min_numel=0)
 
-    fwd, bwd = options(forward), options(backward)
+    # An exact backward is torch's own all_to_all (backward_options None).
+    fwd, bwd = options(forward), None if backward == "exact" else options(backward)
 
     def call(input, output_split_sizes, input_split_sizes, group):
         return fp8comm.functional.all_to_all_single_autograd(input, output_split_sizes, input_split_sizes, group,
