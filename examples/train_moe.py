@@ -302,8 +302,9 @@ def train(args, device, group):
     if stats is not None:
         # What this rank's compressed all_to_alls sent to peers, against the same calls sent exactly.
         result["bytes_sent"], result["bytes_sent_uncompressed"] = stats["bytes_sent"], stats["bytes_sent_uncompressed"]
-        line += (f"  all_to_all bytes sent {stats['bytes_sent'] / 2**20:.1f} MiB of "
-                 f"{stats['bytes_sent_uncompressed'] / 2**20:.1f} MiB")
+        line += (f"  all_to_all bytes sent {stats['bytes_sent'] / 2**20:.2f} MiB of "
+                 f"{stats['bytes_sent_uncompressed'] / 2**20:.2f} MiB "
+                 f"({stats['bytes_sent'] / max(1, stats['bytes_sent_uncompressed']):.3f})")
     if rank == 0:
         print(line, flush=True)
     return result
