@@ -5,6 +5,8 @@
     python bench/convergence.py --replot bench/results/cpu-epyc-avx2/convergence.json --plot out.png
     OMP_NUM_THREADS=1 nice -n 10 python bench/convergence.py --lr-schedule cosine --warmup-steps 25 \
         --json bench/results/cpu-epyc-avx2/convergence-cosine.json --plot bench/results/cpu-epyc-avx2/convergence-cosine.png
+    OMP_NUM_THREADS=1 nice -n 10 python bench/convergence.py --suite moe --lr-schedule cosine --warmup-steps 25 \
+        --seeds 0,1,2,3,4,5 --json bench/results/<machine>/convergence-moe.json --plot bench/results/<machine>/convergence-moe.png
 
 Trains examples/train_fsdp.py (the Llama-style model on the standard
 library's source text, FSDP2) on --nproc ranks under torchrun, once per
@@ -14,6 +16,15 @@ configuration and seed:
     fp8 comm                         nn.Linear, fp8gloo / fp8nccl
     fp8 comm + Fp8Linear tensorwise  Fp8Linear in the decoder blocks (weights all-gathered in FP8), fp8 backend
     fp8 comm + Fp8Linear rowwise     Fp8Linear in the decoder blocks, rowwise recipe, fp8 backend
+
+--suite moe trains examples/train_moe.py instead (a top-2 mixture of experts,
+expert-parallel over the ranks, DDP for the rest; issue 38) in its own
+configurations, against its own baseline:
+
+    moe exact                        dispatch and combine through torch's all_to_all
+    moe dispatch e4m3                the dispatch's all_to_all in E4M3 (fp8comm.functional), the rest exact
+    moe dispatch mxfp4               the dispatch's all_to_all in MXFP4
+    moe dispatch + combine e4m3      both all_to_alls' forward in E4M3 (their gradients exact)
 
 The loop is seed-major (every configuration of seed 0, then of seed 1, ...),
 so a drift in the machine's load touches every configuration alike. Each run's
@@ -41,6 +52,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "train_fsdp.py")
+MOE_EXAMPLE = os.path.join(ROOT, "examples", "train_moe.py")
 
 CONFIGS = [
     {"name": "fp32 baseline", "baseline": True, "flags": ["--no-fp8-compute", "--no-fp8-comm"]},
@@ -75,9 +87,25 @@ CONFIGS = [
      "flags": ["--no-fp8-compute", "--fp8-comm", "--wire", "mxfp4", "--error-feedback", "fp32", "--rounding",
                "stochastic"]},
 ]
+# The MoE example's all_to_alls (--suite moe): the dispatch compressed in 8
+# and 4 bits, then the combine too, each against torch's exact all_to_all.
+MOE_CONFIGS = [
+    {"name": "moe exact", "baseline": True, "flags": ["--wire", "exact", "--combine", "exact"]},
+    {"name": "moe dispatch e4m3", "flags": ["--wire", "e4m3", "--combine", "exact"]},
+    {"name": "moe dispatch mxfp4", "flags": ["--wire", "mxfp4", "--combine", "exact"]},
+    {"name": "moe dispatch + combine e4m3", "flags": ["--wire", "e4m3", "--combine", "e4m3"]},
+]
+# Each suite: the example it trains, its configurations (one baseline each), and the plot's title.
+SUITES = {
+    "fsdp": {"example": EXAMPLE, "configs": CONFIGS, "model": "tiny Llama", "parallel": "FSDP2"},
+    "moe": {"example": MOE_EXAMPLE, "configs": MOE_CONFIGS, "model": "tiny MoE, top-2 of 8 experts",
+            "parallel": "expert-parallel + DDP"},
+}
 GOAL_REL = 0.01  # within 1% of the baseline's mean eval loss
 # What results saved before the schedule options existed trained with.
 LR_DEFAULTS = {"lr_schedule": "constant", "warmup_steps": 0, "min_lr_ratio": 0.1}
+# ... and before suites existed: the FSDP2 example.
+SETTINGS_DEFAULTS = {**LR_DEFAULTS, "suite": "fsdp"}
 
 
 def lr_settings(args) -> dict:
@@ -93,6 +121,8 @@ def schedule_label(settings: dict) -> str:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--suite", default="fsdp", choices=list(SUITES),
+                   help="fsdp: examples/train_fsdp.py's configurations; moe: examples/train_moe.py's")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--steps", type=int, default=500)
     p.add_argument("--nproc", type=int, default=2)
@@ -107,7 +137,8 @@ def parse_args(argv=None):
     p.add_argument("--min-lr-ratio", type=float, default=0.1, help="the example's --min-lr-ratio")
     p.add_argument("--eval-batches", type=int, default=0, help="the example's --eval-batches (0: the whole held-out tail)")
     p.add_argument("--configs", default=None,
-                   help="comma list of configuration names to run (default all): " + ", ".join(c["name"] for c in CONFIGS))
+                   help="comma list of the suite's configuration names to run (default all): "
+                        + "; ".join(f"{suite}: " + ", ".join(c["name"] for c in s["configs"]) for suite, s in SUITES.items()))
     p.add_argument("--json", help="write every run and the summary here (rewritten after each run)")
     p.add_argument("--plot", metavar="PNG", help="draw the loss curves and final eval losses")
     p.add_argument("--machine", help="the bench/results folder the result belongs in (default: the --json path's folder)")
@@ -310,8 +341,9 @@ def plot(result, path, smooth: int = 25, tail: int = 50):
     ax_eval.legend(fontsize=8)
 
     s = result["settings"]
-    fig.suptitle(f"tiny Llama (dim {s['dim']}, {s['layers']} layers, seq {s['seq']}, batch {s['batch']}/rank), "
-                 f"FSDP2 on {s['nproc']} ranks, {s['steps']} steps, {schedule_label(s)}, seeds {_seed_ranges(result)}; "
+    suite = SUITES[s.get("suite", "fsdp")]
+    fig.suptitle(f"{suite['model']} (dim {s['dim']}, {s['layers']} layers, seq {s['seq']}, batch {s['batch']}/rank), "
+                 f"{suite['parallel']} on {s['nproc']} ranks, {s['steps']} steps, {schedule_label(s)}, seeds {_seed_ranges(result)}; "
                  f"{result.get('device', '')}",
                  fontsize=10)
     fig.tight_layout()
@@ -321,15 +353,22 @@ def plot(result, path, smooth: int = 25, tail: int = 50):
 
 # ---------------------------------------------------------------- runs
 
+def command(args, config, seed, path) -> list:
+    """The torchrun command of one run of the suite's example, writing its JSON to `path`."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
+            SUITES[args.suite]["example"],
+            "--steps", str(args.steps), "--seed", str(seed), "--dim", str(args.dim), "--layers", str(args.layers),
+            "--heads", str(args.heads), "--seq", str(args.seq), "--batch", str(args.batch),
+            "--eval-batches", str(args.eval_batches), "--lr-schedule", args.lr_schedule,
+            "--warmup-steps", str(args.warmup_steps), "--min-lr-ratio", str(args.min_lr_ratio),
+            "--log-every", str(max(1, args.steps // 5)),
+            "--json", path, *config["flags"]]
+
+
 def run_one(args, config, seed, tmp):
-    path = os.path.join(tmp, f"run-{seed}-{CONFIGS.index(config)}.json")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}", EXAMPLE,
-           "--steps", str(args.steps), "--seed", str(seed), "--dim", str(args.dim), "--layers", str(args.layers),
-           "--heads", str(args.heads), "--seq", str(args.seq), "--batch", str(args.batch),
-           "--eval-batches", str(args.eval_batches), "--lr-schedule", args.lr_schedule,
-           "--warmup-steps", str(args.warmup_steps), "--min-lr-ratio", str(args.min_lr_ratio),
-           "--log-every", str(max(1, args.steps // 5)),
-           "--json", path, *config["flags"]]
+    number = [c["name"] for c in SUITES[args.suite]["configs"]].index(config["name"])
+    path = os.path.join(tmp, f"run-{seed}-{number}.json")
+    cmd = command(args, config, seed, path)
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     t0 = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
@@ -361,14 +400,14 @@ def main(argv=None):
     from fp8comm.bench import device_label  # imports the extension; --replot needs neither
 
     seeds = [int(s) for s in args.seeds.split(",")]
-    configs = CONFIGS
+    configs = SUITES[args.suite]["configs"]
     if args.configs:
         wanted = [n.strip() for n in args.configs.split(",")]
-        unknown = set(wanted) - {c["name"] for c in CONFIGS}
+        unknown = set(wanted) - {c["name"] for c in configs}
         if unknown:
-            raise SystemExit(f"convergence: unknown configurations {sorted(unknown)}")
-        configs = [c for c in CONFIGS if c["name"] in wanted or c.get("baseline")]
-    settings = {"seeds": seeds, "steps": args.steps, "nproc": args.nproc, "dim": args.dim, "layers": args.layers,
+            raise SystemExit(f"convergence: unknown configurations {sorted(unknown)} in --suite {args.suite}")
+        configs = [c for c in configs if c["name"] in wanted or c.get("baseline")]
+    settings = {"suite": args.suite, "seeds": seeds, "steps": args.steps, "nproc": args.nproc, "dim": args.dim, "layers": args.layers,
                 "heads": args.heads, "seq": args.seq, "batch": args.batch, "eval_batches": args.eval_batches,
                 **lr_settings(args)}
     machine = args.machine or (os.path.basename(os.path.dirname(os.path.abspath(args.json))) if args.json else None)
@@ -382,9 +421,9 @@ def main(argv=None):
     if args.resume and args.json and os.path.exists(args.json):
         with open(args.json) as f:
             old = json.load(f)
-        if {**LR_DEFAULTS, **old["settings"], "seeds": None} != {**settings, "seeds": None}:
+        if {**SETTINGS_DEFAULTS, **old["settings"], "seeds": None} != {**settings, "seeds": None}:
             raise SystemExit("convergence: --resume with different settings than the saved result's "
-                             "(only --seeds and --configs may differ)")
+                             "(only --seeds and --configs may differ; --suite neither)")
         settings["seeds"] = sorted(set(old["settings"]["seeds"]) | set(seeds))  # more seeds join the saved ones
         result["runs"] = old["runs"]
         result["earlier_commands"] = old.get("earlier_commands", []) + [old["command"]]

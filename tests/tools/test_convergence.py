@@ -167,3 +167,30 @@ def test_resume_refuses_another_lr_schedule(tmp_path):
     assert convergence.schedule_label(result["settings"]) == "lr constant"
     assert convergence.schedule_label({"lr_schedule": "cosine", "warmup_steps": 25, "min_lr_ratio": 0.1}) \
         == "lr cosine to 0.1x, warmup 25"
+
+
+def test_moe_suite_trains_the_moe_example_against_its_own_baseline(tmp_path):
+    """--suite moe: examples/train_moe.py in its own configurations (one
+    baseline: torch's exact all_to_all), each command one the example parses;
+    a saved result of the other suite is not resumed."""
+    configs = convergence.SUITES["moe"]["configs"]
+    assert [c["name"] for c in configs if c.get("baseline")] == ["moe exact"]
+    assert {c["name"] for c in configs} >= {"moe dispatch e4m3", "moe dispatch mxfp4", "moe dispatch + combine e4m3"}
+    args = convergence.parse_args(["--suite", "moe", "--steps", "5", "--dim", "32"])
+    cmd = convergence.command(args, configs[0], 3, "run.json")
+    script = next(i for i, a in enumerate(cmd) if a.endswith(".py"))
+    assert cmd[script] == os.path.join(ROOT, "examples", "train_moe.py")
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    try:
+        moe = load("fp8comm_example_train_moe", "examples/train_moe.py")
+    finally:
+        sys.path.remove(os.path.join(ROOT, "examples"))
+    parsed = moe.parse_args(cmd[script + 1:])
+    assert (parsed.wire, parsed.combine, parsed.seed, parsed.steps, parsed.dim) == ("exact", "exact", 3, 5, 32)
+
+    path = tmp_path / "convergence.json"
+    path.write_text(json.dumps({**synthetic(), "command": "python bench/convergence.py --json first.json"}))
+    s = synthetic()["settings"]
+    with pytest.raises(SystemExit, match="different settings"):
+        convergence.main(["--suite", "moe", "--resume", "--json", str(path), "--steps", str(s["steps"]), "--dim", "32",
+                          "--layers", "1", "--heads", "2", "--seq", "16", "--batch", "2", "--eval-batches", "0"])
