@@ -159,4 +159,6 @@ def test_all_to_all_link_bytes_count_slices_to_other_nodes_only():
     # node 0 = ranks 0, 1: up 10 + 100 + 20 + 200, down 3 + 4 + 6 + 7
     assert netlab.a2a_link_bytes(four, 2) == 330
     row = {"op": "all_to_all", "peer_bytes_plain": two, "peer_bytes_wire": [[0, 8], [18, 0]]}
-    assert netlab.link_bytes(row, False, 2, 1) == 70 and netlab.link_bytes(row, True, 2, 1) == 18
+    assert netlab.a2a_link_bytes(two, 1, both_directions=True) == 100
+    # two ranks: one gloo pair, its two directions in turn
+    assert netlab.link_bytes(row, False, 2, 1) == 100 and netlab.link_bytes(row, True, 2, 1) == 26
