@@ -274,6 +274,9 @@ def link_bytes(row: dict, fp8: bool, world: int, ranks_per_node: int) -> float:
     """Bytes one node's link carries in one call, in one direction or, where
     the two directions take turns, both (algorithm volumes; peers on the
     same node are reached over loopback)."""
+    if "peer_bytes_plain" in row:  # an all_to_all: the slices to peers, each node's busier direction
+        return a2a_link_bytes(row["peer_bytes_wire" if fp8 else "peer_bytes_plain"], ranks_per_node,
+                              both_directions=world == 2)
     if fp8 and "bytes_sent_inter_node" in row:  # what fp8comm counted for other nodes (either scope)
         return row["bytes_sent_inter_node"] * ranks_per_node
     if not fp8:
@@ -295,6 +298,26 @@ def link_bytes(row: dict, fp8: bool, world: int, ranks_per_node: int) -> float:
     per_rank = row["bytes_sent"] if fp8 else row["bytes_sent_uncompressed"]
     # bytes_sent counts every peer; the link carries the share sent to other nodes.
     return per_rank * remote_share / ((world - 1) / world) * ranks_per_node
+
+
+def a2a_link_bytes(peer_bytes: list[list[int]], ranks_per_node: int, both_directions: bool = False) -> float:
+    """The bytes an all_to_all puts on the busiest link direction: node i's
+    link carries up what its ranks send to other nodes' ranks and down what
+    they receive from them (peer_bytes[s][d]: the slice rank s sends rank d,
+    as the comm benchmark records it, plain or in the wire format; ranks
+    fill nodes in order, as torchrun places them). Only slices to peers on
+    other nodes count; the own slice and same-node slices never reach it.
+    both_directions: up and down counted together, for two ranks, whose one
+    gloo pair moves a large message's two directions in turn
+    (bench/netlab_duplex.py), as link_bytes counts all_gather's."""
+    world = len(peer_bytes)
+    node = [r // ranks_per_node for r in range(world)]
+    busiest = 0
+    for i in set(node):
+        up = sum(peer_bytes[s][d] for s in range(world) for d in range(world) if node[s] == i != node[d])
+        down = sum(peer_bytes[s][d] for s in range(world) for d in range(world) if node[d] == i != node[s])
+        busiest = max(busiest, up + down if both_directions else max(up, down))
+    return float(busiest)
 
 
 def node_phase_seconds(base: list[dict], key: tuple) -> float | None:

@@ -4,23 +4,30 @@
     torchrun --nproc_per_node=2 -m fp8comm.bench.comm [...]     # the same, launched by hand
     python -m fp8comm.bench comm --replot RESULT.json --plot PNG  # redraw a saved result
 
-For each op (all_reduce, reduce_scatter, all_gather; tensor and list forms),
-dtype and message size (4 KiB ... --max-bytes, x4), times the collective on an
-fp8 group (fp8gloo / fp8nccl, every size compressed: min_numel=0,
-compress="all") and on a plain group (gloo / nccl) over the same ranks:
+For each op (all_reduce, reduce_scatter, all_gather; tensor and list forms;
+and, where --ops names them, all_to_all_single as `all_to_all` and
+`all_to_all_skewed`), dtype and message size (4 KiB ... --max-bytes, x4),
+times the collective on an fp8 group (fp8gloo / fp8nccl, every size
+compressed: min_numel=0, compress="all", plus "all_to_all" where an
+all_to_all op is asked for, since "all" does not include it) and on a plain
+group (gloo / nccl) over the same ranks:
 warm-up, then --reps timed calls of each, interleaved and each after a
 barrier (CUDA events on GPU), median and p10/p90 of rank 0's times. Reports
 algorithm and bus bandwidth (nccl-tests definitions), the bytes this rank sent
 (fp8comm.get_stats), the SQNR against an exact FP64 result (FP64 passes
 through the fp8 group uncompressed), and the fp8/plain time ratio (a row's
 "speedup" is its inverse). Sizes are of the full tensor: the all_reduce
-input, the reduce_scatter input, the all_gather output. Inputs are drawn on
+input, the reduce_scatter input, the all_gather output, each rank's
+all_to_all input (nccl-tests' alltoall size; bus bandwidth (n-1)/n of it).
+all_to_all splits the input equally; all_to_all_skewed uses a MoE-like
+uneven split (skewed_splits: the same seeded P x P matrix on every rank, so
+rank r's input split for d is d's output split from r). Inputs are drawn on
 the device. Rank 0 prints each row and rewrites --json as the row finishes
 ("complete": false until the last), so a run cut short keeps what it measured.
 
 The plot has one panel per op family: the fp8 group's median time over the
 plain group's, per message size, against 1.0 (below it fp8 is faster); one
-colour per dtype, dashed for the list form.
+colour per dtype, dashed for the list form (all_to_all: the skewed split).
 """
 from __future__ import annotations
 
@@ -40,6 +47,30 @@ import fp8comm
 from fp8comm.bench import all_gather_single, device_label, reduce_scatter_single
 
 OPS = ["all_reduce", "reduce_scatter", "reduce_scatter_list", "all_gather", "all_gather_list"]
+# all_to_all_single, asked for by name (--ops): not in the default run.
+ALL_TO_ALL_OPS = ["all_to_all", "all_to_all_skewed"]
+SKEW_SEED = 20250
+
+
+def skewed_splits(numel: int, world: int, seed: int = SKEW_SEED) -> list[list[int]]:
+    """A MoE-like dispatch: splits[r][d] elements go from rank r to rank d,
+    every row summing to numel (each rank sends the same volume) while the
+    columns (what each rank receives) differ. Each destination (expert) has
+    a popularity drawn once: Zipf, 1/k for its place k = 1..P in a seeded
+    permutation; each (r, d) pair then scales it by a lognormal(0, 0.5)
+    factor (routing noise), and each row is normalized to numel and rounded
+    down, the remainder going to the row's largest split. Drawn from a
+    seeded CPU generator, so every rank computes the same matrix."""
+    gen = torch.Generator().manual_seed(seed)
+    place = torch.randperm(world, generator=gen).double() + 1
+    noise = torch.exp(0.5 * torch.randn(world, world, generator=gen, dtype=torch.float64))
+    weights = noise / place  # [r][d]: destination d's popularity in rank r's routing
+    splits = []
+    for row in (weights / weights.sum(dim=1, keepdim=True)).tolist():
+        counts = [int(w * numel) for w in row]
+        counts[max(range(world), key=lambda d: row[d])] += numel - sum(counts)
+        splits.append(counts)
+    return splits
 
 
 def parse_size(s: str) -> int:
@@ -84,11 +115,20 @@ class Case:
     def __init__(self, op: str, numel: int, dtype, device, rank: int, world: int):
         self.op, self.numel, self.dtype, self.world = op, numel, dtype, world
         self.per_rank = numel // world
+        self.in_splits = self.out_splits = None
+        if op == "all_to_all":
+            self.in_splits = self.out_splits = [self.per_rank] * world
+        elif op == "all_to_all_skewed":
+            splits = skewed_splits(numel, world)
+            self.in_splits, self.out_splits = splits[rank], [splits[s][rank] for s in range(world)]
         # Drawn on the device itself: a GPU run's large inputs cost no host time.
         gen = torch.Generator(device=device).manual_seed(1234 + rank)
         in_numel = self.per_rank if op.startswith("all_gather") else numel
         self.input = torch.randn(in_numel, generator=gen, device=device).to(dtype)
-        out_numel = numel if op.startswith("all_gather") else (numel if op == "all_reduce" else self.per_rank)
+        if self.out_splits is not None:
+            out_numel = sum(self.out_splits)
+        else:
+            out_numel = numel if op.startswith("all_gather") else (numel if op == "all_reduce" else self.per_rank)
         self.output = torch.empty(out_numel, dtype=dtype, device=device)
 
     def prepare(self):
@@ -109,6 +149,8 @@ class Case:
             dist.reduce_scatter(out, list(x.chunk(self.world)), group=group)
         elif self.op == "all_gather":
             all_gather_single(out, x, group=group)
+        elif self.in_splits is not None:
+            dist.all_to_all_single(out, x, self.out_splits, self.in_splits, group=group)
         else:
             dist.all_gather(list(out.chunk(self.world)), x, group=group)
         return out
@@ -149,7 +191,7 @@ def sqnr_db(ref: torch.Tensor, got: torch.Tensor) -> float:
     return float("inf") if err == 0 else 10 * math.log10(ref.pow(2).sum().item() / err)
 
 
-def measure(case: Case, fp8_group, plain, reps: int, device) -> dict:
+def measure(case: Case, fp8_group, plain, reps: int, device, wire_format: str = "e4m3") -> dict:
     fp8_t, plain_t = time_pair(case, fp8_group, plain, reps, device)
     fp8comm.reset_stats(fp8_group)
     got = case.run(fp8_group).clone()
@@ -164,7 +206,7 @@ def measure(case: Case, fp8_group, plain, reps: int, device) -> dict:
         return {"median_s": med, "p10_s": q[len(q) // 10], "p90_s": q[(9 * len(q)) // 10],
                 "algbw_gbps": algbw, "busbw_gbps": algbw * busbw_factor(case.op.split("_list")[0], case.world)}
 
-    return {
+    row = {
         "op": case.op, "dtype": str(case.dtype).replace("torch.", ""), "bytes": bytes_total, "numel": case.numel,
         "fp8": summary(fp8_t), "plain": summary(plain_t),
         "speedup": statistics.median(plain_t) / statistics.median(fp8_t),
@@ -172,6 +214,24 @@ def measure(case: Case, fp8_group, plain, reps: int, device) -> dict:
         "bytes_sent_inter_node": stats["bytes_sent_inter_node"],
         "calls_compressed": stats["calls_compressed"], "sqnr_db": sqnr_db(exact, got),
     }
+    if case.in_splits is not None:
+        row.update(a2a_peer_bytes(case, wire_format))
+    return row
+
+
+def a2a_peer_bytes(case: Case, wire_format: str) -> dict:
+    """An all_to_all's split matrix (elements, [source][destination]) and the
+    bytes of every slice sent to a peer, as they are and in the wire format
+    (codec.segment_bytes: codes and scales, without any transport header),
+    for a link model to place on the links between ranks."""
+    world, es = case.world, case.input.element_size()
+    splits = ([[case.per_rank] * world for _ in range(world)] if case.op == "all_to_all"
+              else skewed_splits(case.numel, world))
+    plain = [[0 if s == d else n * es for d, n in enumerate(row)] for s, row in enumerate(splits)]
+    wire = [[0 if s == d or n == 0 else fp8comm.segment_bytes(n, None, wire_format) for d, n in enumerate(row)]
+            for s, row in enumerate(splits)]
+    return {"splits": splits, "peer_bytes_plain": plain, "peer_bytes_wire": wire,
+            "peer_bytes_ratio": sum(map(sum, wire)) / max(1, sum(map(sum, plain)))}
 
 
 def plot(result: dict, path: str):
@@ -185,7 +245,8 @@ def plot(result: dict, path: str):
     from matplotlib.ticker import FixedLocator, NullFormatter
 
     rows = result["rows"]
-    families = [f for f in ("all_reduce", "reduce_scatter", "all_gather") if any(r["op"].startswith(f) for r in rows)]
+    families = [f for f in ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
+                if any(r["op"].startswith(f) for r in rows)]
     dtypes = sorted({r["dtype"] for r in rows}, key=lambda d: (d != "float32", d))
     colors = {d: f"C{i % 10}" for i, d in enumerate(dtypes)}
     ratios = [r["fp8"]["median_s"] / r["plain"]["median_s"] for r in rows]
@@ -197,7 +258,7 @@ def plot(result: dict, path: str):
     fig, axes = plt.subplots(1, len(families), figsize=(4.6 * len(families), 4.4), sharey=True, squeeze=False)
     for ax, family in zip(axes[0], families):
         for dtype in dtypes:
-            for form, style in (("", "-"), ("_list", "--")):
+            for form, style in (("", "-"), ("_skewed" if family == "all_to_all" else "_list", "--")):
                 sel = sorted((r for r in rows if r["op"] == family + form and r["dtype"] == dtype),
                              key=lambda r: r["bytes"])
                 if sel:
@@ -221,6 +282,8 @@ def plot(result: dict, path: str):
     if any(r["op"].endswith("_list") for r in rows):
         handles += [Line2D([], [], color="gray", linestyle="-", label="tensor form"),
                     Line2D([], [], color="gray", linestyle="--", label="list form")]
+    if any(r["op"].endswith("_skewed") for r in rows):
+        handles += [Line2D([], [], color="gray", linestyle="--", label="all_to_all skewed split")]
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False)
     machine = f"{result['machine']}, " if result.get("machine") else ""
     fig.suptitle(f"{result['backend']} vs {result['baseline']}, {result['world_size']} ranks, "
@@ -271,10 +334,19 @@ def main(argv=None, prog="-m fp8comm.bench.comm", command=None):
     dist.init_process_group("cpu:gloo,cuda:nccl" if use_cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     fp8_backend = "fp8nccl" if use_cuda else "fp8gloo"
-    fp8_group = dist.new_group(backend=fp8_backend, pg_options=fp8comm.Options(min_numel=0, compress="all"))
+    ops = args.ops.split(",")
+    unknown = set(ops) - set(OPS + ALL_TO_ALL_OPS)
+    if unknown:
+        p.error(f"--ops: unknown {sorted(unknown)}; choose from {OPS + ALL_TO_ALL_OPS}")
+    # "all" never includes all_to_all (DESIGN.md, Options): named where asked
+    # for, so the other ops' groups stay what they were.
+    compress = "all"
+    if set(ops) & set(ALL_TO_ALL_OPS):
+        compress = "all_reduce,reduce_scatter,all_gather,all_to_all"
+    fp8_options = fp8comm.Options(min_numel=0, compress=compress)
+    fp8_group = dist.new_group(backend=fp8_backend, pg_options=fp8_options)
     plain = dist.new_group(backend="nccl" if use_cuda else "gloo")
 
-    ops = args.ops.split(",")
     dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
     lo, hi = (4096, 65536) if args.quick else (parse_size(args.min_bytes), parse_size(args.max_bytes))
     reps = 3 if args.quick else args.reps
@@ -292,6 +364,7 @@ def main(argv=None, prog="-m fp8comm.bench.comm", command=None):
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "codec_threads": fp8comm._C.cpu_threads(),
         "device": device_label(use_cuda),
         "backend": fp8_backend, "baseline": "nccl" if use_cuda else "gloo", "world_size": world,
+        "compress": compress, "wire_format": str(fp8_options.resolved().wire_format),
         "torch": torch.__version__, "reps": reps, "complete": False, "rows": [],
     }
     if rank == 0:
@@ -304,7 +377,7 @@ def main(argv=None, prog="-m fp8comm.bench.comm", command=None):
             numel = max(world, size // es // world * world)
             for op in ops:
                 case = Case(op, numel, dtype, device, rank, world)
-                row = measure(case, fp8_group, plain, reps, device)
+                row = measure(case, fp8_group, plain, reps, device, result["wire_format"])
                 del case
                 progress.step(f"{op} {str(dtype)[6:]} {human(size)}")
                 if rank == 0:

@@ -6,6 +6,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 import fp8comm
 from tests.support import REPO_ROOT
 
@@ -65,6 +67,36 @@ def test_comm_bench_quick(tmp_path):
     # every row was printed as it finished
     table = [ln for ln in out.stdout.splitlines() if ln.split()[:1] and ln.split()[0] in {o for o, _ in ops}]
     assert len(table) == len(result["rows"])
+
+
+def test_comm_bench_quick_all_to_all(tmp_path):
+    """all_to_all_single, equal and skewed splits, float32 only: the fp8
+    group names all_to_all in compress only when these ops are asked for."""
+    path = tmp_path / "comm.json"
+    run_script("-m", "fp8comm.bench", "comm", "--nproc", "2", "--quick", "--ops", "all_to_all,all_to_all_skewed",
+               "--dtypes", "float32", "--json", str(path))
+    result = json.loads(path.read_text())
+    assert "all_to_all" in result["compress"].split(",") and result["wire_format"] == "e4m3"
+    assert {r["op"] for r in result["rows"]} == {"all_to_all", "all_to_all_skewed"}
+    for r in result["rows"]:
+        assert r["calls_compressed"] == 1 and r["sqnr_db"] >= 30.0
+        splits = r["splits"]
+        assert all(sum(row) == r["numel"] for row in splits)  # every rank sends the same volume
+        if r["op"] == "all_to_all_skewed":
+            assert len({n for row in splits for n in row}) > 1
+        # the slices to peers only: 0.258 of FP32's in E4M3 (a skewed slice's last block is partial),
+        # plus the split sizes' all_gather and headers
+        assert r["peer_bytes_ratio"] <= (0.26 if r["op"] == "all_to_all" else 0.28)
+        assert r["bytes_sent"] <= 0.26 * r["bytes_sent_uncompressed"] + 256
+        assert r["plain"]["busbw_gbps"] == pytest.approx(r["plain"]["algbw_gbps"] / 2)
+
+
+def test_comm_bench_keeps_all_to_all_out_of_its_default_ops():
+    from fp8comm.bench import comm
+
+    assert not any(op.startswith("all_to_all") for op in comm.OPS)
+    splits = comm.skewed_splits(1000, 4)
+    assert splits == comm.skewed_splits(1000, 4) and all(sum(row) == 1000 for row in splits)
 
 
 def test_linear_bench_quick_times_every_variant_interleaved(tmp_path):

@@ -146,3 +146,19 @@ def test_netlab_quick_run_in_inter_node_scope(tmp_path):
     shaped = [r for r in result["rows"] if r["rate_gbit"] != "unshaped"]
     assert shaped and all(r["node_phases_ms"] > 0 and r["modeled_fp8_ms"] > 0 for r in shaped)
     assert all("node_phases" in run_ for run_ in result["raw"]["unshaped"])
+
+
+def test_all_to_all_link_bytes_count_slices_to_other_nodes_only():
+    """An all_to_all's link carries the slices between nodes: never a
+    rank's own slice, nor one to a rank on its node; the busier direction
+    of the busiest node."""
+    netlab = load("fp8comm_bench_netlab", "bench/netlab.py")
+    two = [[0, 30], [70, 0]]  # [source][destination]
+    assert netlab.a2a_link_bytes(two, 1) == 70
+    four = [[0, 1, 10, 100], [2, 0, 20, 200], [3, 4, 0, 5], [6, 7, 8, 0]]
+    # node 0 = ranks 0, 1: up 10 + 100 + 20 + 200, down 3 + 4 + 6 + 7
+    assert netlab.a2a_link_bytes(four, 2) == 330
+    row = {"op": "all_to_all", "peer_bytes_plain": two, "peer_bytes_wire": [[0, 8], [18, 0]]}
+    assert netlab.a2a_link_bytes(two, 1, both_directions=True) == 100
+    # two ranks: one gloo pair, its two directions in turn
+    assert netlab.link_bytes(row, False, 2, 1) == 100 and netlab.link_bytes(row, True, 2, 1) == 26
