@@ -92,10 +92,6 @@ def parse_args(argv=None):
         p.error(f"--warmup-steps {args.warmup_steps}: expected 0 <= warmup < --steps ({args.steps})")
     if not 1 <= args.top_k <= args.experts:
         p.error(f"--top-k {args.top_k}: expected 1 <= top-k <= --experts ({args.experts})")
-    compressed = {args.wire, args.combine, args.grad_wire} - {"exact"}
-    if compressed and not hasattr(fp8comm.functional, "all_to_all_single_autograd"):
-        p.error(f"--wire {args.wire} --combine {args.combine} --grad-wire {args.grad_wire}: this fp8comm has no "
-                "fp8comm.functional.all_to_all_single_autograd (issue 38); run with --wire exact --combine exact")
     return args
 
 

@@ -23,37 +23,14 @@ import torch.distributed as dist
 
 import fp8comm
 import fp8comm.functional as F
+from tests.backend.test_functional import _groups  # a plain and an fp8 group of the pool's ranks
 from tests.support.harness import PoolSpec, ctx
 from tests.support.inputs import rank_input, same_bits
 
 
-def _backend_compresses_all_to_all() -> bool:
-    """Whether this build's Options can name all_to_all in compress (the
-    backend's compressed all_to_all)."""
-    try:
-        fp8comm.Options(compress="all_to_all")
-    except ValueError:
-        return False
-    return True
-
-
-COMPRESSES = _backend_compresses_all_to_all()
-needs_compressed_backend = pytest.mark.skipif(
-    not COMPRESSES, reason="this build's backend does not compress all_to_all yet (Options(compress='all_to_all') "
-                           "is refused): the compressed path lands with it")
-
 # ---------------------------------------------------------------- scenarios
 # Run on every rank of the pool: module-level, the ranks import this module.
 
-PLAIN = {"fp8gloo": "gloo", "fp8ncclsim": "ncclsim"}
-
-
-def _groups(options: dict):
-    """A plain group and an fp8 group of the same ranks (the pool's kind), with `options`."""
-    world = list(range(ctx().world))
-    fp8 = dist.get_backend()
-    return dist.new_group(world, backend=PLAIN[fp8]), dist.new_group(
-        world, backend=fp8, pg_options=fp8comm.Options(**options))
 
 
 def split_matrix(pattern: str, world: int) -> list[list[int]] | None:
@@ -309,7 +286,6 @@ def test_errors_without_a_group():
         F.all_to_all_single_autograd(torch.ones(4), None, None, "ep")
 
 
-@needs_compressed_backend
 @pytest.mark.parametrize("pattern", PATTERNS)
 @pytest.mark.parametrize("wire_format", ["e4m3", "e5m2", "mxfp4", "nvfp4"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
@@ -321,7 +297,6 @@ def test_compressed_is_the_fp8_groups_result_own_slice_exact(pool, pattern, wire
         assert r["relative_error"] < (0.08 if wire_format.startswith("e") else 0.3), r
 
 
-@needs_compressed_backend
 @pytest.mark.parametrize("wire_format", ["e4m3", "mxfp4"])
 def test_autograd_backward_in_fp8_changes_gradients_by_the_formats_error(pool, wire_format):
     for r in pool.run(autograd_compressed, wire_format):

@@ -10,7 +10,6 @@ import sys
 
 import pytest
 
-import fp8comm.functional
 from tests.support import REPO_ROOT
 
 ROOT = str(REPO_ROOT)
@@ -155,9 +154,6 @@ def test_moe_exact_trains_through_torchs_all_to_all(moe_exact):
     assert "bytes_sent" not in moe_exact  # nothing went through fp8comm
 
 
-@pytest.mark.skipif(not hasattr(fp8comm.functional, "all_to_all_single_autograd"),
-                    reason="fp8comm.functional.all_to_all_single_autograd is not in this build yet "
-                           "(issue 38, deliverable 3)")
 def test_moe_e4m3_dispatch_tracks_the_exact_run(tmp_path, moe_exact):
     """--wire e4m3: the dispatch's all_to_all goes through fp8comm in E4M3
     (about a quarter of FP32's bytes), and the losses of the same seed stay
