@@ -1,6 +1,8 @@
 # shellcheck shell=bash
 # Stage runner for .ci/run (sourced): `stage NAME CMD...` runs CMD, prints its
-# seconds, and holds them to NAME's budget in .ci/budgets. A failing command
+# seconds, and holds them to NAME's budget in .ci/budgets. CMD runs as
+# `CMD || rc=$?`, where bash ignores set -e: a function given as CMD must
+# return its first failure itself. A failing command
 # ends the run at once (after the report); a stage over its budget is reported
 # and fails the run at the end, once every stage's seconds are known.
 STAGE_NAMES=()

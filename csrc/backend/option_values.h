@@ -24,7 +24,8 @@ enum class Scope : uint8_t { kAll, kInterNode };
 // compressed in a wire format.
 struct NodeWire {
   std::optional<WireFormat> format;
-  bool operator==(const NodeWire&) const = default;
+  bool operator==(const NodeWire& other) const { return format == other.format; }
+  bool operator!=(const NodeWire& other) const { return !(*this == other); }
 };
 
 // The collectives compressed: names of compressed::kAll, in its order.
