@@ -197,6 +197,21 @@ __device__ __forceinline__ void encode_chunk(const float (&v)[kChunk], int valid
   store_wire_codes<F>(dst.codes + r * dst.stride + code_bytes<F>(i0), count, c);
 }
 
+// The max (or the or) of v over the 32 lanes of a warp, on every lane: a
+// butterfly of shuffles.
+__device__ __forceinline__ uint32_t warp_max(uint32_t v) {
+  for (int off = 16; off >= 1; off /= 2) {
+    const uint32_t other = __shfl_xor_sync(0xffffffffu, v, off);
+    v = other > v ? other : v;
+  }
+  return v;
+}
+
+__device__ __forceinline__ uint32_t warp_or(uint32_t v) {
+  for (int off = 16; off >= 1; off /= 2) v |= __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
 __device__ __forceinline__ uint32_t chunk_amax(const float (&v)[kChunk], int valid) {
   uint32_t amax = 0;
 #pragma unroll
@@ -286,11 +301,8 @@ __global__ void __launch_bounds__(kThreads) quantize_warp_kernel(Source source, 
       amax = a > amax ? a : amax;
       nonfinite |= chunk_nonfinite<F>(v, valid);
     }
-    for (int off = 16; off >= 1; off /= 2) {
-      const uint32_t other = __shfl_xor_sync(0xffffffffu, amax, off);
-      amax = other > amax ? other : amax;
-      if constexpr (!WireTraits<F>::kHasNanCode) nonfinite |= __shfl_xor_sync(0xffffffffu, nonfinite, off);
-    }
+    amax = warp_max(amax);
+    if constexpr (!WireTraits<F>::kHasNanCode) nonfinite = warp_or(nonfinite);
     const float g = load_segment_scale<F>(dst.scales + r * dst.stride);
     const uint8_t sb = block_scale_byte<F>(amax, g);
     const BlockEncoding enc = block_encoding<F>(sb, g);
@@ -359,10 +371,7 @@ __global__ void __launch_bounds__(kThreads) segment_amax_kernel(Source source, B
       const uint32_t a = chunk_amax(v, valid);
       amax = a > amax ? a : amax;
     }
-    for (int off = 16; off >= 1; off /= 2) {
-      const uint32_t other = __shfl_xor_sync(0xffffffffu, amax, off);
-      amax = other > amax ? other : amax;
-    }
+    amax = warp_max(amax);
     if (lane != 0) continue;
     if (warps_per_segment == 1) {
       store_segment_scale<F>(dst.scales + r * dst.stride, segment_scale<F>(amax));
