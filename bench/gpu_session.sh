@@ -95,11 +95,11 @@ if command -v flock >/dev/null; then HAVE_FLOCK=1; fi
 # Each step's cap in seconds. SERIAL runs first, one step at a time; then the
 # LANES run side by side. The plan's length is SERIAL + the longest lane.
 declare -A CAP=(
-  [env]=40 [build]=190 [codec-cast-tests]=50
-  [codec-bench]=40 [linear-bench]=45 [comm-bench]=40 [model]=10
+  [env]=40 [build]=150 [codec-cast-tests]=80
+  [codec-bench]=25 [linear-bench]=30 [comm-bench]=30 [model]=10
   [cuda-streams]=35 [cuda-backend]=55 [cuda-eager-init]=30
   [cuda-multirank]=130
-  [memcheck]=90 [racecheck]=45
+  [memcheck]=85 [racecheck]=70
   [nvcc-check]=60  # only in place of the steps a failed build leaves out: not in the plan
 )
 SERIAL=(env build codec-cast-tests codec-bench linear-bench comm-bench model)
@@ -128,8 +128,11 @@ SHARED_MEMORY_TESTS=(tests/nn/test_fused_cast_cuda.py)
 # out (bfloat16's 2-byte paths), e5m2 and the casts' second FP8 dtype (e4m3's paths
 # with another table), and for memcheck the 1M-element cases (the tails are in the
 # small sizes). Each test's time is in the results log, to size these from.
+# Racecheck leaves out Fp8Linear's tests: it stops on a hardware exception in
+# cuBLASLt's FP8 GEMM (though it checks only our kernels), and their casts are
+# the kernels the other cast tests run.
 MEMCHECK_K="not compile and not hypothesis and not dtype2 and not e5m2 and not fp8_dtype1 and not 1048576 and not 1048583"
-RACECHECK_K="not compile and not dtype2 and not fp8_dtype1"
+RACECHECK_K="not compile and not dtype2 and not fp8_dtype1 and not fp8_linear"
 
 if [[ $MODE == selftest* ]]; then
   GPU=selftest

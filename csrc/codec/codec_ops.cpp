@@ -78,11 +78,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize(const at::Tensor& x, int
   dst.scales = static_cast<uint8_t*>(buffer.data_ptr()) + head;  // an empty slice's data_ptr is null
   if (n > 0) {
     quantize_into(src, 1.0f, std::nullopt, dst);
-  } else {
-    // No elements: the segment scale of a segment of zeros.
-    dispatch_wire_format(format, [&](auto f) { store_segment_scale<decltype(f)::value>(dst.scales, 1.0f); });
   }
   at::Tensor segment_scale = head > 0 ? buffer.narrow(0, 0, head).view(at::kFloat) : src.new_empty({0}, at::kFloat);
+  // No elements: the segment scale of a segment of zeros, written by a tensor
+  // op since the buffer may be device memory.
+  if (n == 0 && head > 0) segment_scale.fill_(1.0f);
   return {codes, scales.view(row.scales_type), segment_scale};
 }
 

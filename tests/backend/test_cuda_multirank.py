@@ -290,7 +290,7 @@ def residual_cuda_vs_cpu(kind, k, dtype, op, residual_dtype, async_op):
                 work = F.reduce_scatter_tensor(out, x, rop, group=pg, async_op=async_op, residual=residual)
             if async_op:
                 work.wait()
-            outs += [out.cpu(), residual.cpu()]
+            outs += [out.cpu().clone(), residual.cpu().clone()]  # the CPU path's are the tensors the next step updates
         result[name] = outs
     return result
 
