@@ -83,7 +83,7 @@ inline constexpr const EnvVar& kCpuThreads = of_option::cpu_threads;
 inline constexpr EnvVar kFp8Dtype{"FP8COMM_FP8_DTYPE", "unset", "deprecated spelling of FP8COMM_WIRE_FORMAT (e4m3 or e5m2), read when that is unset"};
 inline constexpr EnvVar kLocalSize{"FP8COMM_LOCAL_SIZE", "LOCAL_WORLD_SIZE, else host names", "ranks per node, numbered contiguously: simulated nodes on one host (tests, netlab)"};
 inline constexpr EnvVar kCpuSimd{"FP8COMM_CPU_SIMD", "1", "CPU codec kernels: 1 every kernel the CPU runs, avx2 no AVX-512 kernels, 0 scalar loops (same bytes)"};
-inline constexpr EnvVar kFusedCast{"FP8COMM_FUSED_CAST", "0", "Fp8Linear on CUDA: 1 casts through the fused CUDA kernels (the CPU always does)"};
+inline constexpr EnvVar kFusedCast{"FP8COMM_FUSED_CAST", "1", "Fp8Linear on CUDA: 0 casts through the eager chain of torch ops instead of the fused CUDA kernels (the CPU always uses the fused operator)"};
 // clang-format on
 
 // Every variable: the knobs' in their rows' order, then the others.

@@ -14,9 +14,8 @@ Two implementations give the same bytes:
   (tests/nn/test_fused_cast.py);
 - the eager chain of torch ops below (``eager_cast_fp8``), the reference.
 
-The CPU always uses the operator. CUDA uses it only with
-``FP8COMM_FUSED_CAST=1``: off by default until tests/nn/test_fused_cast_cuda.py
-has passed on a GPU (docs/fp8_linear.md, "Fused casts").
+The CPU always uses the operator; CUDA does too unless ``FP8COMM_FUSED_CAST=0``
+(docs/fp8_linear.md, "Fused casts"), which keeps the eager chain.
 """
 from __future__ import annotations
 

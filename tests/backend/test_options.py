@@ -220,9 +220,9 @@ def test_each_variable_is_read_through_its_declaration_only():
 
 def test_typed_readers(monkeypatch):
     monkeypatch.delenv("FP8COMM_FUSED_CAST", raising=False)
-    assert fp8comm._C.env_flag("FP8COMM_FUSED_CAST") is False  # its declared default
-    monkeypatch.setenv("FP8COMM_FUSED_CAST", "1")
-    assert fp8comm._C.env_flag("FP8COMM_FUSED_CAST") is True
+    assert fp8comm._C.env_flag("FP8COMM_FUSED_CAST") is True  # its declared default
+    monkeypatch.setenv("FP8COMM_FUSED_CAST", "0")
+    assert fp8comm._C.env_flag("FP8COMM_FUSED_CAST") is False
     monkeypatch.setenv("FP8COMM_FUSED_CAST", "yes")
     with pytest.raises(ValueError, match="FP8COMM_FUSED_CAST must be 0 \\(off\\) or 1 \\(on\\), got 'yes'"):
         fp8comm._C.env_flag("FP8COMM_FUSED_CAST")

@@ -280,15 +280,16 @@ def test_torch_compile_fullgraph(rowwise):
 
 # ------------------------------------------------------------------ device gate
 def test_fused_cast_gate(monkeypatch):
-    """CPU always; CUDA only with FP8COMM_FUSED_CAST=1 (its kernels await a GPU run)."""
+    """CPU always; CUDA unless FP8COMM_FUSED_CAST=0; no other device."""
     monkeypatch.delenv(scaling.FUSED_CAST_ENV, raising=False)
     assert scaling.fused_cast_enabled(torch.device("cpu"))
-    assert not scaling.fused_cast_enabled(torch.device("cuda"))
-    assert not scaling.fused_cast_enabled(torch.device("meta"))
-    monkeypatch.setenv(scaling.FUSED_CAST_ENV, "1")
     assert scaling.fused_cast_enabled(torch.device("cuda"))
+    assert not scaling.fused_cast_enabled(torch.device("meta"))
     monkeypatch.setenv(scaling.FUSED_CAST_ENV, "0")
     assert not scaling.fused_cast_enabled(torch.device("cuda"))
+    assert scaling.fused_cast_enabled(torch.device("cpu"))
+    monkeypatch.setenv(scaling.FUSED_CAST_ENV, "1")
+    assert scaling.fused_cast_enabled(torch.device("cuda"))
 
 
 def test_the_cpu_path_calls_the_operator(monkeypatch):

@@ -1,8 +1,8 @@
 """The fused FP8 casts on CUDA (csrc/linear/cast_cuda.cu) equal their CPU twin
-bit for bit, and torch's eager cast on CUDA; Fp8Linear with FP8COMM_FUSED_CAST=1
-computes bitwise what it computes without (marked cuda; skipped without a GPU
-or without fp8comm's CUDA kernels). The CUDA default of FP8COMM_FUSED_CAST
-rests on this file (docs/fp8_linear.md)."""
+bit for bit, and torch's eager cast on CUDA; Fp8Linear with the fused casts
+computes bitwise what it computes with the eager chain (FP8COMM_FUSED_CAST=0)
+(marked cuda; skipped without a GPU or without fp8comm's CUDA kernels). The
+CUDA default of FP8COMM_FUSED_CAST rests on this file (docs/fp8_linear.md)."""
 import math
 
 import pytest
