@@ -16,7 +16,8 @@
 #                  on failure the first compiler errors, then nvcc-check (the kernels compiled without
 #                  torch, as .ci/nvcc_check does), since a .cpp error stops ninja before any .cu
 #   codec-cast-tests  the bit-for-bit CUDA codec and cast tests, and Fp8Linear's GEMMs (named files)
-#   codec-bench    quantize / dequantize GB/s (E4M3 and MXFP4) against a device-to-device copy of the same bytes
+#   codec-bench    quantize / dequantize GB/s (every wire format, and stochastic rounding) against a
+#                  device-to-device copy of the same bytes
 #   linear-bench   Llama-8B shapes: BF16, FP8 with eager casts, FP8 with the fused casts
 #   comm-bench     fp8nccl against nccl at world size 1, up to 256 MiB, rows written as they finish
 #   model          the performance model fed with the measured E4M3 codec figures (modeled)
@@ -96,7 +97,7 @@ if command -v flock >/dev/null; then HAVE_FLOCK=1; fi
 # LANES run side by side. The plan's length is SERIAL + the longest lane.
 declare -A CAP=(
   [env]=40 [build]=150 [codec-cast-tests]=80
-  [codec-bench]=25 [linear-bench]=30 [comm-bench]=30 [model]=10
+  [codec-bench]=35 [linear-bench]=30 [comm-bench]=30 [model]=10
   [cuda-streams]=35 [cuda-backend]=55 [cuda-eager-init]=30
   [cuda-multirank]=130
   [memcheck]=85 [racecheck]=70
@@ -789,7 +790,7 @@ session() {
   pytest_step codec-cast-tests "${CODEC_CAST_TESTS[@]}" "${GEMM_TESTS[@]}"
   # the model reads the E4M3 rows: those are the ones printed again
   bench_step codec-bench 200 '^op |^[^ ]+ +e4m3 ' python3 bench/codec.py --device cuda --sizes 1M,16M,64M,256M \
-    --wire-format e4m3,mxfp4 --json "$OUT/codec.json"
+    --wire-format e4m3,mxfp4,nvfp4 --stochastic --json "$OUT/codec.json"
   bench_step linear-bench 30 . python3 bench/linear.py --reps 10 --casts --json "$OUT/linear.json"
   bench_step comm-bench 50 . torchrun --nproc_per_node=1 -m fp8comm.bench.comm --max-bytes 256M --reps 10 \
     --json "$OUT/comm-1rank.json"
