@@ -15,7 +15,8 @@ Two implementations give the same bytes:
 - the eager chain of torch ops below (``eager_cast_fp8``), the reference.
 
 The CPU always uses the operator; CUDA does too unless ``FP8COMM_FUSED_CAST=0``
-(docs/fp8_linear.md, "Fused casts"), which keeps the eager chain.
+(docs/fp8_linear.md, "Fused casts") or the build has no CUDA kernels: those
+keep the eager chain.
 """
 from __future__ import annotations
 
@@ -45,8 +46,8 @@ def fused_cast_enabled(device: torch.device) -> bool:
     """Whether casts of tensors on ``device`` run in the fused operator."""
     if device.type == "cpu":
         return True
-    if device.type == "cuda":
-        return _C.env_flag(FUSED_CAST_ENV)
+    if device.type == "cuda":  # a build without CUDA kernels casts eagerly: the same bytes
+        return _C.has_cuda and _C.env_flag(FUSED_CAST_ENV)
     return False
 
 

@@ -280,8 +280,10 @@ def test_torch_compile_fullgraph(rowwise):
 
 # ------------------------------------------------------------------ device gate
 def test_fused_cast_gate(monkeypatch):
-    """CPU always; CUDA unless FP8COMM_FUSED_CAST=0; no other device."""
+    """CPU always; CUDA unless FP8COMM_FUSED_CAST=0 or the build has no CUDA
+    kernels; no other device."""
     monkeypatch.delenv(scaling.FUSED_CAST_ENV, raising=False)
+    monkeypatch.setattr(scaling._C, "has_cuda", True)
     assert scaling.fused_cast_enabled(torch.device("cpu"))
     assert scaling.fused_cast_enabled(torch.device("cuda"))
     assert not scaling.fused_cast_enabled(torch.device("meta"))
@@ -290,6 +292,8 @@ def test_fused_cast_gate(monkeypatch):
     assert scaling.fused_cast_enabled(torch.device("cpu"))
     monkeypatch.setenv(scaling.FUSED_CAST_ENV, "1")
     assert scaling.fused_cast_enabled(torch.device("cuda"))
+    monkeypatch.setattr(scaling._C, "has_cuda", False)
+    assert not scaling.fused_cast_enabled(torch.device("cuda"))
 
 
 def test_the_cpu_path_calls_the_operator(monkeypatch):
