@@ -3,6 +3,7 @@ the nodes reach each other through a bridge over veth pairs shaped by tc.
 
     sudo python bench/netlab.py --rates 1,10,25 [--ranks-per-node 1] [--json PATH] [--plot PNG]
     sudo python bench/netlab.py --quick          # one rate, two sizes: a smoke run
+    sudo python bench/netlab.py --rates 1 --moe --no-comm   # the MoE example's tokens/s per MOE_CONFIGS
 
 Topology: a "switch" namespace holds a bridge; node i is namespace i with one
 veth to the bridge and address 10.213.<lab>.<i+1>. Both directions of every
@@ -20,7 +21,9 @@ the rates interleaved within each run, and reports, per op and size, the
 median over runs of the fp8/plain time ratio. --fsdp also times the FSDP2
 example (tokens/s) in each of FSDP_CONFIGS, interleaved, and estimates
 gloo's share of a step spent communicating (its step time over the
-unshaped link's). Every rank gets OMP_NUM_THREADS = cores / ranks.
+unshaped link's); --moe does the same for the expert-parallel MoE example
+in each of MOE_CONFIGS, against its exact all_to_alls over gloo. Every
+rank gets OMP_NUM_THREADS = cores / ranks.
 
 The "model" columns are MODELED by bench/model.py's shaped_link_seconds:
 time(rate) = max(time at the unshaped link, bytes on the shaped link / rate),
@@ -154,6 +157,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class LaunchFailed(RuntimeError):
+    """A node's torchrun exited non-zero; `outputs` holds every node's output."""
+
+    def __init__(self, message: str, outputs: list[str], failed: list[int]):
+        super().__init__(message)
+        self.outputs, self.failed = outputs, failed
+
+
 def launch(lab: Lab, ranks_per_node: int, target: list[str], env_extra: dict, timeout_s: float) -> list[str]:
     """Runs `target` (a torchrun script or -m module with its arguments) on
     every node, ranks_per_node processes each; returns each node's output."""
@@ -181,7 +192,8 @@ def launch(lab: Lab, ranks_per_node: int, target: list[str], env_extra: dict, ti
         raise RuntimeError(f"netlab: {' '.join(target)} ran past {timeout_s:.0f} s; killed")
     failed = [i for i, p in enumerate(procs) if p.returncode != 0]
     if failed:
-        raise RuntimeError(f"netlab: node {failed[0]} failed running {' '.join(target)}:\n{outputs[failed[0]][-3000:]}")
+        raise LaunchFailed(f"netlab: node {failed[0]} failed running {' '.join(target)}:\n{outputs[failed[0]][-3000:]}",
+                           outputs, failed)
     return outputs
 
 
@@ -239,26 +251,68 @@ FSDP_CONFIGS = [
 ]
 
 
-def fsdp_configs(args) -> list:
-    """The FSDP_CONFIGS --fsdp-configs names, gloo (the reference) first."""
-    if not args.fsdp_configs:
-        return FSDP_CONFIGS
-    wanted = {name.strip() for name in args.fsdp_configs.split(",")}
-    unknown = wanted - {label for label, _, _ in FSDP_CONFIGS}
+# The MoE example's configurations timed by --moe, the same way; every one runs
+# over the plain gloo group, the first with torch's own all_to_alls.
+MOE_CONFIGS = [
+    ("exact (torch all_to_all over gloo)", ["--wire", "exact", "--combine", "exact"], {}),
+    ("dispatch e4m3", ["--wire", "e4m3", "--combine", "exact"], {}),
+    ("dispatch mxfp4", ["--wire", "mxfp4", "--combine", "exact"], {}),
+    ("dispatch + combine e4m3", ["--wire", "e4m3", "--combine", "e4m3"], {}),
+    # The backward's all_to_alls carry as many bytes as the forward's.
+    ("dispatch + combine + gradients e4m3", ["--wire", "e4m3", "--combine", "e4m3", "--grad-wire", "e4m3"], {}),
+]
+
+# What --fsdp and --moe time: the example script and its configurations, the
+# reference (the plain run every other is compared with) first.
+EXAMPLES = {"fsdp": ("train_fsdp.py", FSDP_CONFIGS), "moe": ("train_moe.py", MOE_CONFIGS)}
+
+
+def example_configs(args, example: str) -> list:
+    """The configurations --<example>-configs names, the reference always first."""
+    table = EXAMPLES[example][1]
+    names = getattr(args, f"{example}_configs")
+    if not names:
+        return table
+    wanted = {name.strip() for name in names.split(",")}
+    unknown = wanted - {label for label, _, _ in table}
     if unknown:
-        raise SystemExit(f"netlab: --fsdp-configs: no configuration named {sorted(unknown)}; "
-                         f"choose from {[label for label, _, _ in FSDP_CONFIGS]}")
-    return [c for c in FSDP_CONFIGS if c[0] == "gloo" or c[0] in wanted]
+        raise SystemExit(f"netlab: --{example}-configs: no configuration named {sorted(unknown)}; "
+                         f"choose from {[label for label, _, _ in table]}")
+    return [c for i, c in enumerate(table) if i == 0 or c[0] in wanted]
 
 
-def fsdp_once(lab, args, label: str, flags: list[str], env: dict) -> float:
-    """Tokens/s of one run of the FSDP2 example (rank 0's report)."""
-    target = [os.path.join(ROOT, "examples", "train_fsdp.py"), *args.fsdp_args.split(), *flags]
-    outputs = launch(lab, args.ranks_per_node, target, dict(args.env) | env, args.timeout)
-    for line in outputs[0].splitlines():
+def reported_tokens_per_s(output: str) -> float | None:
+    """The tokens/s of rank 0's report: the example's final line holds the
+    eval loss and the tokens/s of the steps after the first few."""
+    for line in output.splitlines():
         if "tokens/s" in line and "eval loss" in line:
             return float(line.split("tokens/s")[1].split()[0])
-    raise RuntimeError(f"netlab: the FSDP example ({label}) printed no tokens/s:\n{outputs[0][-2000:]}")
+    return None
+
+
+# libstdc++'s message when torch's teardown race aborts a process at exit
+# (docs/integrations.md, pytorch/pytorch#190489).
+EXIT_ABORT = "terminate called without an active exception"
+
+
+def example_once(lab, args, example: str, label: str, flags: list[str], env: dict) -> float:
+    """Tokens/s of one run of the example (rank 0's report)."""
+    script = EXAMPLES[example][0]
+    target = [os.path.join(ROOT, "examples", script), *getattr(args, f"{example}_args").split(), *flags]
+    try:
+        outputs = launch(lab, args.ranks_per_node, target, dict(args.env) | env, args.timeout)
+    except LaunchFailed as e:
+        # A rank that aborted in torch's teardown race after the run reported
+        # failed the launch, not the run: run it once more, as the tests do.
+        if reported_tokens_per_s(e.outputs[0]) is None or not all(EXIT_ABORT in e.outputs[i] for i in e.failed):
+            raise
+        print(f"netlab: {script} ({label}) aborted at exit after its report; running it again", file=sys.stderr,
+              flush=True)
+        outputs = launch(lab, args.ranks_per_node, target, dict(args.env) | env, args.timeout)
+    tokens_per_s = reported_tokens_per_s(outputs[0])
+    if tokens_per_s is None:
+        raise RuntimeError(f"netlab: {script} ({label}) printed no tokens/s:\n{outputs[0][-2000:]}")
+    return tokens_per_s
 
 
 def module_exists(name: str) -> bool:
@@ -367,19 +421,20 @@ def summarize(by_rate: dict, world: int, ranks_per_node: int) -> list[dict]:
     return out
 
 
-def summarize_fsdp(fsdp: dict) -> list[dict]:
-    """Median tokens/s per rate and configuration, its speedup over gloo, and
-    gloo's share of a step spent communicating, estimated as the time a step
-    gains over the unshaped link (the compute is the same)."""
+def summarize_example(raw: dict, reference: str) -> list[dict]:
+    """Median tokens/s per rate and configuration, its speedup over the
+    reference (a plain gloo run) at the same rate, and the reference's share
+    of a step spent communicating, estimated as the time a step gains over
+    the unshaped link (the compute is the same)."""
     rows = []
-    for rate, by_config in fsdp.items():
-        gloo = statistics.median(by_config["gloo"])
+    for rate, by_config in raw.items():
+        ref = statistics.median(by_config[reference])
         for config, values in by_config.items():
             row = {"rate_gbit": rate, "config": config, "runs": len(values),
-                   "tokens_per_s": statistics.median(values), "speedup": statistics.median(values) / gloo}
-            if config == "gloo" and rate != "unshaped" and "unshaped" in fsdp:
-                unshaped = statistics.median(fsdp["unshaped"]["gloo"])
-                row["gloo_comm_share"] = max(0.0, 1 - gloo / unshaped)
+                   "tokens_per_s": statistics.median(values), "speedup": statistics.median(values) / ref}
+            if config == reference and rate != "unshaped" and "unshaped" in raw:
+                unshaped = statistics.median(raw["unshaped"][reference])
+                row["gloo_comm_share"] = max(0.0, 1 - ref / unshaped)
             rows.append(row)
     return rows
 
@@ -462,12 +517,20 @@ def main(argv=None) -> int:
     p.add_argument("--sysctl", action="append", default=[], type=lambda s: tuple(s.split("=", 1)),
                    help="KEY=VALUE set in every node's namespace (e.g. net.ipv4.tcp_slow_start_after_idle=0)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per job")
-    p.add_argument("--fsdp", action="store_true", help="also time the FSDP2 example's configurations (FSDP_CONFIGS)")
+    examples = p.add_mutually_exclusive_group()
+    examples.add_argument("--fsdp", action="store_true",
+                          help="also time the FSDP2 example's configurations (FSDP_CONFIGS)")
+    examples.add_argument("--moe", action="store_true",
+                          help="also time the expert-parallel MoE example's configurations (MOE_CONFIGS)")
     p.add_argument("--fsdp-args", default="--dim 512 --layers 2 --heads 8 --seq 128 --batch 2 --steps 13",
                    help="the example's model and run (default: a wide model and a small batch)")
     p.add_argument("--fsdp-configs", default=None,
                    help="comma list of FSDP_CONFIGS labels to time (default all; gloo is always timed)")
-    p.add_argument("--no-comm", action="store_true", help="skip the comm benchmark (with --fsdp)")
+    p.add_argument("--moe-args", default="--steps 33",
+                   help="the MoE example's model and run (default: its own model)")
+    p.add_argument("--moe-configs", default=None,
+                   help="comma list of MOE_CONFIGS labels to time (default all; the exact one is always timed)")
+    p.add_argument("--no-comm", action="store_true", help="skip the comm benchmark (with --fsdp or --moe)")
     p.add_argument("--quick", action="store_true", help="10 Gbit/s only, 1 and 4 MiB, 3 reps, 1 run")
     p.add_argument("--json", metavar="PATH")
     p.add_argument("--plot", metavar="PNG")
@@ -483,6 +546,8 @@ def main(argv=None) -> int:
         print(f"netlab: skipped, {reason}")
         return 0
     world = args.nodes * args.ranks_per_node
+    example = "fsdp" if args.fsdp else "moe" if args.moe else None
+    configs = example_configs(args, example) if example else []
     rates = ["unshaped"] + [r.strip() for r in args.rates.split(",")]
     lab = Lab(args.nodes, args.mtu)
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -494,7 +559,7 @@ def main(argv=None) -> int:
     for s in previous:
         signal.signal(s, interrupted)
     by_rate: dict = {}
-    fsdp: dict = {}
+    timed: dict = {}  # rate -> configuration -> the example's tokens/s per run
     try:
         lab.build()
         lab.sysctl(args.sysctl)
@@ -506,10 +571,9 @@ def main(argv=None) -> int:
                     lab.shape(None if rate == "unshaped" else float(rate), args.delay_ms)
                     if not args.no_comm:
                         by_rate.setdefault(rate, []).append(comm_once(lab, args, rate, tmp, i))
-                    if args.fsdp:  # configurations interleaved within each run
-                        for label, flags, env in fsdp_configs(args):
-                            fsdp.setdefault(rate, {}).setdefault(label, []).append(
-                                fsdp_once(lab, args, label, flags, env))
+                    for label, flags, env in configs:  # configurations interleaved within each run
+                        timed.setdefault(rate, {}).setdefault(label, []).append(
+                            example_once(lab, args, example, label, flags, env))
                     print(f"netlab: {rate if rate == 'unshaped' else rate + ' Gbit/s'} run {i + 1}/{args.runs} done",
                           file=sys.stderr, flush=True)
     finally:
@@ -517,22 +581,28 @@ def main(argv=None) -> int:
         for s, h in previous.items():
             signal.signal(s, h)
 
-    fsdp_rows = summarize_fsdp(fsdp)
-    for r in fsdp_rows:
-        print(f"netlab FSDP2 {r['rate_gbit']:>9s} {r['config']:45s} tokens/s {r['tokens_per_s']:8.0f}  "
-              f"x{r['speedup']:.2f} of gloo" + (f"  (gloo communicating {r['gloo_comm_share']:.0%} of a step, "
-                                                 "estimated)" if "gloo_comm_share" in r else ""))
+    example_rows = summarize_example(timed, configs[0][0]) if example else []
+    for r in example_rows:
+        print(f"netlab {'FSDP2' if example == 'fsdp' else 'MoE'} {r['rate_gbit']:>9s} {r['config']:45s} "
+              f"tokens/s {r['tokens_per_s']:8.0f}  x{r['speedup']:.2f} of {configs[0][0]}"
+              + (f"  (gloo communicating {r['gloo_comm_share']:.0%} of a step, estimated)"
+                 if "gloo_comm_share" in r else ""))
+    # The JSON's fields for the example; without one, the comm result keeps the FSDP2 example's (empty).
+    key = example or "fsdp"
     if args.no_comm:
         if args.json:
+            import torch
+
             from fp8comm.bench import device_label
 
             with open(args.json, "w") as f:
-                json.dump({"benchmark": "netlab-fsdp", "date": datetime.date.today().isoformat(),
+                json.dump({"benchmark": f"netlab-{key}", "date": datetime.date.today().isoformat(),
                            "command": shlex.join(["python", "bench/netlab.py"] + list(sys.argv[1:] if argv is None else argv)),
-                           "device": device_label(cuda=False), "delay_ms": args.delay_ms,
+                           "device": device_label(cuda=False), "torch": torch.__version__, "delay_ms": args.delay_ms,
                            "omp_num_threads": max(1, (os.cpu_count() or 1) // world),
-                           "nodes": args.nodes, "ranks_per_node": args.ranks_per_node, "fsdp_args": args.fsdp_args,
-                           "fsdp": fsdp_rows, "raw": fsdp}, f, indent=1)
+                           "nodes": args.nodes, "ranks_per_node": args.ranks_per_node,
+                           f"{key}_args": getattr(args, f"{key}_args"), key: example_rows, "raw": timed},
+                          f, indent=1)
         return 0
     rows = summarize(by_rate, world, args.ranks_per_node)
     device = by_rate["unshaped"][0]["device"]
@@ -545,7 +615,8 @@ def main(argv=None) -> int:
               "delay_ms": args.delay_ms, "mtu": args.mtu, "env": dict(args.env), "sysctl": dict(args.sysctl),
               "omp_num_threads": max(1, (os.cpu_count() or 1) // world),
               "modeled_columns": MODELED_COLUMNS,
-              "rows": rows, "raw": by_rate, "fsdp_args": args.fsdp_args, "fsdp": fsdp_rows, "fsdp_raw": fsdp}
+              "rows": rows, "raw": by_rate, f"{key}_args": getattr(args, f"{key}_args"),
+              key: example_rows, f"{key}_raw": timed}
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:

@@ -1,6 +1,7 @@
 """bench/model.py's shaped-link model and bench/netlab.py's --remodel, on a
 committed netlab result (netlab itself needs root and network namespaces:
 docs/performance.md, "Shaped links")."""
+import argparse
 import json
 import shutil
 import subprocess
@@ -162,3 +163,61 @@ def test_all_to_all_link_bytes_count_slices_to_other_nodes_only():
     assert netlab.a2a_link_bytes(two, 1, both_directions=True) == 100
     # two ranks: one gloo pair, its two directions in turn
     assert netlab.link_bytes(row, False, 2, 1) == 100 and netlab.link_bytes(row, True, 2, 1) == 26
+
+
+def test_example_summary_compares_each_configuration_with_the_reference_at_its_rate():
+    """--fsdp and --moe: medians over runs, each configuration's tokens/s
+    over the reference's at the same rate, and the reference's share of a
+    step spent communicating (the time it gains over the unshaped link)."""
+    netlab = load("fp8comm_bench_netlab", "bench/netlab.py")
+    ref, fast = netlab.MOE_CONFIGS[0][0], "dispatch e4m3"
+    raw = {"unshaped": {ref: [1000.0, 900.0, 1100.0], fast: [1000.0, 1000.0, 1000.0]},
+           "1": {ref: [400.0, 500.0, 600.0], fast: [800.0, 700.0, 750.0]}}
+    rows = {(r["rate_gbit"], r["config"]): r for r in netlab.summarize_example(raw, ref)}
+    assert rows["1", fast]["tokens_per_s"] == 750.0 and rows["1", fast]["speedup"] == pytest.approx(1.5)
+    assert rows["unshaped", fast]["speedup"] == 1.0 and rows["1", ref]["speedup"] == 1.0
+    assert rows["1", ref]["gloo_comm_share"] == pytest.approx(0.5)  # 500 of 1000 tokens/s: half a step on the link
+    assert [k for k, r in rows.items() if "gloo_comm_share" in r] == [("1", ref)]
+
+
+def test_example_configs_keep_the_reference_and_refuse_unknown_names():
+    netlab = load("fp8comm_bench_netlab", "bench/netlab.py")
+    args = argparse.Namespace(moe_configs="dispatch mxfp4", fsdp_configs=None)
+    assert [c[0] for c in netlab.example_configs(args, "moe")] == ["exact (torch all_to_all over gloo)",
+                                                                   "dispatch mxfp4"]
+    assert netlab.example_configs(args, "fsdp") is netlab.FSDP_CONFIGS
+    with pytest.raises(SystemExit, match="no configuration named"):
+        netlab.example_configs(argparse.Namespace(moe_configs="e4m3"), "moe")
+
+
+def test_example_runs_once_more_only_when_a_rank_aborted_at_exit_after_the_report(monkeypatch):
+    """torch's teardown race (docs/integrations.md) may abort a rank once the
+    example has reported; netlab runs that configuration again, once. Any
+    other failure, or the abort before the report, stays a failure."""
+    netlab = load("fp8comm_bench_netlab", "bench/netlab.py")
+    report = "[dispatch e4m3, combine exact] eval loss 2.8000  tokens/s 12345  all_to_all bytes sent"
+    aborted = netlab.LaunchFailed("node 1 failed", [report, netlab.EXIT_ABORT], [1])
+
+    def launches(*results):
+        calls = iter(results)
+
+        def launch(*_):
+            result = next(calls)
+            if isinstance(result, Exception):
+                raise result
+            return result
+        monkeypatch.setattr(netlab, "launch", launch)
+
+    args = argparse.Namespace(moe_args="--steps 5", env=[], ranks_per_node=1, timeout=60.0)
+    run = lambda: netlab.example_once(None, args, "moe", "dispatch e4m3", [], {})  # noqa: E731
+    launches(aborted, [report.replace("12345", "23456"), ""])
+    assert run() == 23456.0
+    launches(aborted, aborted)
+    with pytest.raises(netlab.LaunchFailed):
+        run()
+    launches(netlab.LaunchFailed("node 1 failed", ["step 0", netlab.EXIT_ABORT], [1]))
+    with pytest.raises(netlab.LaunchFailed):
+        run()
+    launches(netlab.LaunchFailed("node 1 failed", [report, "RuntimeError: connection reset"], [1]))
+    with pytest.raises(netlab.LaunchFailed):
+        run()
