@@ -208,6 +208,9 @@ def summarize(result, tail: int = 50) -> list:
         }
         if all("bytes_sent" in r for r in runs):
             row["bytes_sent_ratio"] = _mean([r["bytes_sent"] / r["bytes_sent_uncompressed"] for r in runs])
+        if all("eval_loss_wire" in r for r in runs):  # the MoE example: the same weights through the run's wire
+            deltas = [(r["eval_loss_wire"] - r["eval_loss"]) / r["eval_loss"] for r in runs]
+            row["wire_eval_rel"], row["wire_eval_rel_std"] = _mean(deltas), _std(deltas)
         row["meets_goal"] = row["within_1pct"] and row["within_baseline_range"]
         rows.append(row)
     return rows
@@ -245,7 +248,9 @@ def verdict(rows) -> str:
             parts.append(f"mean {r['eval_mean'] - edge:+.4f} outside the baseline's range "
                          f"{base['eval_min']:.4f}..{base['eval_max']:.4f}")
         out.append(f"{r['config']}: " + ("goal met" if not parts else "goal missed (" + "; ".join(parts) + ")")
-                   + f", {100 * r['rel_to_baseline']:+.2f}% vs baseline mean")
+                   + f", {100 * r['rel_to_baseline']:+.2f}% vs baseline mean"
+                   + (f"; its trained weights through its own wire: eval loss {100 * r['wire_eval_rel']:+.3f}% "
+                      f"(std {100 * r['wire_eval_rel_std']:.3f}%) of the exact eval" if "wire_eval_rel" in r else ""))
     return "\n".join(out)
 
 

@@ -31,9 +31,11 @@ its own rank, since the combine's backward brings every token's gradient to it.
 On CUDA machines each rank takes one GPU and the blocks compute in BF16
 (autocast), so BF16 tokens go on the wire; on the CPU everything is FP32
 over gloo. The eval loss is measured on held-out text as in
-examples/train_fsdp.py, with exact all_to_alls; --json writes the losses, eval
-loss, tokens/s and the all_to_all bytes (rank 0) in the main job's format,
-which bench/convergence.py reads.
+examples/train_fsdp.py, with exact all_to_alls, and where a forward is
+compressed also through the run's own all_to_alls (the same weights: what the
+wire alone changes); --json writes the losses, eval losses, tokens/s and the
+all_to_all bytes (rank 0) in the main job's format, which bench/convergence.py
+reads.
 """
 from __future__ import annotations
 
@@ -281,20 +283,29 @@ def train(args, device, group):
 
     # Held-out text, as in train_fsdp.py, with exact all_to_alls: the model is
     # measured, not the wire.
-    model.use(EXACT)
     eval_set = ([data.eval_batch()] if args.eval_batches is None
                 else data.eval_batches(args.eval_batches, rank, world))
-    with torch.no_grad(), autocast:
-        eval_sum = torch.zeros((), device=device)
-        for batch in eval_set:
-            x, y = (t.to(device) for t in batch)
-            eval_sum += F.cross_entropy(model(x).float().view(-1, 256), y.reshape(-1))
-        eval_loss = global_mean(eval_sum / len(eval_set), group)
+
+    def evaluate(a2a):
+        model.use(a2a)
+        with torch.no_grad(), autocast:
+            eval_sum = torch.zeros((), device=device)
+            for batch in eval_set:
+                x, y = (t.to(device) for t in batch)
+                eval_sum += F.cross_entropy(model(x).float().view(-1, 256), y.reshape(-1))
+            return global_mean(eval_sum / len(eval_set), group)
+
+    eval_loss = evaluate(EXACT)
     result = {"label": label(args), "wire": args.wire, "combine": args.combine, "grad_wire": args.grad_wire,
               "losses": losses, "lrs": lrs, "eval_loss": eval_loss,
               "eval_tokens": len(eval_set) * args.batch * args.seq * (1 if args.eval_batches is None else world),
               "tokens_per_s": tokens / timed_s if timed_s else float("nan")}
     line = f"[{label(args)}] eval loss {eval_loss:.4f}  tokens/s {result['tokens_per_s']:.0f}"
+    if {args.wire, args.combine} != {"exact"}:
+        # The same weights with the forward all_to_alls on the wire: what the
+        # compression itself changes, free of the divergence of two trainings.
+        result["eval_loss_wire"] = evaluate(train_a2a)
+        line += f"  (through its wire {result['eval_loss_wire']:.4f})"
     if stats is not None:
         # What this rank's compressed all_to_alls sent to peers, against the same calls sent exactly.
         result["bytes_sent"], result["bytes_sent_uncompressed"] = stats["bytes_sent"], stats["bytes_sent_uncompressed"]

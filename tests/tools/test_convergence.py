@@ -169,6 +169,25 @@ def test_resume_refuses_another_lr_schedule(tmp_path):
         == "lr cosine to 0.1x, warmup 25"
 
 
+def test_the_wire_eval_is_summarized_where_every_run_has_it():
+    """The MoE example's second eval (its trained weights through its own
+    wire): its mean relative difference from the exact eval, in the row and
+    the verdict; a configuration without it in every run gets neither."""
+    result = synthetic()
+    for run in result["runs"]:
+        if run["config"] == "fp8 comm":
+            run["eval_loss_wire"] = run["eval_loss"] * 1.002
+        elif run["config"] == "fp8 comm + Fp8Linear rowwise" and run["seed"] == 0:
+            run["eval_loss_wire"] = run["eval_loss"]
+    by = {r["config"]: r for r in convergence.summarize(result, tail=5)}
+    assert abs(by["fp8 comm"]["wire_eval_rel"] - 0.002) < 1e-12 and by["fp8 comm"]["wire_eval_rel_std"] < 1e-12
+    assert "wire_eval_rel" not in by["fp8 comm + Fp8Linear rowwise"]
+    verdict = convergence.verdict(list(by.values()))
+    assert "fp8 comm: goal met, +0.25% vs baseline mean; its trained weights through its own wire: eval loss " \
+           "+0.200%" in verdict
+    assert verdict.count("through its own wire") == 1
+
+
 def test_moe_suite_trains_the_moe_example_against_its_own_baseline(tmp_path):
     """--suite moe: examples/train_moe.py in its own configurations (one
     baseline: torch's exact all_to_all), each command one the example parses;

@@ -163,4 +163,8 @@ def test_moe_e4m3_dispatch_tracks_the_exact_run(tmp_path, moe_exact):
     assert len(run["losses"]) == len(exact) and run["losses"] != exact  # the wire rounded something
     assert all(abs(a - b) <= 0.01 * b for a, b in zip(run["losses"], exact)), (run["losses"], exact)
     assert abs(run["eval_loss"] - moe_exact["eval_loss"]) <= 0.01 * moe_exact["eval_loss"]
+    # the same weights evaluated through the E4M3 dispatch: close, not equal
+    assert run["eval_loss_wire"] != run["eval_loss"]
+    assert abs(run["eval_loss_wire"] - run["eval_loss"]) <= 0.005 * run["eval_loss"], run
+    assert "eval_loss_wire" not in moe_exact
     assert 0 < run["bytes_sent"] < 0.5 * run["bytes_sent_uncompressed"], run
