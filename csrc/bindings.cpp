@@ -6,6 +6,7 @@
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/DynamicTypes.h>
 
+#include "backend/exact_scope.h"
 #include "backend/fp8_work.h"
 #include "backend/registry.h"
 #include "backend/split.h"
@@ -101,6 +102,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       },
       "(name, torch dtype, largest finite value) of every FP8 dtype fp8comm knows (csrc/codec/fp8_dtype_table.h).");
 
+  m.def("enter_exact_scope", &fp8comm::exact_scope::enter,
+        "Opens an exact scope on this thread: its calls on every fp8 group pass through (csrc/backend/exact_scope.h).");
+  m.def("leave_exact_scope", &fp8comm::exact_scope::leave, "Closes this thread's innermost exact scope.");
+  m.def("exact_scope_depth", [] { return fp8comm::exact_scope::depth; }, "This thread's open exact scopes.");
   m.def("cpu_threads", &fp8comm::cpu_threads, "Threads one CPU codec call may use (csrc/codec/cpu_threads.h).");
   m.def("set_cpu_threads", &fp8comm::set_cpu_threads, py::arg("n"),
         "Sets the CPU codec's threads per process (n >= 1); returns the previous count.");

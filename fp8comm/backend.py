@@ -12,7 +12,7 @@ import types
 
 import torch.distributed as dist
 
-from . import _C
+from . import _C, state_dict_exact
 from .options import Options
 from .stats import fp8_backends
 from .topology import Topology, node_name
@@ -209,6 +209,7 @@ def _create(device: str, dist_backend_opts, pg_options, make_transport=None, inn
     for "cuda". `borrowed`: `inner` is another group's backend
     (fp8comm.functional), whose sequence numbers are that group's."""
     options = _options_of(pg_options)
+    state_dict_exact.install()  # before any state dict can be gathered through this group
     prefix, published = _exchange_with_every_rank(dist_backend_opts, options)
     _size_cpu_threads(options, published, dist_backend_opts.group_rank)
     if inner is None:

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "../codec/codec_tensor.h"
+#include "exact_scope.h"
 #include "fp8_work.h"
 
 namespace fp8comm {
@@ -142,7 +143,8 @@ bool ProcessGroupFp8::may_compress(const Collective& c, const at::Tensor& t) con
   const bool has_link = *options_->scope == Scope::kAll || nodes_ > 1;
   // Inside a coalescing block the inner backend defers its ops until
   // endCoalescing, so the multi-phase algorithms cannot run there.
-  return enabled && has_link && !uncompressed_.active() && coalescing_.empty() && t.layout() == at::kStrided &&
+  return enabled && has_link && !uncompressed_.active() && !exact_scope::active() && coalescing_.empty() &&
+         t.layout() == at::kStrided &&
          is_codec_dtype(t.scalar_type());
 }
 
