@@ -4,6 +4,7 @@
 
 #include <torch/csrc/Dtype.h>
 
+#include "algorithms/compressed_algorithms.h"
 #include "common/choices.h"
 
 namespace fp8comm {
@@ -119,7 +120,7 @@ std::string repr(const Options& o) {
 }
 
 // One row of options_table.h as a dict, for the README and DESIGN tables
-// (fp8comm/options.py).
+// (fp8comm/options/).
 template <class T, class V>
 py::dict row_of(const Knob<T, V>& k) {
   py::dict row;
@@ -131,6 +132,21 @@ py::dict row_of(const Knob<T, V>& k) {
   row["takes"] = k.takes(Source::kPython);
   row["takes_variable"] = k.takes(Source::kVariable);
   row["doc"] = k.variable.doc;
+  // For the typed signature (fp8comm/options/): the kind of value, and the
+  // names a choice or an op list takes.
+  if constexpr (std::is_same_v<V, Choices>) {
+    row["kind"] = "choices";
+    row["choices"] = Names<T>::all();
+  } else if constexpr (std::is_same_v<V, Ops>) {
+    row["kind"] = "ops";
+    std::vector<std::string> names = compressed::names();
+    names.insert(names.begin(), {"all", "none"});
+    row["choices"] = names;
+  } else if constexpr (std::is_same_v<V, Flag>) {
+    row["kind"] = "flag";
+  } else {
+    row["kind"] = "int";
+  }
   return row;
 }
 
@@ -190,7 +206,7 @@ void bind_options(py::module_& m) {
         return rows;
       },
       "Every knob of fp8comm.Options, in order: name, variable, unset (its text), default (Python), per_rank, "
-      "takes, takes_variable, doc (csrc/common/options_table.h).");
+      "takes, takes_variable, doc, kind (int, flag, choices, ops) and choices (csrc/common/options_table.h).");
   m.def("fingerprint_mismatch", &fingerprint_mismatch, py::arg("by_rank"), py::arg("rank"),
         "The error every rank raises when the ranks' option fingerprints differ; None when they agree.");
 }

@@ -16,7 +16,7 @@
 // (resolve, fingerprint, docs) and bindings_options.cpp (constructor,
 // properties, repr, pickle, ==). A new knob: its row, the code that uses it,
 // its test; the README and DESIGN tables are generated from the rows
-// (fp8comm/options.py; tests/backend/test_options.py shows the expected text).
+// (fp8comm/options/; tests/backend/test_options.py shows the expected text).
 // Plain preprocessor text: the type and values columns are only read where
 // options.h's types are known.
 

@@ -183,7 +183,7 @@ def test_deepcopy_and_pickle_keep_every_field():
 
 
 def test_the_readme_and_design_tables_are_the_rows():
-    """The documents' tables are generated from the rows (fp8comm/options.py);
+    """The documents' tables are generated from the rows (fp8comm/options/);
     the assertion shows the text to paste."""
     readme, design = (ROOT / "README.md").read_text(), (ROOT / "DESIGN.md").read_text()
     assert environment_table() in readme, "README.md's environment variables table is not:\n" + environment_table()
@@ -346,3 +346,38 @@ def test_an_unset_block_size_is_the_size_a_format_requires(monkeypatch):
     monkeypatch.setenv("FP8COMM_BLOCK_SIZE", "64")
     with pytest.raises(ValueError, match="has blocks of 16 elements, got block_size=64"):
         fp8comm.Options(wire_format="nvfp4").resolved()
+
+
+def test_the_signature_names_every_knob_keyword_only_unset_by_default():
+    import inspect
+
+    params = inspect.signature(fp8comm.Options).parameters
+    assert list(params) == [row["name"] for row in option_table()]
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is None for p in params.values())
+    kinds = {row["name"]: row["kind"] for row in option_table()}
+    assert params["block_size"].annotation == "int | None" and kinds["track_error"] == "flag"
+    assert "'nvfp4'" in params["wire_format"].annotation  # choices from the format table
+
+
+def test_the_stub_is_the_rows():
+    """fp8comm/_C.pyi is generated (`python -m fp8comm.options --write-docs`)."""
+    from fp8comm.options import stub
+
+    assert (ROOT / "fp8comm" / "_C.pyi").read_text() == stub(), "run `python -m fp8comm.options --write-docs`"
+
+
+def test_write_docs_restores_the_tables_and_then_changes_nothing(tmp_path):
+    from fp8comm.options import write_docs
+
+    (tmp_path / "fp8comm").mkdir()
+    readme = (ROOT / "README.md").read_text()
+    design = (ROOT / "DESIGN.md").read_text()
+    # A stale table: its last row dropped, a default changed.
+    stale_env = environment_table().rsplit("\n", 1)[0]
+    (tmp_path / "README.md").write_text(readme.replace(environment_table(), stale_env).replace(
+        defaults_call(), defaults_call().replace("block_size=32", "block_size=64")))
+    (tmp_path / "DESIGN.md").write_text(design.replace(knob_table(), knob_table().rsplit("\n", 1)[0]))
+    assert sorted(write_docs(tmp_path)) == ["DESIGN.md", "README.md", "fp8comm/_C.pyi"]
+    assert (tmp_path / "README.md").read_text() == readme
+    assert (tmp_path / "DESIGN.md").read_text() == design
+    assert write_docs(tmp_path) == []
