@@ -1,24 +1,30 @@
-"""Forward + backward time of Fp8Linear vs nn.Linear (and torchao's Float8Linear
-when importable), on Llama-3-8B shapes; and the FP8 casts alone: the fused
-operator (torch.ops.fp8comm.cast_fp8) vs the eager torch chain it replaces.
+"""Forward + backward time of Fp8Linear vs nn.Linear and torchao's Float8Linear,
+eager and under torch.compile, on Llama-3-8B shapes; and the FP8 casts alone:
+the fused operator (torch.ops.fp8comm.cast_fp8) vs the eager torch chain it
+replaces.
 
-    python bench/linear.py [--json PATH] [--quick] [--casts | --casts-only]
+    python bench/linear.py [--json PATH] [--quick] [--casts | --casts-only] [--compile | --no-compile]
 
 Shapes (tokens x in -> out): 8192 and 16384 tokens through 4096->14336,
 14336->4096 and 4096->4096. On CUDA each shape times, interleaved rep by rep,
-nn.Linear in BF16 (the baseline), Fp8Linear with the eager casts and with the
-fused cast kernels (FP8COMM_FUSED_CAST toggled around each step), for each
-recipe, and torchao's Float8Linear when importable; times are CUDA events,
-the median of --reps after warm-up. On the CPU (tiny shapes, a smoke test)
-the baseline is FP32 and the casts are always the fused CPU twin. Goal (GPU):
->= 1.5x BF16 at the largest shapes, and not slower than torchao.
+nn.Linear in BF16 (the baseline, eager and compiled), Fp8Linear with the
+eager casts and with the fused cast kernels (FP8COMM_FUSED_CAST toggled
+around each step) for each recipe, Fp8Linear compiled, and torchao's
+Float8Linear (tensorwise and rowwise) compiled, as torchao recommends, and
+eager; times are CUDA events, the median of --reps after warm-up. A variant
+that fails to build or compile is reported with its error, not timed. On the
+CPU (tiny shapes, a smoke test) the baseline is FP32, the casts are always
+the fused CPU twin, and nothing is compiled unless --compile. Goal (GPU):
+>= 1.5x BF16 at the largest shapes, and not slower than torchao compiled.
 
 Casts: each row is one cast as Fp8Linear issues it (recipe, with the data
 and/or the transpose), timed for the eager chain (scaling.eager_cast_fp8,
 which makes the transpose with .t().contiguous()) and for the fused operator
-(called directly, whatever FP8COMM_FUSED_CAST says), median of --reps. GB/s
-counts the bytes the fused cast must move: x read once, one byte per FP8
-element written.
+(called directly, whatever FP8COMM_FUSED_CAST says), median of --reps. Two
+rates: `floor_gb_per_s` counts the bytes a one-pass cast must move (x read
+once, one byte per FP8 element written); `moved_gb_per_s` the bytes the
+fused kernels really move (csrc/linear/cast_cuda.cu reads x in
+INPUT_PASSES passes: an amax pass, then the cast pass).
 """
 from __future__ import annotations
 
@@ -49,7 +55,16 @@ CAST_MODES = [("tensorwise", True, False), ("tensorwise", True, True), ("rowwise
               ("rowwise", True, True), ("rowwise", False, True)]
 
 
+# Passes the fused cast kernels make over the input when no amax is given
+# (every cast this bench times): the amax pass, then the cast pass.
+INPUT_PASSES = 2
+TORCHAO_RECIPES = ("tensorwise", "rowwise")
+
+
 def torchao_linear(linear: nn.Linear, recipe: str):
+    """torchao's Float8Linear of `linear`; None without torchao or for a recipe it lacks."""
+    if recipe not in TORCHAO_RECIPES:
+        return None
     try:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     except ImportError:
@@ -57,6 +72,15 @@ def torchao_linear(linear: nn.Linear, recipe: str):
     model = nn.Sequential(copy.deepcopy(linear))
     convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe))
     return model
+
+
+def compiled(module: nn.Module, x, grad):
+    """torch.compile(module) after one forward + backward (so a compile error
+    surfaces here, named, instead of in the timed loop)."""
+    c = torch.compile(module)
+    x.grad = None
+    c(x).backward(grad)
+    return c
 
 
 def timed(fn, device) -> float:
@@ -134,14 +158,18 @@ def bench_casts(device, dtypes, shapes, reps) -> list:
 
                 t_eager = time_call(eager, reps, device)
                 t_fused = time_call(fused, reps, device)
-                moved = x.numel() * (x.element_size() + int(with_data) + int(with_t))
+                written = x.numel() * (int(with_data) + int(with_t))
+                floor = x.numel() * x.element_size() + written
+                moved = INPUT_PASSES * x.numel() * x.element_size() + written
                 what = "+".join(n for n, on in (("data", with_data), ("transpose", with_t)) if on)
                 rows.append({"m": m, "k": k, "dtype": str(dtype)[6:], "recipe": recipe, "outputs": what,
                              "eager_s": t_eager, "fused_s": t_fused, "speedup": t_eager / t_fused,
-                             "fused_gb_per_s": moved / t_fused / 1e9})
+                             "floor_gb_per_s": floor / t_fused / 1e9, "moved_gb_per_s": moved / t_fused / 1e9,
+                             "input_passes": INPUT_PASSES})
                 print(f"cast {m:6d} x {k:5d} {str(dtype)[6:]:8s} {recipe:10s} {what:15s} eager {t_eager * 1e3:8.3f} ms"
                       f"  fused {t_fused * 1e3:8.3f} ms  x{t_eager / t_fused:5.2f}"
-                      f"  ({moved / t_fused / 1e9:6.1f} GB/s)", flush=True)
+                      f"  ({floor / t_fused / 1e9:6.1f} GB/s one-pass floor, {moved / t_fused / 1e9:6.1f} moved)",
+                      flush=True)
     return rows
 
 
@@ -153,12 +181,16 @@ def main(argv=None):
     p.add_argument("--json", metavar="PATH")
     p.add_argument("--casts", action="store_true", help="also benchmark the casts alone")
     p.add_argument("--casts-only", action="store_true", help="only the cast benchmark")
+    p.add_argument("--compile", dest="compile", action="store_true", default=None,
+                   help="also time the compiled variants (the default on CUDA)")
+    p.add_argument("--no-compile", dest="compile", action="store_false")
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     shapes = QUICK_SHAPES if args.quick or device.type == "cpu" else SHAPES
     reps = 3 if args.quick else args.reps
     recipes = args.recipes.split(",")
+    compile_ = device.type == "cuda" if args.compile is None else args.compile
     # On CUDA the casts run fused unless FP8COMM_FUSED_CAST=0: both are timed.
     # On the CPU they always run fused (the CPU twin), so there is one FP8 variant.
     cast_modes = [("eager", False), ("fused", True)] if device.type == "cuda" else [("fused", None)]
@@ -166,30 +198,60 @@ def main(argv=None):
     rows = []
     if not args.casts_only:
         print(f"{'tokens x in -> out':24s} {'recipe':10s} {base_name + ' ms':>10s} "
-              + " ".join(f"{'fp8 ' + m + ' ms':>14s} {'x':>5s}" for m, _ in cast_modes) + "  torchao ms", flush=True)
+              + " ".join(f"{'fp8 ' + m + ' ms':>14s} {'x':>5s}" for m, _ in cast_modes + [("compiled", 0)] * compile_)
+              + "  torchao ms  compiled", flush=True)
     for tokens, fin, fout in ([] if args.casts_only else shapes):
         base = nn.Linear(fin, fout, bias=False, device=device, dtype=dtype)
         x = torch.randn(tokens, fin, device=device, dtype=dtype, requires_grad=True)
         grad = torch.randn(tokens, fout, device=device, dtype=dtype)
-        variants = [(base_name, base, None)]
+        variants, errors = [(base_name, base, None)], {}
+
+        def add(name, make, fused=None):
+            try:
+                module = make()
+            except Exception as e:  # noqa: BLE001  (reported in the row, the others still timed)
+                errors[name] = f"{type(e).__name__}: {e}"[:500]
+                return
+            if module is not None:
+                variants.append((name, module, fused))
+
+        if compile_:
+            add(f"{base_name}-compiled", lambda: compiled(base, x, grad))
         for recipe in recipes:
             ours = Fp8Linear.from_linear(copy.deepcopy(base), recipe=recipe)
             variants += [(f"{recipe}-{mode}", ours, fused) for mode, fused in cast_modes]
-            ao = torchao_linear(base, recipe) if device.type == "cuda" else None
-            if ao is not None:
-                variants.append((f"{recipe}-torchao", ao, None))
+            if compile_:
+                add(f"{recipe}-compiled", lambda: compiled(Fp8Linear.from_linear(copy.deepcopy(base), recipe=recipe),
+                                                           x, grad), fused=cast_modes[-1][1])
+            if device.type == "cuda":
+                add(f"{recipe}-torchao", lambda: torchao_linear(base, recipe))
+                if compile_:
+                    add(f"{recipe}-torchao-compiled",
+                        lambda: None if torchao_linear(base, recipe) is None else compiled(
+                            torchao_linear(base, recipe), x, grad))
         t = time_fwd_bwd_interleaved(variants, x, grad, reps, device)
         t_base = t[base_name]
+        t_base_c = t.get(f"{base_name}-compiled")
         for recipe in recipes:
             fp8 = {mode: t[f"{recipe}-{mode}"] for mode, _ in cast_modes}
-            t_ao = t.get(f"{recipe}-torchao")
+            if f"{recipe}-compiled" in t:
+                fp8["compiled"] = t[f"{recipe}-compiled"]
+            t_ao, t_ao_c = t.get(f"{recipe}-torchao"), t.get(f"{recipe}-torchao-compiled")
             rows.append({"tokens": tokens, "in": fin, "out": fout, "recipe": recipe, "dtype": base_name,
-                         "baseline_s": t_base, "fp8comm_s": fp8, "torchao_s": t_ao,
+                         "baseline_s": t_base, "baseline_compiled_s": t_base_c, "fp8comm_s": fp8,
+                         "torchao_s": t_ao, "torchao_compiled_s": t_ao_c,
                          "speedup_vs_baseline": {mode: t_base / s for mode, s in fp8.items()},
-                         "speedup_vs_torchao": {mode: t_ao / s for mode, s in fp8.items()} if t_ao else None})
+                         "torchao_compiled_speedup_vs_baseline": t_base / t_ao_c if t_ao_c else None,
+                         "speedup_vs_torchao": {mode: t_ao / s for mode, s in fp8.items()} if t_ao else None,
+                         "speedup_vs_torchao_compiled": ({mode: t_ao_c / s for mode, s in fp8.items()}
+                                                         if t_ao_c else None),
+                         "errors": {k: v for k, v in errors.items() if k.startswith(recipe) or k.startswith(base_name)}})
             print(f"{f'{tokens} x {fin} -> {fout}':24s} {recipe:10s} {t_base * 1e3:10.3f} "
                   + " ".join(f"{s * 1e3:14.3f} {t_base / s:5.2f}" for s in fp8.values())
-                  + (f"  {t_ao * 1e3:8.3f}" if t_ao else "  -"), flush=True)
+                  + (f"  {t_ao * 1e3:8.3f}" if t_ao else "  -")
+                  + (f"  {t_ao_c * 1e3:8.3f} ({t_base / t_ao_c:4.2f}x)" if t_ao_c else "  -"), flush=True)
+        for name, error in errors.items():
+            print(f"  {name}: not timed ({error})", flush=True)
     cast_rows = []
     if args.casts or args.casts_only:
         cast_shapes = QUICK_CAST_SHAPES if args.quick else (CAST_SHAPES_GPU if device.type == "cuda" else CAST_SHAPES_CPU)

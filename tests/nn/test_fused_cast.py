@@ -479,4 +479,6 @@ def test_cast_bench_quick(tmp_path):
     assert modes == {("tensorwise", "data"), ("tensorwise", "data+transpose"), ("rowwise", "data"),
                      ("rowwise", "data+transpose"), ("rowwise", "transpose")}
     for r in result["casts"]:
-        assert r["eager_s"] > 0 and r["fused_s"] > 0 and r["fused_gb_per_s"] > 0
+        assert r["eager_s"] > 0 and r["fused_s"] > 0 and r["floor_gb_per_s"] > 0
+        # the bytes the kernels move: the input once per pass, the outputs once
+        assert r["moved_gb_per_s"] > r["floor_gb_per_s"] and r["input_passes"] == 2
