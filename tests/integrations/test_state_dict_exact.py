@@ -158,3 +158,50 @@ def test_full_state_dict_is_bitwise_the_plain_backends(pool, tmp_path, scenario)
         differing = {name: keys for name, keys in r["diffs"].items() if keys}
         assert not differing, f"rank {rank}: full state dicts that differ from the plain backend's: {differing}"
         assert r["gathers_compressed"] == 0, "a state-dict gather went through the compressed all_gather"
+
+
+DEEPSPEED_ZERO3_SAVE = """
+import torch, torch.distributed as dist
+import fp8comm
+dist.init_process_group("fp8gloo", pg_options=fp8comm.Options(min_numel=0, compress="all"))
+import deepspeed
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+config = {"train_micro_batch_size_per_gpu": 4,
+          "zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True},
+          "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}}}
+engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+for _ in range(3):
+    engine.backward(engine(torch.randn(4, 64)).pow(2).mean())
+    engine.step()
+gathers = sum(v["compressed"] for op, v in fp8comm.get_stats(dist.group.WORLD)["per_op"].items()
+              if op.startswith("all_gather"))
+with fp8comm.uncompressed():
+    ref = engine._zero3_consolidated_16bit_state_dict()
+got = engine._zero3_consolidated_16bit_state_dict()  # what save_16bit_model writes
+if dist.get_rank() == 0:
+    print("COMPRESSED_GATHERS", gathers)
+    print("DIFFERING", sorted(k for k in ref if not torch.equal(ref[k], got[k])), len(ref))
+"""
+
+
+@pytest.mark.full
+def test_deepspeed_zero3_16bit_state_dict_is_bitwise_the_plain_backends(tmp_path):
+    """save_16bit_model's consolidated state dict after ZeRO-3 training with
+    compress="all": exact, while training's parameter gathers were compressed."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install deepspeed torch==2.13.0)")
+    from tests.support import REPO_ROOT
+
+    script = tmp_path / "zero3_save.py"
+    script.write_text(DEEPSPEED_ZERO3_SAVE)
+    env = {**os.environ, "DS_ACCELERATOR": "cpu",
+           "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", str(script)],
+                         capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert int(out.stdout.split("COMPRESSED_GATHERS ")[1].split()[0]) > 0, out.stdout
+    assert "DIFFERING [] 4" in out.stdout, out.stdout
