@@ -252,6 +252,8 @@ def main(argv=None):
     p.add_argument("--launch-us", type=float, default=None, help="fp8comm's cost per phase per chunk (default 10)")
     p.add_argument("--nvlink-efficiency", type=float, default=None, help="default 370/450 (NCCL's)")
     p.add_argument("--ib-efficiency", type=float, default=None, help="default 47/50 (NCCL's)")
+    p.add_argument("--ib-line-rate", type=float, default=None,
+                   help="GB/s per NIC per direction (default 50: 400 Gb/s NDR; one NIC per GPU)")
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
     if not 0.0 <= args.overlap <= 1.0:
@@ -264,6 +266,8 @@ def main(argv=None):
         cl.nvlink.efficiency = args.nvlink_efficiency
     if args.ib_efficiency is not None:
         cl.infiniband.efficiency = args.ib_efficiency
+    if args.ib_line_rate is not None:
+        cl.infiniband.line_rate_gbps = args.ib_line_rate
     rows = model(codec, cl, [int(x) for x in args.nodes.split(",")], [int(s) for s in args.sizes_mib.split(",")],
                  args.ops.split(","), args.dtypes.split(","), args.wire_formats.split(","))
 
