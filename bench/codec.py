@@ -274,7 +274,7 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="tiny sizes, few reps (a smoke test)")
     p.add_argument("--no-stochastic", dest="stochastic", action="store_false",
                    help="leave out the stochastic-rounding rows")
-    p.add_argument("--stochastic", action="store_true", help="(the default) time stochastic rounding too")
+    p.add_argument("--stochastic", action="store_true", default=True, help="(the default) time stochastic rounding too")
     p.add_argument("--kernels", help=f"CUDA only: comma list of {KERNELS_VARIABLE} values to time side by side")
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)

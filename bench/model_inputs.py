@@ -79,8 +79,9 @@ def h100_cluster(**overrides) -> Cluster:
         "tree": "NVLS-tree between nodes: 23 us + 2 log2(N) x 14 us; beyond 2 nodes half the network's "
                 "bandwidth [tuning.cc]",
         "launch_us": "ASSUMED 10 us of host enqueue per phase per chunk, the GPU working meanwhile: at world "
-                     "size 1 a compressed all_reduce took 0.06 ms against nccl's 0.03 for its ~3 phases (bench/results/gpu-h100-80gb-hbm3/comm-1rank.json); "
-                     "issue 44 item 4(c) measures enqueue against GPU time",
+                     "size 1 a compressed all_reduce took 0.06 ms against nccl's 0.03 for its ~3 phases "
+                     "(bench/results/gpu-h100-80gb-hbm3/comm-1rank.json); issue 44 item 4(c) measures "
+                     "enqueue against GPU time",
         "overlap": "ASSUMED 0 (none): the chunks' codec against the wire is unmeasured (issue 44 item 4(d)); "
                    "rows also give the speedup at full overlap",
     })
