@@ -10,6 +10,7 @@ import pytest
 
 import fp8comm
 from tests.support import REPO_ROOT
+from tests.tools.test_convergence import load
 
 # One of the longest modules: it starts first (tests/conftest.py).
 STARTS_FIRST = True
@@ -24,16 +25,53 @@ def run_script(*args, timeout=300, cwd=ROOT, env=None):
 
 
 def test_codec_bench_quick(tmp_path):
+    """Every format, both dtypes, the collectives' own-addend sums and
+    stochastic rounding; each row a median of 5 trials with its spread,
+    its floor at the copy of its own dtype."""
     path = tmp_path / "codec.json"
-    run_script("bench/codec.py", "--quick", "--device", "cpu", "--stochastic", "--json", str(path))
+    run_script("bench/codec.py", "--quick", "--device", "cpu", "--json", str(path))
     result = json.loads(path.read_text())
     assert result["benchmark"] == "codec" and result["torch"] and result["device"] and result["command"]
-    ops = {r["op"] for r in result["rows"]}
-    assert {"copy_fp32", "quantize", "dequantize", "dequant_sum_4", "dequant_sum_requantize_4", "quantize_1_thread",
-            "quantize_stochastic", "dequant_sum_requantize_4_stochastic"} <= ops
-    assert {r["dtype"] for r in result["rows"]} == {"float32", "bfloat16"}
-    for r in result["rows"]:
-        assert r["gb_per_s"] > 0 and r["seconds"] > 0
+    assert result["trials"] == 5 and result["ranks"] == 4
+    rows = result["rows"]
+    assert {r["wire_format"] for r in rows} == set(fp8comm.codec.WIRE_FORMATS)
+    assert {r["dtype"] for r in rows} == {"float32", "bfloat16"}
+    ops = {r["op"] for r in rows}
+    assert {"copy", "copy_fp32", "quantize", "dequantize", "dequant_sum_own", "dequant_sum_requantize_own",
+            "dequant_sum", "dequant_sum_requantize", "quantize_stochastic",
+            "dequant_sum_requantize_own_stochastic", "quantize_1_thread"} == ops
+    for r in rows:
+        assert r["trials"] == 5 and r["seconds_min"] <= r["seconds_q1"] <= r["seconds"] <= r["seconds_q3"]
+        assert r["seconds_q3"] <= r["seconds_max"] and r["gb_per_s"] > 0
+        assert r["fraction_of_copy"] == pytest.approx(r["floor_seconds"] / r["seconds"])
+        assert r["rounding"] == ("stochastic" if r["op"].endswith("_stochastic") else "nearest")
+    groups = {(r["wire_format"], r["dtype"], r["numel"]) for r in rows}
+    for fmt, dtype, n in groups:
+        group = {r["op"]: r for r in rows if (r["wire_format"], r["dtype"], r["numel"]) == (fmt, dtype, n)}
+        copy = group["copy"]
+        es = 4 if dtype == "float32" else 2
+        assert copy["bytes_moved"] == 2 * es * n and copy["fraction_of_copy"] == pytest.approx(1.0)
+        assert ("copy_fp32" in group) == (dtype == "bfloat16")
+        own = group["dequant_sum_requantize_own"]
+        m = own["segment_numel"]
+        assert (own["pieces"], own["own_addend"], m) == (3, True, -(-n // 4))
+        segment = fp8comm.segment_bytes(m, wire_format=fmt)
+        assert own["bytes_moved"] == 3 * segment + es * m + segment
+        assert group["dequant_sum_own"]["bytes_moved"] == 3 * segment + 2 * es * m
+        assert group["dequant_sum_requantize"]["pieces"] == 4
+
+
+def test_codec_bench_kernel_sets_need_cuda_and_keep_the_other_arguments(capsys):
+    codec = load("fp8comm_bench_codec", "bench/codec.py")
+    with pytest.raises(SystemExit, match="CPU codec has one set"):
+        codec.check_kernels("cpu", ["legacy", "tiled"])
+    assert codec.child_argv(["--device", "cuda", "--kernels", "legacy,tiled", "--sizes", "64M", "--json", "x.json",
+                             "--kernels=a", "--json=y"]) == ["--device", "cuda", "--sizes", "64M"]
+    rows = [{"kernels": ks, "wire_format": "e4m3", "dtype": "bfloat16", "numel": 64, "op": "quantize",
+             "fraction_of_copy": f} for ks, f in (("legacy", 0.5), ("tiled", 0.9))]
+    codec.print_side_by_side(rows, ["legacy", "tiled"])
+    line = capsys.readouterr().out.splitlines()[-1]  # one line, both sets
+    assert line.split()[0] == "quantize" and line.split()[-2:] == ["0.50", "0.90"]
 
 
 def test_comm_bench_quick(tmp_path):
@@ -114,14 +152,16 @@ def test_linear_bench_quick_times_every_variant_interleaved(tmp_path):
 
 def test_model_labels_everything_modeled(tmp_path):
     path = tmp_path / "model.json"
-    out = run_script("bench/model.py", "--gpus", "8,64", "--sizes-mib", "64", "--json", str(path))
+    out = run_script("bench/model.py", "--nodes", "1,4", "--sizes-mib", "64", "--json", str(path))
     assert out.stdout.startswith("MODELED, not measured")
     result = json.loads(path.read_text())
-    assert result["modeled"] is True and "assumed" in result["codec"]["source"]
+    assert result["modeled"] is True and "ASSUMED" in result["codec"]["source"]
+    assert "ASSUMED" in result["cluster"]["sources"]["overlap"] and result["cluster"]["overlap"] == 0.0
+    assert {(r["nodes"], r["scope"]) for r in result["rows"]} == {(1, "all"), (4, "all"), (4, "inter_node")}
     for r in result["rows"]:
-        assert all(k.startswith("modeled_") for k in r if k.endswith("_ms") or k.startswith("speedup"))
-        # FP8 moves ~0.52 of BF16's bytes: never more than 2x, and faster on bandwidth-bound links
-        assert 1.0 < r["modeled_speedup_vs_bf16"] < 2.0
+        assert r["modeled"] is True
+        assert all(k.startswith("modeled") for k in r if k.endswith("_ms") or "speedup" in k)
+        assert 0.0 < r["modeled_speedup"] <= r["modeled_speedup_full_overlap"]
 
 
 def test_cpu_breakdown_quick():
