@@ -100,6 +100,7 @@ class Runner:
         self.procs: set = set()
         self.stopped_by: str | None = None  # the step whose failure stops the rest
         self.signaled = ""
+        self.closed = False
         self.final_rc = 0
         self.env = dict(os.environ)
         self.pythonpath: list[str] = []
@@ -107,6 +108,8 @@ class Runner:
     # ------------------------------------------------------------ status
     def record(self, name: str, status: str, secs: float, detail: str = "") -> None:
         with self.lock:
+            if self.closed:  # a lane still winding down after a signal: the final summary is written
+                return
             self.shown.add(name)
             self.status[name] = (status, int(secs), detail)
         if status in ("PASS", "DRY"):
@@ -477,7 +480,9 @@ class Runner:
 
     def finish(self) -> int:
         self.print_tables()
-        self.write_outputs(final=True)
+        with self.lock:
+            self.write_outputs(final=True)
+            self.closed = True
         with open(os.path.join(self.c.out, self.c.prefix + ".txt")) as f:
             text = f.read()
         print(text, end="", flush=True)

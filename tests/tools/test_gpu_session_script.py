@@ -24,6 +24,7 @@ import signal
 import subprocess
 import tarfile
 import textwrap
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -492,3 +493,21 @@ def test_the_replayed_codec_table_is_the_rows_the_model_reads():
     mxfp4 = f"{'quantize':36s} {'mxfp4':6s} {'float32':9s} {1 << 20:11d} {1.0:9.2f} {0.5:8.2f}"
     assert re.search(regex, header) and re.search(regex, e4m3) and not re.search(regex, mxfp4)
     assert re.search(regex, "== FP8COMM_CUDA_CODEC=legacy: python3 bench/codec.py")  # which set each table is
+
+
+def test_a_sigterm_ends_the_running_steps_and_leaves_a_final_summary(tmp_path):
+    """As a device call's limit or an operator's stop would: the runner ends the
+    running step's process group and writes a final summary that says so."""
+    run = Run(tmp_path / "term", "selftest-pass", new_session=True, FP8COMM_GPU_SESSION_CAPS="selftest-after=60")
+    for _ in range(600):  # up to 60 s for a step to be running
+        txts = list(run.out.glob("*-gpu-session-*.txt")) if run.out.exists() else []
+        if txts and "RUNNING " in txts[0].read_text():
+            break
+        assert run.proc.poll() is None, run.stdout + run.stderr
+        time.sleep(0.1)
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.returncode == 143, run.stdout + run.stderr
+    rows, text = summary_of(run.out)
+    assert "stopped with exit 143 (stopped by SIGTERM)" in text and "not final" not in text, text
+    assert "RUNNING" not in statuses(rows).values() and "PENDING" not in statuses(rows).values(), text
+    assert_returnable(run.out)
