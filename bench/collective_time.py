@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import sys
 
 import torch
@@ -70,12 +69,19 @@ class Launch:
     """One codec kernel call. kind: quantize (count segments of m elements from
     `numel` source elements), sum_requantize (pieces segments + own addend of
     `numel` elements -> one segment), sum (pieces + own -> `numel` elements),
-    dequantize (count segments -> `numel` elements)."""
+    dequantize (count segments -> `numel` elements). chunk and slot: the chunk
+    whose send or wire bytes it writes or reads, and where; src_at / dst_at: where its elements start in the
+    call's input / output (each chunk its own memory, as in the collective, so
+    that nothing is timed out of L2 that the call would read from HBM)."""
 
     kind: str
     count: int
     m: int
     numel: int
+    chunk: int = 0
+    src_at: int = 0
+    dst_at: int = 0
+    slot: int = 0  # the first of its segments in the chunk's send or wire bytes
 
 
 def launches(op: str, P: int, block: int, size: int, chunk_numel: int = NCCL_CHUNK_NUMEL) -> list[Launch]:
@@ -85,29 +91,34 @@ def launches(op: str, P: int, block: int, size: int, chunk_numel: int = NCCL_CHU
     out: list[Launch] = []
     if op == "all_reduce":
         chunks = chunk_plan(P, block, True, size, chunk_numel)
-        for c in chunks:  # quantize_for_peers: the segments before this rank's, then those after
+        for i, c in enumerate(chunks):  # quantize_for_peers: the segments before this rank's, then those after
             if r > 0:
-                out.append(Launch("quantize", r, c.m, max(0, min(r * c.m, c.numel))))
+                out.append(Launch("quantize", r, c.m, max(0, min(r * c.m, c.numel)), i, c.begin))
             if r + 1 < P:
-                out.append(Launch("quantize", P - 1 - r, c.m, max(0, min((P - 1 - r) * c.m, c.numel - (r + 1) * c.m))))
-        for c in chunks:
-            out.append(Launch("sum_requantize", P - 1, c.m, max(0, min(c.m, c.numel - r * c.m))))
-        for c in chunks:  # decode_gathered: P consecutive slots, one launch
-            out.append(Launch("dequantize", P, c.m, c.numel))
+                out.append(Launch("quantize", P - 1 - r, c.m,
+                                  max(0, min((P - 1 - r) * c.m, c.numel - (r + 1) * c.m)), i,
+                                  c.begin + min(c.numel, (r + 1) * c.m), slot=r))
+        for i, c in enumerate(chunks):  # the peers' pieces summed onto this rank's own segment
+            out.append(Launch("sum_requantize", P - 1, c.m, max(0, min(c.m, c.numel - r * c.m)), i,
+                              c.begin + min(c.numel, r * c.m)))
+        for i, c in enumerate(chunks):  # decode_gathered: P consecutive slots, one launch
+            out.append(Launch("dequantize", P, c.m, c.numel, i, dst_at=c.begin))
         return out
     k = ceil_div(size, P)
     chunks = chunk_plan(P, block, False, k, chunk_numel)
-    if op == "reduce_scatter":
-        for c in chunks:
-            out += [Launch("quantize", 1, c.m, c.numel) for _ in range(P - 1)]
-        out += [Launch("sum", P - 1, c.m, c.numel) for c in chunks]
+    peers = [q for q in range(P) if q != r]
+    if op == "reduce_scatter":  # input: P segments of k; output: this rank's k
+        for i, c in enumerate(chunks):
+            out += [Launch("quantize", 1, c.m, c.numel, i, q * k + c.begin, slot=j) for j, q in enumerate(peers)]
+        out += [Launch("sum", P - 1, c.m, c.numel, i, r * k + c.begin, c.begin) for i, c in enumerate(chunks)]
         return out
-    if op == "all_gather":
-        out += [Launch("quantize", 1, c.m, c.numel) for c in chunks]
+    if op == "all_gather":  # input: this rank's k; output: P segments of k
+        out += [Launch("quantize", 1, c.m, c.numel, i, c.begin) for i, c in enumerate(chunks)]
         if len(chunks) == 1:  # one chunk: the P segments decode in one launch into the flat output
             out.append(Launch("dequantize", P, k, P * k))
         else:
-            out += [Launch("dequantize", 1, c.m, c.numel) for c in chunks for _ in range(P)]
+            out += [Launch("dequantize", 1, c.m, c.numel, i, dst_at=q * k + c.begin, slot=q)
+                    for i, c in enumerate(chunks) for q in range(P)]
         return out
     raise ValueError(f"collective_time: op {op!r} is not one of {', '.join(OPS)}")
 
@@ -125,36 +136,43 @@ def launch_bytes(launch: Launch, element_size: int, segment_bytes: int) -> int:
 
 
 class Buffers:
-    """One source tensor, one output, a send buffer and, per segment size, wire
-    bytes holding real codes (decoding garbage would take the kernels'
-    non-finite path); each launch a view of them."""
+    """The call's input and output, and per chunk its send bytes and wire bytes
+    holding real codes (decoding garbage would take the kernels' non-finite
+    path), each launch a view of them."""
 
     def __init__(self, plan: list[Launch], dtype: torch.dtype, device: str, fmt: dict):
         self.fmt = fmt
-        most = max(max(x.numel, x.count * x.m) for x in plan)
-        count = max(x.count for x in plan)
-        self.x = torch.randn(most, device=device).to(dtype)
-        self.out = torch.empty(most, dtype=dtype, device=device)
-        self.wire = {}
-        for m in sorted({x.m for x in plan}):
-            S = fp8comm.segment_bytes(m, **fmt)
-            self.wire[m] = torch.empty(count * S, dtype=torch.uint8, device=device)
-            fp8comm.quantize_segments(self.x[: min(most, count * m)], self.wire[m], count, m, **fmt)
-        self.send = torch.empty_like(max(self.wire.values(), key=lambda t: t.numel()))
-        self.one = torch.empty(max(fp8comm.segment_bytes(m, **fmt) for m in self.wire), dtype=torch.uint8,
-                               device=device)
+        reads = [x for x in plan if x.kind != "dequantize"]
+        self.x = torch.randn(max(x.src_at + max(x.numel, 1) for x in reads), device=device).to(dtype)
+        writes = [x for x in plan if x.kind in ("sum", "dequantize")]
+        self.out = torch.empty(max([x.dst_at + x.numel for x in writes] + [1]), dtype=dtype, device=device)
+        self.wire, self.send = {}, {}
+        for i in sorted({x.chunk for x in plan}):
+            mine = [x for x in plan if x.chunk == i]
+            count = max(x.slot + x.count for x in mine)
+            self.wire[i] = {}
+            for m in sorted({x.m for x in mine}):  # all_gather's one-launch decode: segments of k
+                S = fp8comm.segment_bytes(m, **fmt)
+                self.wire[i][m] = torch.empty(count * S, dtype=torch.uint8, device=device)
+                fp8comm.quantize_segments(self.x[: min(self.x.numel(), count * m)], self.wire[i][m], count, m, **fmt)
+            self.send[i] = torch.empty(count * fp8comm.segment_bytes(mine[0].m, **fmt), dtype=torch.uint8,
+                                       device=device)
+        segment_most = max(fp8comm.segment_bytes(x.m, **fmt) for x in plan)
+        self.one = {i: torch.empty(segment_most, dtype=torch.uint8, device=device) for i in self.wire}
 
     def run(self, x: Launch) -> None:
         S = fp8comm.segment_bytes(x.m, **self.fmt)
-        wire = self.wire[x.m][: x.count * S]
+        wire = self.wire[x.chunk][x.m][x.slot * S: (x.slot + x.count) * S]
+        src = self.x[x.src_at: x.src_at + x.numel]
         if x.kind == "quantize":
-            fp8comm.quantize_segments(self.x[: x.numel], self.send[: x.count * S], x.count, x.m, **self.fmt)
+            fp8comm.quantize_segments(src, self.send[x.chunk][x.slot * S: (x.slot + x.count) * S], x.count, x.m,
+                                      **self.fmt)
         elif x.kind == "sum_requantize":
-            fp8comm.dequant_sum_requantize(wire, self.one[:S], x.count, x.m, own=self.x[: x.numel], **self.fmt)
+            fp8comm.dequant_sum_requantize(wire, self.one[x.chunk][:S], x.count, x.m, own=src, **self.fmt)
         elif x.kind == "sum":
-            fp8comm.dequant_sum(wire, self.out[: x.numel], x.count, x.m, own=self.x[: x.numel], **self.fmt)
+            fp8comm.dequant_sum(wire, self.out[x.dst_at: x.dst_at + x.numel], x.count, x.m, own=src, **self.fmt)
         else:
-            fp8comm.dequantize_segments(wire, self.out[: x.numel], x.count, x.m, **self.fmt)
+            fp8comm.dequantize_segments(wire, self.out[x.dst_at: x.dst_at + x.numel], x.count, x.m, **self.fmt)
 
 
 def measure(op: str, P: int, dtype_name: str, wire_format: str, size: int, device: str, trials: int, reps: int,

@@ -73,6 +73,15 @@ def messages(exc: BaseException) -> str:
     return " | ".join(f"{type(e).__name__}: {e}" for e in seen)
 
 
+def refusal(op: str, exc: BaseException) -> str:
+    """A capture's error, if it is a clear refusal (it names fp8comm); else this benchmark fails."""
+    message = messages(exc)
+    if "fp8comm" not in message:
+        raise SystemExit(f"error: CUDA graph capture of fp8nccl's {op} failed with an error that does not name "
+                         f"fp8comm: {message}")
+    return message
+
+
 def graph_row(op: str, n: int, dtype: torch.dtype, calls: int, trials: int) -> dict:
     """The same calls captured into one CUDA graph, or fp8nccl's refusal to capture."""
     fn = call_of(op, n, "cuda", dtype)
@@ -88,10 +97,7 @@ def graph_row(op: str, n: int, dtype: torch.dtype, calls: int, trials: int) -> d
             for _ in range(calls):
                 fn()
     except Exception as e:  # noqa: BLE001 (any refusal must name fp8comm; checked below)
-        message = messages(e)
-        if "fp8comm" not in message:
-            raise SystemExit(f"error: CUDA graph capture of fp8nccl's {op} failed with an error that does not "
-                             f"name fp8comm: {message}")
+        message = refusal(op, e)
         torch.cuda.synchronize()
         return {"graph": "refused", "graph_error": message}
     host, gpu = host_and_gpu(graph.replay, "cuda", 1, trials)
@@ -120,22 +126,28 @@ def main(argv=None):
         dist.init_process_group(backend, init_method=f"file://{os.path.join(d, 'store')}", rank=0, world_size=1,
                                 pg_options=fp8comm.Options(min_numel=1024, compress="all"))
         try:
-            for n in map(one_gpu.parse_size, args.sizes.split(",")):
-                for dtype_name in args.dtypes.split(","):
-                    dtype = getattr(torch, dtype_name)
-                    for op in OPS:
-                        before = fp8comm.get_stats()["calls_compressed"]
-                        host, gpu = host_and_gpu(call_of(op, n, device, dtype), device, args.calls, args.trials)
-                        compressed = fp8comm.get_stats()["calls_compressed"] - before
-                        row = {"op": op, "numel": n, "dtype": dtype_name, "calls_compressed": compressed,
-                               "calls": 1 + args.calls * args.trials, "host_s": host["median_s"],
-                               "host_spread": host["spread"], "gpu_s": gpu["median_s"] if gpu else None,
-                               "host_over_gpu": host["median_s"] / gpu["median_s"] if gpu else None}
-                        if device == "cuda":
-                            row.update(graph_row(op, n, dtype, args.calls, args.trials))
-                        else:
-                            row.update(graph="not attempted: no CUDA on the CPU")
-                        rows.append(row)
+            cases = [(n, dtype_name, op) for n in map(one_gpu.parse_size, args.sizes.split(","))
+                     for dtype_name in args.dtypes.split(",") for op in OPS]
+            for n, dtype_name, op in cases:
+                dtype = getattr(torch, dtype_name)
+                before = fp8comm.get_stats()["calls_compressed"]
+                host, gpu = host_and_gpu(call_of(op, n, device, dtype), device, args.calls, args.trials)
+                compressed = fp8comm.get_stats()["calls_compressed"] - before
+                rows.append({"op": op, "numel": n, "dtype": dtype_name, "calls_compressed": compressed,
+                             "calls": 1 + args.calls * args.trials, "host_s": host["median_s"],
+                             "host_spread": host["spread"], "gpu_s": gpu["median_s"] if gpu else None,
+                             "host_over_gpu": host["median_s"] / gpu["median_s"] if gpu else None,
+                             "graph": "not attempted: no CUDA on the CPU"})
+            # the graphs after every eager row: a refused capture may leave the communicator unusable
+            refused = None
+            for row, (n, dtype_name, op) in zip(rows, cases):
+                if device != "cuda":
+                    break
+                if refused:
+                    row.update(graph="refused", graph_error=f"not attempted again after: {refused}")
+                    continue
+                row.update(graph_row(op, n, getattr(torch, dtype_name), args.calls, args.trials))
+                refused = row.get("graph_error")
         finally:
             dist.destroy_process_group()
     for r in rows:

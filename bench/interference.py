@@ -7,9 +7,9 @@ SMs and HBM from them, which a single-rank codec benchmark never shows.
     python bench/interference.py --smoke     # the CPU: the shapes and the calls, one after another
 
 For each GEMM shape and wire format: the GEMM alone (R back-to-back GEMMs
-between CUDA events, median of trials), the codec alone (an all_reduce
-chunk's kernels at P = 8, 16M BF16 elements, as collective_time.py lists
-them), then both at once: the GEMMs on one stream and enough codec
+between CUDA events, median of trials), the codec alone (an all_reduce's
+kernels at P = 8 over 128M BF16 elements, 8 chunks, as collective_time.py
+lists them), then both at once: the GEMMs on one stream and enough codec
 iterations to cover them on another, each stream timed by its own events.
 
 Measured: every time, and so the GEMM's slowdown (beside / alone) and the
@@ -31,14 +31,15 @@ import one_gpu
 # (tokens, in features, out features): the MLP's up / gate and down projections of Llama-3-8B
 SHAPES = ((8192, 4096, 14336), (8192, 14336, 4096))
 CODEC_RANKS = 8
-CODEC_NUMEL = 1 << 24
+# 128M BF16 elements, 8 chunks of NCCL's 16M: a working set several times the L2, as a bucket of gradients is
+CODEC_NUMEL = 1 << 27
 
 
-def codec_job(wire_format: str, numel: int, device: str):
-    """(a function running one all_reduce chunk's codec kernels, their bytes)."""
+def codec_job(wire_format: str, numel: int, chunk_numel: int, device: str):
+    """(a function running one all_reduce's codec kernels, their bytes)."""
     fmt = {"wire_format": wire_format}
     block = fp8comm.codec.default_block_size(wire_format)
-    plan = collective_time.launches("all_reduce", CODEC_RANKS, block, numel, chunk_numel=numel)
+    plan = collective_time.launches("all_reduce", CODEC_RANKS, block, numel, chunk_numel)
     bufs = collective_time.Buffers(plan, torch.bfloat16, device, fmt)
     moved = sum(collective_time.launch_bytes(x, 2, fp8comm.segment_bytes(x.m, **fmt)) for x in plan)
 
@@ -92,7 +93,8 @@ def measure(shape, wire_format: str, device: str, trials: int, gemm_reps: int, c
     def gemm():
         torch.matmul(a, b, out=c)
 
-    codec, codec_bytes = codec_job(wire_format, codec_numel, device)
+    chunk_numel = collective_time.NCCL_CHUNK_NUMEL if device == "cuda" else codec_numel
+    codec, codec_bytes = codec_job(wire_format, codec_numel, chunk_numel, device)
     gemm_alone = one_gpu.time_trials(gemm, device, trials, gemm_reps)
     codec_alone = one_gpu.time_trials(codec, device, trials, max(1, gemm_reps))
     row = {"tokens": M, "in_features": K, "out_features": N, "wire_format": wire_format, "codec_ranks": CODEC_RANKS,

@@ -6,11 +6,13 @@ session's JSON with every field labelled measured / modeled / counted, and
 say why a field a CPU cannot give is empty. The chunk plan they time is
 chunk_plan.cpp's, checked here against the C++ constants and by hand. And
 the side-by-side runner runs a benchmark once per CUDA codec kernel set."""
+import contextlib
 import json
 import re
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from tests.support import REPO_ROOT
@@ -18,6 +20,7 @@ from tests.support import REPO_ROOT
 BENCH = str(REPO_ROOT / "bench")
 SMOKE = """
 import sys
+import time
 sys.argv = ["smoke"]
 import collective_time, enqueue, interference, overlap
 path = sys.argv_path = {path!r}
@@ -104,12 +107,24 @@ def test_the_launches_are_the_algorithms():
     # all_reduce, one chunk, rank 1 of 4: the peers' segments before and after its own, the sum with its own
     # segment as the addend, then the P segments decoded in one launch
     m = 1024
-    assert ct.launches("all_reduce", 4, 32, 4 * m) == [L("quantize", 1, m, m), L("quantize", 2, m, 2 * m),
-                                                      L("sum_requantize", 3, m, m), L("dequantize", 4, m, 4 * m)]
-    # reduce_scatter: one quantize per peer, then the sum into the output
-    assert ct.launches("reduce_scatter", 4, 32, 4 * m) == [L("quantize", 1, m, m)] * 3 + [L("sum", 3, m, m)]
-    # all_gather: its own segment, then all P decoded at once into the flat output
+    assert ct.launches("all_reduce", 4, 32, 4 * m) == [
+        L("quantize", 1, m, m), L("quantize", 2, m, 2 * m, src_at=2 * m, slot=1),
+        L("sum_requantize", 3, m, m, src_at=m), L("dequantize", 4, m, 4 * m)]
+    # two chunks: the second's elements and bytes are its own
+    two = ct.launches("all_reduce", 4, 32, 8 * m, chunk_numel=4 * m)
+    assert [(x.kind, x.chunk, x.src_at, x.dst_at) for x in two] == [
+        ("quantize", 0, 0, 0), ("quantize", 0, 2 * m, 0), ("quantize", 1, 4 * m, 0), ("quantize", 1, 6 * m, 0),
+        ("sum_requantize", 0, m, 0), ("sum_requantize", 1, 5 * m, 0), ("dequantize", 0, 0, 0),
+        ("dequantize", 1, 0, 4 * m)]
+    # reduce_scatter: one quantize per peer from its segment of the input, then the sum with this rank's own
+    assert ct.launches("reduce_scatter", 4, 32, 4 * m) == [
+        L("quantize", 1, m, m, src_at=q * m, slot=j) for j, q in enumerate((0, 2, 3))] + [
+        L("sum", 3, m, m, src_at=m)]
+    # all_gather: its own segment, then all P decoded at once into the flat output, or by chunk and rank
     assert ct.launches("all_gather", 4, 32, 4 * m) == [L("quantize", 1, m, m), L("dequantize", 4, m, 4 * m)]
+    two = ct.launches("all_gather", 4, 32, 8 * m, chunk_numel=4 * m)
+    assert [(x.kind, x.chunk, x.slot, x.dst_at) for x in two if x.kind == "dequantize"] == [
+        ("dequantize", i, q, q * 2 * m + i * m) for i in range(2) for q in range(4)]
     with pytest.raises(ValueError, match="not one of"):
         ct.launches("broadcast", 4, 32, m)
     assert ct.launch_bytes(L("quantize", 2, m, 2 * m), 4, 1000) == 8 * m + 2000
@@ -136,3 +151,79 @@ def test_side_by_side_runs_a_bench_once_per_kernel_set(tmp_path):
                         "import os, sys; sys.exit(os.environ['FP8COMM_CUDA_CODEC'] == 'legacy')", "{json}"],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 1 and "failed kernel sets: legacy, tiled" in p.stdout  # tiled wrote no JSON either
+
+
+class FakeEvent:
+    """torch.cuda.Event on the CPU: the host's clock at record()."""
+
+    def __init__(self, enable_timing=False):
+        self.t = None
+
+    def record(self, stream=None):
+        self.t = time.perf_counter()
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, end):
+        return (end.t - self.t) * 1e3
+
+
+class FakeStream:
+    def __init__(self):
+        self.waited = 0
+
+    def wait_event(self, event):
+        assert event.t is not None  # an event is waited for only after it was recorded
+        self.waited += 1
+
+    def wait_stream(self, stream):
+        pass
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """The CUDA-only control flow (streams, events, the spin) runs on CPU tensors."""
+    import torch
+
+    current = FakeStream()
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: current)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None)
+    return current
+
+
+def test_the_streamed_paths_run_their_schedules(fake_cuda):
+    """What only a GPU runs, on stand-in streams and events: the GEMM and the
+    codec interleaved on two streams; the overlap schedule's two streams, each
+    chunk's sum waiting for its exchange and the decodes for the last gather."""
+    import torch
+
+    interference, overlap = bench_module("interference"), bench_module("overlap")
+    a, b = torch.randn(16, 16), torch.randn(16, 16)
+    codec, moved = interference.codec_job("e4m3", 1 << 14, 1 << 12, "cpu")
+    assert moved > 0
+    g, c = interference.side_by_side(lambda: a @ b, 2, codec, 5, trials=2)
+    assert len(g["trials_s"]) == 2 and g["median_s"] > 0 and c["median_s"] > 0
+    s = overlap.Schedule("mxfp4", torch.bfloat16, 1 << 16, 1 << 14, "cpu", 1e9, 1e9)
+    s.wire_stream = FakeStream()
+    s.calibrate()
+    assert set(s.pad) == set(s.exchange_bytes + s.gather_bytes) and all(v >= 0 for v in s.pad.values())
+    assert len(s.chunks) == 4 and len(s.quantizes) == 4 and all(len(q) == 2 for q in s.quantizes)
+    s.pipelined()
+    assert s.wire_stream.waited == 2 * len(s.chunks)  # each exchange after its quantize, each gather after its sum
+    assert fake_cuda.waited == len(s.chunks) + 1  # each sum after its exchange, the decodes after the last gather
+    s.serial()
+
+
+def test_an_unclear_capture_error_fails_the_enqueue_bench():
+    enqueue = bench_module("enqueue")
+    try:
+        raise RuntimeError("fp8comm: all_reduce cannot be captured in a CUDA graph")
+    except RuntimeError as e:
+        assert "cannot be captured" in enqueue.refusal("all_reduce", e)
+    with pytest.raises(SystemExit, match="does not name fp8comm"):
+        enqueue.refusal("all_reduce", RuntimeError("operation not permitted when stream is capturing"))
