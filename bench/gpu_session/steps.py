@@ -97,7 +97,7 @@ SESSION = (
     Step("overlap", 20, side_by_side("overlap", CLUSTER_JSON, PY, "bench/overlap.py", "--json", "{json}"),
          kind="bench", drop=8, results=("cluster-1gpu.json",), table=(60, r"^== FP8COMM_CUDA_CODEC|overlap"),
          what="the chunked codec against a throttled copy standing in for the wire"),
-    Step("enqueue", 15, (PY, "bench/enqueue.py", "--json", CLUSTER_JSON), kind="bench", drop=6,
+    Step("enqueue", 20, (PY, "bench/enqueue.py", "--json", CLUSTER_JSON), kind="bench", drop=6,
          results=("cluster-1gpu.json",), table=(30, "."),
          what="host enqueue time against GPU time per compressed call, eager and in a CUDA graph"),
     Step("linear-bench", 60, (PY, "bench/linear.py", "--reps", "10", "--casts", "--json", "{out}/linear.json"),
