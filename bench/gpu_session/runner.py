@@ -49,13 +49,23 @@ class Config:
     python: str = "python3"
 
 
+_PRINT = threading.Lock()
+
+
+def say(lines) -> None:
+    """Whole lines, one writer at a time: lanes print from threads, and print() writes a line and its
+    newline separately, so two lanes' lines could run together."""
+    with _PRINT:
+        sys.stdout.write("".join(f"{line}\n" for line in lines))
+        sys.stdout.flush()
+
+
 def log(text: str) -> None:
-    print(f"== {time.strftime('%H:%M:%S')} {text}", flush=True)
+    say([f"== {time.strftime('%H:%M:%S')} {text}"])
 
 
 def indented(lines) -> None:
-    for line in lines:
-        print(f"   | {line}", flush=True)
+    say([f"   | {line}" for line in lines])
 
 
 def tail(path: str, n: int) -> list[str]:
@@ -472,11 +482,7 @@ class Runner:
         for s in self.steps:
             if s.table and self.status_of(s.name) == "PASS" and os.path.exists(self.log_path(s)):
                 lines, regex = s.table
-                print(f"== table: {s.name}")
-                for ln in tail(self.log_path(s), lines):
-                    if re.search(regex, ln):
-                        print(ln)
-        sys.stdout.flush()
+                say([f"== table: {s.name}"] + [ln for ln in tail(self.log_path(s), lines) if re.search(regex, ln)])
 
     def finish(self) -> int:
         self.print_tables()
@@ -485,7 +491,7 @@ class Runner:
             self.closed = True
         with open(os.path.join(self.c.out, self.c.prefix + ".txt")) as f:
             text = f.read()
-        print(text, end="", flush=True)
+        say(text.splitlines())
         if self.final_rc:
             return self.final_rc
         return 1 if any(ln.startswith("FAIL ") for ln in text.splitlines()) else 0

@@ -385,6 +385,9 @@ def test_one_call_runs_every_step_in_order_of_evidence_per_second(runs):
     commands = commands_of(run)
     rows, text = summary_of(run.out)
     assert list(rows) == ALL_STEPS, text
+    # whole lines, though lanes print from threads side by side
+    assert all(re.fullmatch(r"== [\d:]+ \S+ \(limit \d+ s\): [^\n]*", ln) and ln.count(" (limit ") == 1
+               for ln in run.stdout.splitlines() if " (limit " in ln), run.stdout
     assert all(status == "DRY" for name, (status, _) in rows.items() if name not in OPTIONAL), text
     assert all(rows[name][0] == "SKIP" for name in OPTIONAL), text
     build = commands["build"]
