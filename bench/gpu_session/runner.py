@@ -114,6 +114,8 @@ class Runner:
         self.final_rc = 0
         self.env = dict(os.environ)
         self.pythonpath: list[str] = []
+        self.plan_line = ""             # the summary's "== plan:" line
+        self.result_files: tuple = ()   # the files in $OUT the summary lists
 
     # ------------------------------------------------------------ status
     def record(self, name: str, status: str, secs: float, detail: str = "") -> None:
@@ -183,9 +185,6 @@ class Runner:
         lines.append(f"== logs, junit XML, per-test results, sanitizer reports: "
                      f"{os.path.join(self.c.out, self.c.prefix + '-logs.tar.gz')}")
         return "\n".join(lines) + "\n"
-
-    plan_line = ""
-    result_files: tuple = ()
 
     def write_outputs(self, final: bool, tag: str = "") -> None:
         """The summary and the logs tarball, each replaced whole, one writer at a time."""
