@@ -184,13 +184,16 @@ def main(argv=None):
     p.add_argument("--compile", dest="compile", action="store_true", default=None,
                    help="also time the compiled variants (the default on CUDA)")
     p.add_argument("--no-compile", dest="compile", action="store_false")
+    p.add_argument("--compile-tokens", default="all",
+                   help="token counts whose shapes get the compiled variants (each shape compiles anew): 'all' or "
+                        "a comma list")
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     shapes = QUICK_SHAPES if args.quick or device.type == "cpu" else SHAPES
     reps = 3 if args.quick else args.reps
     recipes = args.recipes.split(",")
-    compile_ = device.type == "cuda" if args.compile is None else args.compile
+    compile_all = device.type == "cuda" if args.compile is None else args.compile
     # On CUDA the casts run fused unless FP8COMM_FUSED_CAST=0: both are timed.
     # On the CPU they always run fused (the CPU twin), so there is one FP8 variant.
     cast_modes = [("eager", False), ("fused", True)] if device.type == "cuda" else [("fused", None)]
@@ -198,7 +201,7 @@ def main(argv=None):
     rows = []
     if not args.casts_only:
         print(f"{'tokens x in -> out':24s} {'recipe':10s} {base_name + ' ms':>10s} "
-              + " ".join(f"{'fp8 ' + m + ' ms':>14s} {'x':>5s}" for m, _ in cast_modes + [("compiled", 0)] * compile_)
+              + " ".join(f"{'fp8 ' + m + ' ms':>14s} {'x':>5s}" for m, _ in cast_modes + [("compiled", 0)] * compile_all)
               + "  torchao ms  compiled", flush=True)
     for tokens, fin, fout in ([] if args.casts_only else shapes):
         base = nn.Linear(fin, fout, bias=False, device=device, dtype=dtype)
@@ -215,6 +218,7 @@ def main(argv=None):
             if module is not None:
                 variants.append((name, module, fused))
 
+        compile_ = compile_all and (args.compile_tokens == "all" or str(tokens) in args.compile_tokens.split(","))
         if compile_:
             add(f"{base_name}-compiled", lambda: compiled(base, x, grad))
         for recipe in recipes:

@@ -1,7 +1,8 @@
-"""bench/gpu_session.sh, the one command of a GPU session, without a GPU: it
-parses, shellcheck (where installed) finds nothing, and its `selftest` modes
-push deliberately failing and passing steps through the same step runner as the
-session. A failing pytest run, a run in which every test skipped, a hung test,
+"""bench/gpu_session.sh, the one command of a GPU session (a thin wrapper of the
+runner in bench/gpu_session/), without a GPU: it parses, shellcheck (where
+installed) finds nothing, and its `selftest` modes push deliberately failing
+and passing steps through the same runner as the session (the fixtures:
+tests/tools/gpu_session_selftest/). A failing pytest run, a run in which every test skipped, a hung test,
 a run cut at its cap, a failing background lane, a failed env check, a failed
 build and a compute-sanitizer error must each fail the command (nonzero exit,
 FAIL in the summary, saying why) while the later steps still run; an
@@ -10,7 +11,8 @@ that imports, must exit 0. The summary is rewritten after every step (a kill
 at any moment leaves one). The session itself is dry-run
 (FP8COMM_GPU_SESSION_DRYRUN=1): its steps and their order, every CUDA test file
 run once, a plan that fits the default budget and a short one, and results
-that the device tool can bring back (flat in $OUT, at most 8 files).
+that the device tool can bring back (flat in $OUT, at most 8 files). The
+plan's rules without a process: test_gpu_session_plan.py.
 
 The script's runs start together, once per module (RUNS), and the tests read
 their results: the runs mostly wait on caps and timeouts, so the file stays
@@ -22,14 +24,17 @@ import signal
 import subprocess
 import tarfile
 import textwrap
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 from tests.support import REPO_ROOT
+from tests.tools.gpu_session_table import SESSION
 
 ROOT = str(REPO_ROOT)
 SCRIPT = os.path.join(ROOT, "bench", "gpu_session.sh")
+RUNNER = REPO_ROOT / "bench" / "gpu_session"
 
 # A compute-sanitizer stand-in: takes the options the script passes, writes a
 # report to --log-file, and runs the command after them (or not), as FAKE_SANITIZER says.
@@ -252,20 +257,22 @@ def test_a_hung_test_fails_alone_and_the_run_goes_on(runs):
     assert "2 passed, 1 failed" in rows["selftest-hang"][1], text
     results = results_log(archived(run.out)["selftest-hang.results"])
     outcomes = {r[2]: r for r in results if r[0] != "START"}
-    assert outcomes["test_hang.py::test_hangs"][0] == "FAILED"
-    assert "timed out" in outcomes["test_hang.py::test_hangs"][3]
-    assert outcomes["test_hang.py::test_after_the_hang"][0] == "PASSED"
+    assert outcomes["selftest_hang.py::test_hangs"][0] == "FAILED"
+    assert "timed out" in outcomes["selftest_hang.py::test_hangs"][3]
+    assert outcomes["selftest_hang.py::test_after_the_hang"][0] == "PASSED"
 
 
 def test_a_step_cut_at_its_cap_still_reports_its_tests(runs):
     run = runs["selftest"]
     rows, text = summary_of(run.out)
     detail = rows["selftest-cut"][1]
-    assert "timed out after 6 s: 1 passed, 0 failed" in detail and "running: test_hang.py::test_hangs" in detail, text
+    assert "timed out after 6 s: 1 passed, 0 failed" in detail, text
+    assert "running: selftest_hang.py::test_hangs" in detail, text
     log = archived(run.out)["selftest-cut.results"].decode()
     assert "PASSED\t" in log and 'in test_hangs' in log  # the traceback of the test it was in (SIGTERM)
-    assert "test_hang.py::test_hangs PASSED" not in archived(run.out)["selftest-cut.log"].decode()
-    assert "test_hang.py::test_passes PASSED" in archived(run.out)["selftest-cut.log"].decode()  # verbose
+    assert "selftest_hang.py::test_hangs PASSED" not in archived(run.out)["selftest-cut.log"].decode()
+    assert "selftest_hang.py::test_passes PASSED" in archived(run.out)["selftest-cut.log"].decode()  # verbose
+    assert "selftest-cut.xml" not in archived(run.out)  # cut before pytest wrote it: the counts are the log's
 
 
 def test_the_summary_is_rewritten_after_every_step(runs):
@@ -364,11 +371,12 @@ def plan_of(run):
     return int(m.group(1)), int(m.group(2)), line
 
 
-SERIAL = ["env", "build", "codec-cast-tests", "codec-bench", "linear-bench", "comm-bench", "model"]
-TESTS_LANE = ["cuda-streams", "cuda-backend", "cuda-eager-init"]
-MULTIRANK_LANE = ["cuda-multirank"]
-SANITIZER_LANE = ["memcheck", "racecheck"]
-ALL_STEPS = SERIAL + TESTS_LANE + MULTIRANK_LANE + SANITIZER_LANE
+ALL_STEPS = [s.name for s in SESSION if s.on_failure_of is None]
+PYTEST_STEPS = [s.name for s in SESSION if s.kind == "pytest"]
+SANITIZER_STEPS = [s.name for s in SESSION if s.kind == "sanitizer"]
+BENCH_STEPS = [s.name for s in SESSION if s.kind == "bench"]
+# run only where a file of the tree is there (the wheels, a hook's script): a SKIP in this tree
+OPTIONAL = {s.name for s in SESSION if s.requires and not (REPO_ROOT / s.requires).exists()}
 
 
 def test_one_call_runs_every_step_in_order_of_evidence_per_second(runs):
@@ -377,48 +385,49 @@ def test_one_call_runs_every_step_in_order_of_evidence_per_second(runs):
     commands = commands_of(run)
     rows, text = summary_of(run.out)
     assert list(rows) == ALL_STEPS, text
-    assert all(status == "DRY" for status, _ in rows.values()), text
+    # whole lines, though lanes print from threads side by side
+    assert all(re.fullmatch(r"== [\d:]+ \S+ \(limit \d+ s\): [^\n]*", ln) and ln.count(" (limit ") == 1
+               for ln in run.stdout.splitlines() if " (limit " in ln), run.stdout
+    assert all(status == "DRY" for name, (status, _) in rows.items() if name not in OPTIONAL), text
+    assert all(rows[name][0] == "SKIP" for name in OPTIONAL), text
     build = commands["build"]
     assert "setup.py build_ext --inplace" in build and "pip" not in build
     assert "TORCH_CUDA_ARCH_LIST=9.0 " in build and "MAX_JOBS=" in build and "has_cuda.py" in build
-    with open(SCRIPT) as f:
-        script = f.read()
-    assert "assert fp8comm._C.has_cuda" in script  # what has_cuda.py checks
-    for var in ("PIP_NO_INDEX=1", "PIP_DISABLE_PIP_VERSION_CHECK=1", 'PYTHONPATH="$ROOT:'):
-        assert var in script, var
+    assert "assert fp8comm._C.has_cuda" in (RUNNER / "has_cuda.py").read_text()  # what the import check checks
+    main = (RUNNER / "main.py").read_text()
+    for var in ('PIP_NO_INDEX="1"', 'PIP_DISABLE_PIP_VERSION_CHECK="1"', "PYTHONPATH"):
+        assert var in main, var
     assert "env_check.py" in commands["env"]
-    for name in SERIAL[2:] + TESTS_LANE + MULTIRANK_LANE + SANITIZER_LANE:
+    for name in PYTEST_STEPS + SANITIZER_STEPS:
         assert " -m cuda " not in commands[name], name  # named files: one import error cannot hide the rest
+        assert "--tier all -n 0" in commands[name], name  # every case, in this process (one GPU)
     assert "comm.py" not in commands["comm-bench"] and "--max-bytes 256M" in commands["comm-bench"]
-    assert "--codec-json" in commands["model"] and "codec.json" in commands["model"]
+    assert "--codec-json" in commands["model"] and "codec-tiled.json" in commands["model"]
+
+
+def test_the_codec_steps_run_both_kernel_sets(runs):
+    commands = commands_of(runs["dry"])
+    for name in ("codec-bench", "collective-time", "interference", "overlap"):
+        assert "side_by_side.py --sets legacy,tiled " in commands[name], commands[name]
+    assert "FP8COMM_CUDA_CODEC=tiled python3 -m pytest" in commands["codec-cast-tests"]
+    assert "FP8COMM_CUDA_CODEC=legacy python3 -m pytest" in commands["codec-tests-legacy"]
 
 
 def test_pytest_steps_are_verbose_with_a_per_test_timeout_and_a_results_log(runs):
     commands = commands_of(runs["dry"])
-    for name in ["codec-cast-tests"] + TESTS_LANE + MULTIRANK_LANE + SANITIZER_LANE:
+    for name in PYTEST_STEPS + SANITIZER_STEPS:
         c = commands[name]
         assert " -v " in c and " -q " not in c and "-p gpu_session_guard" in c, c
         assert re.search(r"--test-timeout=\d+ ", c) and "--results-log=" in c and "--durations=" in c, c
-
-
-def test_every_cuda_test_file_is_run_by_exactly_one_test_step(runs):
-    commands = commands_of(runs["dry"])
-    # a module marked cuda, or a test in it: `-m cuda` would have found them, the named files must
-    cuda_files = sorted(str(f.relative_to(REPO_ROOT)) for f in (REPO_ROOT / "tests").rglob("test_*.py")
-                        if re.search(r"^(pytestmark = )?@?pytest\.mark\.cuda$", f.read_text(), re.M))
-    assert "tests/codec/test_codec_cuda.py" in cuda_files  # the marker this test looks for is the one in use
-    test_steps = ["codec-cast-tests"] + TESTS_LANE + MULTIRANK_LANE
-    for f in cuda_files:
-        steps = [name for name in test_steps if f" {f}" in commands[name]]
-        assert len(steps) == 1, (f, steps)
+        assert "--junitxml=" in c, c  # the counts are read from it
 
 
 def test_sanitizers_cover_the_codec_and_cast_kernels_and_racecheck_only_shared_memory(runs):
     commands = commands_of(runs["dry"])
-    for tool in SANITIZER_LANE:
+    for tool in SANITIZER_STEPS:
         assert f"--tool {tool}" in commands[tool] and "--junitxml=" in commands[tool]
         assert "--kernel-name kns=fp8comm" in commands[tool]
-        assert " -k not compile and " in commands[tool]  # a stated subset
+        assert " -k 'not compile and " in commands[tool]  # a stated subset
     assert "tests/codec/test_codec_cuda.py tests/nn/test_fused_cast_cuda.py" in commands["memcheck"]
     assert "tests/nn/test_fused_cast_cuda.py" in commands["racecheck"]
     assert "test_codec_cuda.py" not in commands["racecheck"]
@@ -448,17 +457,17 @@ def test_a_short_budget_drops_the_lowest_value_steps_and_scales_the_rest(runs, b
     rows, text = summary_of(run.out)
     dropped = [name for name in ALL_STEPS if rows[name][0] == "DROPPED"]
     assert dropped and not any(name in commands for name in dropped), text
-    (order_line,) = [ln for ln in run.stdout.splitlines() if "in DROP_ORDER:" in ln]
-    order = order_line.split("in DROP_ORDER: ")[1].split()
+    (order_line,) = [ln for ln in run.stdout.splitlines() if "lowest drop rank first:" in ln]
+    order = order_line.split("lowest drop rank first: ")[1].split()
     assert sorted(order) == sorted(dropped)
-    with open(SCRIPT) as f:
-        drop_order = re.search(r"^DROP_ORDER=\(([^)]*)\)", f.read(), re.M | re.S).group(1).split()
+    drop_order = [s.name for s in sorted((s for s in SESSION if s.drop), key=lambda s: s.drop)]
     assert order == drop_order[:len(order)]  # lowest value first, in the stated order
     for name in ("env", "build", "codec-cast-tests"):
         assert rows[name][0] == "DRY", text  # never dropped
     assert f"== DROPPED to fit the {budget} s budget:" in text
     # the steps kept run under caps that add up to the plan
-    serial = sum(int(re.search(r"\(limit (\d+) s\)", commands[n]).group(1)) for n in SERIAL if n in commands)
+    serial = sum(int(re.search(r"\(limit (\d+) s\)", commands[s.name]).group(1)) for s in SESSION
+                 if s.lane is None and s.name in commands)
     assert serial <= total
 
 
@@ -470,17 +479,38 @@ def test_results_come_back_flat_and_within_the_return_limits(runs):
     assert len(results) + 2 <= 8  # + the summary and the logs tarball
     for name in results:
         assert re.fullmatch(r"[A-Za-z0-9._-]+", name), name
-        assert any(f"--json {run.out}/{name}" in c for c in commands.values()), name
+        writers = [s for s in SESSION if name in s.results]
+        assert writers and all(f"--json {{out}}/{name}" in " ".join(s.command) for s in writers), name
+        assert any(f"--json {run.out}/{name}" in c for c in commands.values()) or all(
+            s.name in OPTIONAL for s in writers), name
     names = {f.name for f in run.out.iterdir()}
     assert len(names) == 2, names
     assert_returnable(run.out)
 
 
 def test_the_replayed_codec_table_is_the_rows_the_model_reads():
-    with open(SCRIPT) as f:
-        script = f.read()
-    (regex,) = re.findall(r"bench_step codec-bench \d+ '([^']+)'", script)
+    (step,) = [s for s in SESSION if s.name == "codec-bench"]
+    regex = step.table[1]
     header = f"{'op':36s} {'format':6s} {'dtype':9s} {'numel':>11s} {'GB/s':>9s} {'of copy':>8s}"
     e4m3 = f"{'quantize':36s} {'e4m3':6s} {'float32':9s} {1 << 20:11d} {1.0:9.2f} {0.5:8.2f}"
     mxfp4 = f"{'quantize':36s} {'mxfp4':6s} {'float32':9s} {1 << 20:11d} {1.0:9.2f} {0.5:8.2f}"
     assert re.search(regex, header) and re.search(regex, e4m3) and not re.search(regex, mxfp4)
+    assert re.search(regex, "== FP8COMM_CUDA_CODEC=legacy: python3 bench/codec.py")  # which set each table is
+
+
+def test_a_sigterm_ends_the_running_steps_and_leaves_a_final_summary(tmp_path):
+    """As a device call's limit or an operator's stop would: the runner ends the
+    running step's process group and writes a final summary that says so."""
+    run = Run(tmp_path / "term", "selftest-pass", new_session=True, FP8COMM_GPU_SESSION_CAPS="selftest-after=60")
+    for _ in range(600):  # up to 60 s for a step to be running
+        txts = list(run.out.glob("*-gpu-session-*.txt")) if run.out.exists() else []
+        if txts and "RUNNING " in txts[0].read_text():
+            break
+        assert run.proc.poll() is None, run.stdout + run.stderr
+        time.sleep(0.1)
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.returncode == 143, run.stdout + run.stderr
+    rows, text = summary_of(run.out)
+    assert "stopped with exit 143 (stopped by SIGTERM)" in text and "not final" not in text, text
+    assert "RUNNING" not in statuses(rows).values() and "PENDING" not in statuses(rows).values(), text
+    assert_returnable(run.out)

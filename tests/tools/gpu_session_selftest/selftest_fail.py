@@ -1,0 +1,2 @@
+def test_fails():
+    assert 1 + 1 == 3

@@ -1,0 +1,2 @@
+def test_passes():
+    assert 1 + 1 == 2
