@@ -184,9 +184,9 @@ def main(argv=None):
     p.add_argument("--compile", dest="compile", action="store_true", default=None,
                    help="also time the compiled variants (the default on CUDA)")
     p.add_argument("--no-compile", dest="compile", action="store_false")
-    p.add_argument("--compile-tokens", default="all",
-                   help="token counts whose shapes get the compiled variants (each shape compiles anew): 'all' or "
-                        "a comma list")
+    p.add_argument("--compile-shapes", default="all",
+                   help="shapes that get the compiled variants (each shape compiles anew): 'all' or a comma list "
+                        "of TOKENSxINxOUT")
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -218,7 +218,8 @@ def main(argv=None):
             if module is not None:
                 variants.append((name, module, fused))
 
-        compile_ = compile_all and (args.compile_tokens == "all" or str(tokens) in args.compile_tokens.split(","))
+        compile_ = compile_all and (args.compile_shapes == "all"
+                                    or f"{tokens}x{fin}x{fout}" in args.compile_shapes.split(","))
         if compile_:
             add(f"{base_name}-compiled", lambda: compiled(base, x, grad))
         for recipe in recipes:

@@ -121,6 +121,22 @@ def train(model, batches: ByteBatches, steps: int, warmup: int, device, lr: floa
             "seconds": seconds, "tokens_per_s": timed_steps * batches.batch * batches.seq / seconds}
 
 
+def _compare(runs: dict) -> None:
+    base = runs.get("bf16")
+    for run in runs.values():
+        run["speedup_vs_bf16"] = run["tokens_per_s"] / base["tokens_per_s"] if base else None
+        run["final_loss_vs_bf16"] = run["final_loss"] / base["final_loss"] - 1 if base else None
+
+
+def _write(path: str | None, result: dict) -> None:
+    if not path:
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path + ".part", "w") as f:
+        json.dump(result, f, indent=1)
+    os.replace(path + ".part", path)
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=100)
@@ -144,7 +160,13 @@ def main(argv=None) -> dict:
                             store=dist.HashStore(), rank=0, world_size=1)
     text = stdlib_bytes()
     runs, skipped = {}, {}
-    params = None
+    result = {"benchmark": "train_gpu", "date": datetime.date.today().isoformat(),
+              "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+              "device": device_label(device.type == "cuda"), "torch": torch.__version__,
+              "model": {"dim": cfg.dim, "layers": cfg.layers, "heads": cfg.heads, "hidden": cfg.hidden,
+                        "vocab": cfg.vocab, "parameters": None},
+              "batch": batch, "seq": seq, "steps": steps, "warmup": warmup, "world_size": 1,
+              "runs": runs, "skipped": skipped}
     try:
         for variant in args.variants.split(","):
             model, why = build(variant, cfg, device)
@@ -152,7 +174,7 @@ def main(argv=None) -> dict:
                 skipped[variant] = why
                 print(f"{variant:26s} skipped: {why}", flush=True)
                 continue
-            params = params or sum(p.numel() for p in model.parameters())
+            result["model"]["parameters"] = sum(p.numel() for p in model.parameters())
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats()
             run = train(model, ByteBatches(text, seq, batch, rank=0, seed=0), steps, warmup, device, args.lr)
@@ -161,27 +183,15 @@ def main(argv=None) -> dict:
             runs[variant] = run
             print(f"{variant:26s} {run['tokens_per_s']:12.0f} tokens/s  final loss {run['final_loss']:.4f}"
                   f"  (first {run['losses'][0]:.4f})", flush=True)
+            _compare(runs)
+            _write(args.json, result)  # after each variant: a run cut short keeps the ones done
             del model
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     finally:
         dist.destroy_process_group()
-    base = runs.get("bf16")
-    for run in runs.values():
-        run["speedup_vs_bf16"] = run["tokens_per_s"] / base["tokens_per_s"] if base else None
-        run["final_loss_vs_bf16"] = run["final_loss"] / base["final_loss"] - 1 if base else None
-    result = {"benchmark": "train_gpu", "date": datetime.date.today().isoformat(),
-              "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
-              "device": device_label(device.type == "cuda"), "torch": torch.__version__,
-              "model": {"dim": cfg.dim, "layers": cfg.layers, "heads": cfg.heads, "hidden": cfg.hidden,
-                        "vocab": cfg.vocab, "parameters": params},
-              "batch": batch, "seq": seq, "steps": steps, "warmup": warmup, "world_size": 1,
-              "runs": runs, "skipped": skipped}
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    _write(args.json, result)
     return result
 
 
