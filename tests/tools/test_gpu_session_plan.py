@@ -123,7 +123,7 @@ def test_results_fit_the_device_tools_return_limits():
 
 def test_hooks_for_other_changes_are_skipped_not_failed_when_their_script_is_absent():
     hooks = [s for s in SESSION if s.requires]
-    assert {"wheels", "train-1b"} <= {s.name for s in hooks}
+    assert "wheels" in {s.name for s in hooks}
     for s in hooks:
         assert s.drop is not None or s.name == "wheels", s.name  # a hook never costs a step that is there
 
