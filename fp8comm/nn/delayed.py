@@ -13,7 +13,8 @@ One cast (:func:`cast_delayed`): data = saturate(x * scale) in FP8 with the
 operand's scale from the history, and this step's amax of x read in the same
 pass (torch ops: an elementwise cast and a max-reduction that does not wait
 for it; no fused kernel). An element beyond fp8_max / scale saturates to
-+-fp8_max; the cast is counted in ``linear_stats()["saturated_casts"]``.
++-fp8_max; a cast in which one would not have rounded to fp8_max anyway
+(:func:`saturation_threshold`) is counted in ``linear_stats()["saturated_casts"]``.
 
 Recording (:meth:`DelayedState.record`, training mode only): the amaxes (NaN
 read as 0, as TE's fmaxf reads it) are all_reduce MAX over the default group
@@ -32,6 +33,7 @@ so no cast waits on the device to choose its path.
 """
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import Optional
 
@@ -69,16 +71,27 @@ def register_state(module: torch.nn.Module, recipe: Recipe, device) -> None:
     module._fp8_recorded = [False, False, False]
 
 
+def saturation_threshold(dtype: torch.dtype) -> float:
+    """The largest |x * scale| that rounds to fp8_max without saturating: fp8_max
+    plus half its step (464 for E4M3, 61440 for E5M2). A product the history's
+    scale merely rounded past fp8_max (amax * (fp8_max / amax) in float32) is
+    not a saturation."""
+    limit = fp8_max(dtype)
+    step = 2.0 ** math.floor(math.log2(limit)) * torch.finfo(dtype).eps
+    return limit + step / 2
+
+
 def cast_with_scale(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor):
-    """(saturate(x * scale) in ``dtype``, 1 / scale, max|x| as float32, x * scale's
-    amax beyond fp8_max as a 0/1 int64 tensor). The product and its saturation
-    are those of the current-scaling cast, so a scale equal to current
+    """(saturate(x * scale) in ``dtype``, 1 / scale, max|x| as float32, whether
+    x * scale's amax saturated, as a 0/1 int64 tensor). The product and its
+    clamp are those of the current-scaling cast, so a scale equal to current
     scaling's gives its bytes."""
     x32 = x.detach().float()
     limit = fp8_max(dtype)
     data = (x32 * scale).clamp(-limit, limit).to(dtype)
     amax = x32.abs().amax()
-    saturated = (amax * scale > limit).to(torch.int64)  # an Inf saturates too; a NaN does not compare
+    # an Inf saturates too; a NaN does not compare
+    saturated = (amax * scale > saturation_threshold(dtype)).to(torch.int64)
     return data, scale.reciprocal(), amax, saturated
 
 

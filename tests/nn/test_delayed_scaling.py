@@ -134,8 +134,21 @@ def test_saturation_is_counted_and_saturates():
     assert xq.float().abs().amax() == E4M3_MAX and (4 * x * sx).abs().amax() > E4M3_MAX
     assert torch.equal(y, manual_forward(4 * x, w, sx, E4M3_MAX / w.abs().amax()))
     with torch.no_grad():
-        layer(4 * x)  # the history caught up: no saturation
+        layer(4 * x)  # the history caught up: no saturation, though amax * (448 / amax) may round past 448
     assert linear_stats()["saturated_casts"] == 1
+
+
+@pytest.mark.parametrize("dtype,threshold", [(E4M3, 464.0), (E5M2, 61440.0)])
+def test_a_product_that_still_rounds_to_fp8_max_is_not_a_saturation(dtype, threshold):
+    from fp8comm.nn.delayed import cast_with_scale, saturation_threshold
+
+    assert saturation_threshold(dtype) == threshold
+    limit = torch.finfo(dtype).max
+    for top, saturated in [(limit, 0), (threshold - 1, 0), (threshold + 8, 1), (float("inf"), 1)]:
+        x = torch.tensor([[top, 1.0]])
+        data, _, _, sat = cast_with_scale(x, dtype, torch.tensor(1.0))
+        assert sat.item() == saturated, top
+        assert data.float()[0, 0].item() == limit  # in every case the largest element lands on fp8_max
 
 
 def test_zero_and_nan_amaxes_keep_the_scale():
