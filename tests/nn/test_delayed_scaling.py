@@ -344,3 +344,20 @@ def test_fp8_all_gather_weights_arrive_cast_and_record_no_weight_amax(pool):
         for fqn, h in hist.items():
             assert (h[:, 1] == 0).all() and (h[:3, 0] > 0).all() and (h[:3, 2] > 0).all(), fqn
         assert losses[-1] < losses[0]
+
+
+@pytest.mark.full  # compiling takes tens of seconds
+def test_compiled_layer_equals_eager_and_keeps_the_same_history():
+    torch.manual_seed(6)
+    eager = Fp8Linear(64, 32, recipe=delayed(amax_history_len=2))
+    plain = Fp8Linear(64, 32, recipe=delayed(amax_history_len=2))
+    plain.load_state_dict(eager.state_dict())
+    compiled = torch.compile(plain)
+    for step in range(3):
+        x = torch.randn(16, 64) * (1 + step)
+        ya, yb = eager(x), compiled(x)
+        ya.sum().backward()
+        yb.sum().backward()
+        assert torch.equal(ya, yb) and torch.equal(eager.weight.grad, plain.weight.grad), step
+        assert torch.equal(eager.fp8_amax_history, plain.fp8_amax_history), step
+        assert torch.equal(eager.fp8_scale, plain.fp8_scale), step
