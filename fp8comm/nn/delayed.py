@@ -81,6 +81,15 @@ def saturation_threshold(dtype: torch.dtype) -> float:
     return limit + step / 2
 
 
+@torch.no_grad()
+def reset_state(module: torch.nn.Module) -> None:
+    """Back to nothing recorded, in place (the buffers keep their device)."""
+    getattr(module, HISTORY).zero_()
+    getattr(module, SCALE).fill_(1.0)
+    getattr(module, COUNT).zero_()
+    module._fp8_recorded = [False, False, False]
+
+
 def cast_with_scale(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor):
     """(saturate(x * scale) in ``dtype``, 1 / scale, max|x| as float32, whether
     x * scale's amax saturated, as a 0/1 int64 tensor). The product and its

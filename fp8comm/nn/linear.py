@@ -323,6 +323,17 @@ class Fp8Linear(nn.Linear):
         if not keep_vars and key in destination:
             destination[key] = unwrap_weight(destination[key])
 
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        self.reset_fp8_state()
+
+    def reset_fp8_state(self) -> None:
+        """The delayed recipe's history back to nothing recorded (a no-op for
+        the others). ``reset_parameters`` calls it; after ``to_empty`` (a model
+        built on the meta device) call either, or load a checkpoint."""
+        if getattr(self, "recipe", None) is not None and self.recipe.delayed and hasattr(self, delayed.HISTORY):
+            delayed.reset_state(self)
+
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
         keys = [prefix + k for k in (delayed.HISTORY, delayed.SCALE, delayed.COUNT)]

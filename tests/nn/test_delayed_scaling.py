@@ -260,6 +260,23 @@ def test_state_dicts_load_both_ways():
         short.load_state_dict(layer.state_dict())
 
 
+def test_meta_init_then_to_empty_then_reset_gives_a_fresh_history():
+    """torchtitan's way: build on meta, to_empty (uninitialized memory), then
+    initialize; reset_parameters (or reset_fp8_state) clears the history."""
+    with torch.device("meta"):
+        layer = Fp8Linear(64, 32, recipe="delayed")
+    layer.to_empty(device="cpu")
+    with torch.no_grad():
+        layer.fp8_amax_history.fill_(7.0)  # what to_empty's memory may hold
+    layer.reset_parameters()
+    assert not layer.fp8_amax_history.any() and layer.fp8_amax_count.tolist() == [0, 0, 0]
+    assert layer.fp8_scale.tolist() == [1.0, 1.0, 1.0] and layer._fp8_recorded == [False] * 3
+    cur = Fp8Linear(64, 32, recipe="tensorwise")
+    cur.load_state_dict(layer.state_dict())
+    x = torch.randn(16, 64)
+    assert torch.equal(layer(x), cur(x))
+
+
 def test_convert_to_fp8_delayed_and_a_module_wide_dtype_change():
     model = _model("delayed")
     layers = [m for m in model.modules() if isinstance(m, Fp8Linear)]
