@@ -16,7 +16,7 @@ gradient reduction, one GPU per rank); without a GPU it is "fp8gloo" on the CPU
 --compare trains the same model twice from the same seed and data — once with
 nn.Linear over the plain backend, once with FP8 compute over the fp8 backend —
 prints both loss curves and writes them to a PNG.
-With FP8 compute and the tensorwise recipe, FSDP2 all-gathers the Fp8Linear
+With FP8 compute and the tensorwise (or delayed) recipe, FSDP2 all-gathers the Fp8Linear
 weights as the FP8 bytes their GEMMs consume (--fp8-all-gather, on by default
 here); each run on an fp8 group prints the bytes one forward's all-gathers sent.
 The eval loss is measured on held-out text: by default one batch of windows
