@@ -64,6 +64,12 @@ CONFIGS = [
     {"name": "Fp8Linear tensorwise + fp32 comm", "flags": ["--fp8-compute", "--no-fp8-comm", "--recipe", "tensorwise"]},
     {"name": "fp8 comm + Fp8Linear tensorwise (fp32 all-gather)",
      "flags": ["--fp8-compute", "--fp8-comm", "--recipe", "tensorwise", "--no-fp8-all-gather"]},
+    # Delayed scaling (scales from an amax history) on all three operands: the
+    # weights gathered in FP32 (under the FP8 all-gather the gathered weight
+    # keeps current scaling); against tensorwise with --baseline.
+    {"name": "fp8 comm + Fp8Linear delayed (fp32 all-gather)",
+     "flags": ["--fp8-compute", "--fp8-comm", "--recipe", "delayed", "--no-fp8-all-gather"]},
+    {"name": "fp8 comm + Fp8Linear delayed", "flags": ["--fp8-compute", "--fp8-comm", "--recipe", "delayed"]},
     # Where 8-bit round-to-nearest has less to spare (E5M2: 2 mantissa bits; one
     # scale per 512 elements), and what error feedback and stochastic rounding
     # buy there (the gradients' reduce-scatter through fp8comm.fsdp on the
@@ -139,6 +145,9 @@ def parse_args(argv=None):
     p.add_argument("--configs", default=None,
                    help="comma list of the suite's configuration names to run (default all): "
                         + "; ".join(f"{suite}: " + ", ".join(c["name"] for c in s["configs"]) for suite, s in SUITES.items()))
+    p.add_argument("--baseline", default=None,
+                   help="the configuration the others are compared with (default: the suite's own baseline, "
+                        "which then need not run), e.g. 'fp8 comm + Fp8Linear tensorwise'")
     p.add_argument("--json", help="write every run and the summary here (rewritten after each run)")
     p.add_argument("--plot", metavar="PNG", help="draw the loss curves and final eval losses")
     p.add_argument("--machine", help="the bench/results folder the result belongs in (default: the --json path's folder)")
@@ -411,7 +420,11 @@ def main(argv=None):
         unknown = set(wanted) - {c["name"] for c in configs}
         if unknown:
             raise SystemExit(f"convergence: unknown configurations {sorted(unknown)} in --suite {args.suite}")
-        configs = [c for c in configs if c["name"] in wanted or c.get("baseline")]
+        configs = [c for c in configs if c["name"] in wanted or (c.get("baseline") and not args.baseline)]
+    if args.baseline:
+        if args.baseline not in {c["name"] for c in configs}:
+            raise SystemExit(f"convergence: --baseline {args.baseline!r} is not among the configurations to run")
+        configs = [{**c, "baseline": c["name"] == args.baseline} for c in configs]
     settings = {"suite": args.suite, "seeds": seeds, "steps": args.steps, "nproc": args.nproc, "dim": args.dim, "layers": args.layers,
                 "heads": args.heads, "seq": args.seq, "batch": args.batch, "eval_batches": args.eval_batches,
                 **lr_settings(args)}

@@ -16,7 +16,7 @@ gradient reduction, one GPU per rank); without a GPU it is "fp8gloo" on the CPU
 --compare trains the same model twice from the same seed and data — once with
 nn.Linear over the plain backend, once with FP8 compute over the fp8 backend —
 prints both loss curves and writes them to a PNG.
-With FP8 compute and the tensorwise recipe, FSDP2 all-gathers the Fp8Linear
+With FP8 compute and the tensorwise (or delayed) recipe, FSDP2 all-gathers the Fp8Linear
 weights as the FP8 bytes their GEMMs consume (--fp8-all-gather, on by default
 here); each run on an fp8 group prints the bytes one forward's all-gathers sent.
 The eval loss is measured on held-out text: by default one batch of windows
@@ -74,9 +74,9 @@ def parse_args(argv=None):
                    help="keep what the wire dropped and add it to the next step's gradients")
     p.add_argument("--rounding", default=None, choices=["nearest", "stochastic"],
                    help="how the wire rounds to FP8 (stochastic: unbiased per element)")
-    p.add_argument("--recipe", default="tensorwise", choices=["tensorwise", "rowwise"])
+    p.add_argument("--recipe", default="tensorwise", choices=["tensorwise", "rowwise", "delayed"])
     p.add_argument("--fp8-all-gather", action=argparse.BooleanOptionalAction, default=True,
-                   help="all-gather Fp8Linear weights as FP8 (FSDP2 extension; tensorwise recipe only, "
+                   help="all-gather Fp8Linear weights as FP8 (FSDP2 extension; tensorwise and delayed recipes, "
                         "rowwise weights are gathered exactly)")
     p.add_argument("--fp8-layers", default="blocks", choices=["blocks", "auto"],
                    help="blocks: every linear of the decoder blocks (the output head stays high precision); "
@@ -147,7 +147,7 @@ def train(args, device, group, fp8_compute: bool, label: str, plugin: bool = Fal
     torch.manual_seed(args.seed)
     cfg = ModelConfig(dim=args.dim, layers=args.layers, heads=args.heads, max_seq=args.seq)
     model = TinyLlama(cfg)
-    fp8_all_gather = fp8_compute and args.fp8_all_gather and args.recipe == "tensorwise"
+    fp8_all_gather = fp8_compute and args.fp8_all_gather and args.recipe != "rowwise"
     if fp8_compute:
         only_blocks = (lambda mod, fqn: fqn.startswith("blocks.")) if args.fp8_layers == "blocks" else None
         fp8comm.convert_to_fp8(model, recipe=args.recipe, module_filter_fn=only_blocks,

@@ -43,13 +43,16 @@ def convert_to_fp8(
     ``module_filter_fn(module, fqn)`` returns False (torchao's convention); with
     no filter, :func:`default_filter` decides. Returns the model.
 
-    ``fp8_all_gather=True`` (tensorwise recipe; call before ``fully_shard``):
+    ``fp8_all_gather=True`` (tensorwise and delayed recipes; call before ``fully_shard``):
     FSDP2 all-gathers the converted layers' weights as the FP8 bytes their
     forward GEMM consumes, cast once from the shard with the whole weight's
     scale (fsdp.py). The weight parameters become Fp8AllGatherWeight, which
     behaves as the plain tensor everywhere else (optimizers, state_dict, DDP,
-    FSDP1). Off by default: see docs/fp8_linear.md, "FP8 all-gather". The
-    rowwise recipe keeps the exact all-gather (a warning says so)."""
+    FSDP1). Off by default: see docs/fp8_linear.md, "FP8 all-gather". Under
+    the delayed recipe the gathered weight keeps its current scaling (the
+    whole weight's amax, which all shards must agree on anyway); its input and
+    gradient casts take their histories' scales. The rowwise recipe keeps the
+    exact all-gather (a warning says so)."""
     rec = recipe_of(recipe)
     if fp8_all_gather and rec.rowwise:
         warnings.warn(

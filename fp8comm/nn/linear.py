@@ -3,7 +3,8 @@
 forward      y  = x  @ W^T     (E4M3 x E4M3)
 grad_input   dx = dy @ W       (E5M2 x E4M3 tensorwise, E4M3 x E4M3 rowwise)
 grad_weight  dW = dy^T @ x
-all through torch._scaled_mm with current scaling (config.py; on CUDA with the
+all through torch._scaled_mm with current scaling or, in the delayed recipe,
+the scales of an amax history (config.py, delayed.py; on CUDA with the
 recipe's use_fast_accum per GEMM; on the CPU, as its emulated kernel computes
 it: scaled_mm_cpu); outputs in the input's dtype, weight gradients in the
 weight's dtype. The bias is added in high precision, so its gradient is
@@ -30,6 +31,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import delayed
 from .config import Recipe, recipe_of
 from .fsdp import Fp8WeightCast, unwrap_weight
 from .scaling import cast_fp8
@@ -41,16 +43,21 @@ _warned: set = set()
 
 def linear_stats() -> dict:
     """{"fp8_calls": n, "fallback_calls": n, "fallback_reasons": {reason: n},
-    "weight_precast_calls": n} for all Fp8Linear forward calls in this process;
-    weight_precast_calls counts the FP8 calls whose weight arrived already cast
-    by the FSDP2 FP8 all-gather (so it was not cast again)."""
+    "weight_precast_calls": n, "delayed_casts": n, "saturated_casts": n} for
+    all Fp8Linear calls in this process. weight_precast_calls counts the FP8
+    calls whose weight arrived already cast by the FSDP2 FP8 all-gather (so it
+    was not cast again); delayed_casts the operand casts of the delayed recipe,
+    and saturated_casts those of them in which an element exceeded the
+    history's range (fp8_max / scale) and was saturated to +-fp8_max. Reading
+    saturated_casts waits for the devices' casts so far."""
     reasons = {k[len("fallback:"):]: v for k, v in _counts.items() if k.startswith("fallback:")}
     return {"fp8_calls": _counts["fp8"], "fallback_calls": sum(reasons.values()), "fallback_reasons": reasons,
-            "weight_precast_calls": _counts["precast"]}
+            "weight_precast_calls": _counts["precast"], **delayed.delayed_stats()}
 
 
 def reset_linear_stats() -> None:
     _counts.clear()
+    delayed.reset_delayed_stats()
 
 
 def _fallback_reason(x2d: torch.Tensor, weight: torch.Tensor) -> str | None:
@@ -177,25 +184,35 @@ class _Fp8Matmul(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x2d: torch.Tensor, weight: torch.Tensor, recipe: Recipe, grad_enabled: bool):
+    def forward(ctx, x2d: torch.Tensor, weight: torch.Tensor, recipe: Recipe, grad_enabled: bool,
+                state: "delayed.DelayedState | None" = None):
         # needs_input_grad follows requires_grad even under no_grad, where no
         # backward will run: then no transpose is written and nothing is saved.
         need_dx = ctx.needs_input_grad[0] and grad_enabled
         need_dw = ctx.needs_input_grad[1] and grad_enabled
         ctx.recipe = recipe
         ctx.dtypes = (x2d.dtype, weight.dtype)
+        ctx.state = state
         if recipe.rowwise:
             xq, xs, xtq, xts = cast_fp8(x2d, recipe.input_dtype, True, with_transpose=need_dw)
             wq, ws, _, _ = cast_fp8(weight, recipe.weight_dtype, True)
             out = _mm(xq, wq.t(), xs, ws.t(), x2d.dtype, True, recipe.fast_accum_output)
             ctx.save_for_backward(xtq, xts, weight if need_dx else None)
             return out
-        xq, xs, xqt, _ = cast_fp8(x2d, recipe.input_dtype, False, with_transpose=need_dw)
+        amaxes = {}
+        if state is not None:  # delayed: the histories' scales; this step's amaxes recorded
+            xq, xs, xqt, amaxes[delayed.INPUT] = state.cast(x2d, recipe.input_dtype, delayed.INPUT, need_dw)
+        else:
+            xq, xs, xqt, _ = cast_fp8(x2d, recipe.input_dtype, False, with_transpose=need_dw)
         ctx.w_is_transposed = not isinstance(weight, Fp8WeightCast)
         if isinstance(weight, Fp8WeightCast):  # gathered as FP8 (tensorwise only): not cast again
             wq, ws, wqt = weight._data, weight._inv_scale, weight._data
+        elif state is not None:
+            wq, ws, wqt, amaxes[delayed.WEIGHT] = state.cast(weight, recipe.weight_dtype, delayed.WEIGHT, need_dx)
         else:
             wq, ws, wqt, _ = cast_fp8(weight, recipe.weight_dtype, False, with_transpose=need_dx)
+        if state is not None:
+            state.record(amaxes)  # one all_reduce for both (reduce_amax)
         # wq.t() is [K, N] column-major, as _scaled_mm wants its second operand.
         out = _mm(xq, wq.t(), xs, ws, x2d.dtype, False, recipe.fast_accum_output)
         ctx.save_for_backward(xqt if need_dw else None, xs, wqt if need_dx else None, ws)
@@ -208,8 +225,14 @@ class _Fp8Matmul(torch.autograd.Function):
         need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         go = grad_out.contiguous()
         grad_x = grad_w = None
-        gq, gs, gqt, gst = cast_fp8(go, recipe.grad_output_dtype, recipe.rowwise, with_data=need_dx,
-                                    with_transpose=need_dw)
+        state: delayed.DelayedState | None = ctx.state
+        if state is not None:
+            gq, gs, gqt, amax = state.cast(go, recipe.grad_output_dtype, delayed.GRAD_OUTPUT, need_dw)
+            gst = gs
+            state.record({delayed.GRAD_OUTPUT: amax})
+        else:
+            gq, gs, gqt, gst = cast_fp8(go, recipe.grad_output_dtype, recipe.rowwise, with_data=need_dx,
+                                        with_transpose=need_dw)
         if not recipe.rowwise:
             xqt, xs, wqt, ws = ctx.saved_tensors
             gs = gs if gs is not None else gst  # one scale for dy and dy^T
@@ -232,17 +255,22 @@ class _Fp8Matmul(torch.autograd.Function):
             if need_dw:
                 grad_w = _mm(gqt, xtq.t(), gst, xts.t(), w_dtype, True,
                              recipe.fast_accum_grad_weight)  # dy^T, x^T [., M], over M
-        return grad_x, grad_w, None, None
+        return grad_x, grad_w, None, None, None
 
 
 class Fp8Linear(nn.Linear):
     """nn.Linear with FP8 GEMMs. Same constructor (plus ``recipe``), same
-    parameters and state_dict keys, so checkpoints load both ways."""
+    parameters and state_dict keys, so checkpoints load both ways. The delayed
+    recipe adds its amax history as buffers (delayed.py): their keys join the
+    state_dict; a checkpoint without them loads as a fresh history, and one
+    with them loads into a current-scaling layer, which ignores them."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None,
                  recipe: str | Recipe = "tensorwise"):
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
         self.recipe = recipe_of(recipe)
+        if self.recipe.delayed:
+            delayed.register_state(self, self.recipe, device)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, recipe: str | Recipe = "tensorwise") -> "Fp8Linear":
@@ -251,6 +279,8 @@ class Fp8Linear(nn.Linear):
                   recipe=recipe)
         new.weight = linear.weight
         new.bias = linear.bias
+        if new.recipe.delayed:  # the history beside the weight, not on "meta"
+            delayed.register_state(new, new.recipe, linear.weight.device)
         new.train(linear.training)
         return new
 
@@ -280,7 +310,9 @@ class Fp8Linear(nn.Linear):
             _counts["precast"] += 1
         elif weight.dtype != x2d.dtype:
             weight = weight.to(x2d.dtype)
-        out = _Fp8Matmul.apply(x2d, weight, self.recipe, torch.is_grad_enabled()).reshape(*x.shape[:-1], self.out_features)
+        state = delayed.delayed_state(self, self.recipe)
+        out = _Fp8Matmul.apply(x2d, weight, self.recipe, torch.is_grad_enabled(), state)
+        out = out.reshape(*x.shape[:-1], self.out_features)
         return out + bias.to(out.dtype) if bias is not None else out
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
@@ -290,6 +322,37 @@ class Fp8Linear(nn.Linear):
         key = prefix + "weight"
         if not keep_vars and key in destination:
             destination[key] = unwrap_weight(destination[key])
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        self.reset_fp8_state()
+
+    def reset_fp8_state(self) -> None:
+        """The delayed recipe's history back to nothing recorded (a no-op for
+        the others). ``reset_parameters`` calls it; after ``to_empty`` (a model
+        built on the meta device) call either, or load a checkpoint."""
+        if getattr(self, "recipe", None) is not None and self.recipe.delayed and hasattr(self, delayed.HISTORY):
+            delayed.reset_state(self)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        keys = [prefix + k for k in (delayed.HISTORY, delayed.SCALE, delayed.COUNT)]
+        if not self.recipe.delayed:  # a delayed layer's checkpoint: its history does not apply here
+            state_dict = {k: v for k, v in state_dict.items() if k not in keys}
+        elif not any(k in state_dict for k in keys):  # a current-scaling checkpoint: a fresh history
+            state_dict = {**state_dict, **{k: getattr(self, k[len(prefix):]) for k in keys}}
+        elif prefix + delayed.HISTORY in state_dict:
+            got = tuple(state_dict[prefix + delayed.HISTORY].shape)
+            if got != tuple(self.fp8_amax_history.shape):
+                error_msgs.append(
+                    f"fp8comm.nn.Fp8Linear {prefix!r}: the checkpoint's amax history is {got}, this layer's "
+                    f"recipe keeps {tuple(self.fp8_amax_history.shape)}; build the layer with "
+                    f"amax_history_len={got[0]} to resume it")
+                return
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        if self.recipe.delayed:
+            delayed.sync_recorded_flags(self)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, recipe={self.recipe.name}"

@@ -219,6 +219,69 @@ def fsdp1_run(which: str, steps: int = 8):
     return wrapped, losses, stats, fp8_calls
 
 
+def count_forward_casts(ext: bool, recipe: str = "tensorwise"):
+    """One no-grad forward of the FSDP2 model: every FP8 cast it makes, as
+    (kind, shape): "shard" for the all-gather's casts of a weight shard (with
+    the whole weight's amax), "weight" for a cast of a weight an Fp8Linear
+    holds in its forward, "input" for the rest; through scaling.cast_fp8 and
+    the delayed recipe's cast alike. Also the FP8 bytes each Fp8Linear's
+    weight arrived as (their data_ptr) and the weight operand each forward
+    GEMM got."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    from fp8comm.nn import delayed as D
+    from fp8comm.nn import linear as L
+    from fp8comm.nn import scaling as SC
+
+    c = ctx()
+    model = S.build("fp8", recipe, fp8_all_gather=ext)
+    mesh = DeviceMesh.from_group(c.group, "cpu")
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    casts, arrived, gemm_weights, held = [], [], [], set()
+    cast, dcast, mm = SC.cast_fp8, D.DelayedState.cast, L._mm
+
+    def kind(x, kwargs):
+        if kwargs.get("amax") is not None:
+            return "shard"
+        return "weight" if x.data_ptr() in held else "input"
+
+    def counting_cast(x, *args, **kwargs):
+        casts.append((kind(x, kwargs), tuple(x.shape)))
+        return cast(x, *args, **kwargs)
+
+    def counting_dcast(self, x, *args, **kwargs):
+        casts.append((kind(x, kwargs), tuple(x.shape)))
+        return dcast(self, x, *args, **kwargs)
+
+    def recording_mm(a, b, *args, **kwargs):
+        gemm_weights.append(b.data_ptr())
+        return mm(a, b, *args, **kwargs)
+
+    def pre_hook(mod, args):
+        w = mod.weight
+        held.add(w._data.data_ptr() if isinstance(w, Fp8WeightCast) else w.data_ptr())
+        arrived.append(w._data.data_ptr() if isinstance(w, Fp8WeightCast) else None)
+
+    handles = [m.register_forward_pre_hook(pre_hook) for m in model.modules() if isinstance(m, Fp8Linear)]
+    SC.cast_fp8 = L.cast_fp8 = counting_cast
+    D.DelayedState.cast = counting_dcast
+    L._mm = recording_mm
+    try:
+        with torch.no_grad():
+            model(S.batches(c.rank, 1)[0][:, :-1])
+    finally:
+        SC.cast_fp8 = L.cast_fp8 = cast
+        D.DelayedState.cast = dcast
+        L._mm = mm
+        for h in handles:
+            h.remove()
+    weight_shapes = [tuple(model.get_submodule(fqn).weight.shape) for fqn in S.fp8_fqns()]
+    return casts, arrived, gemm_weights, weight_shapes
+
+
 # -------------------------------------------------------------------- tests
 
 E4M3 = torch.float8_e4m3fn
@@ -265,6 +328,27 @@ def test_gathered_bytes_equal_the_unsharded_cast(runs, mp, precompute):
     for r in results:
         assert_bytes_of_unsharded_cast(r, getattr(torch, mp) if mp else None)
         assert r["precast_calls"] == len(S.fp8_fqns())  # the forward used them without casting again
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "delayed"])
+def test_forward_pays_no_cast_of_the_gathered_weight(pool, recipe):
+    """With the FP8 all-gather, each forward GEMM's weight operand is the
+    gathered FP8 bytes themselves, and the forward casts no weight: the only
+    weight casts are of the shards (half a weight each, in the all-gather).
+    The control: with the exact all-gather each whole weight is cast once."""
+    layers = len(S.fp8_fqns())
+    for ext_run, base_run in zip(pool.run(count_forward_casts, True, recipe),
+                                 pool.run(count_forward_casts, False, recipe)):
+        casts, arrived, gemm_weights, weight_shapes = ext_run
+        assert None not in arrived and len(arrived) == layers
+        assert gemm_weights == arrived  # the bytes as they arrived, one forward GEMM each
+        assert [c for c in casts if c[0] == "weight"] == []
+        assert sorted(shape for k, shape in casts if k == "shard") == sorted((r // 2, k) for r, k in weight_shapes)
+        assert len([c for c in casts if c[0] == "input"]) == layers
+        casts, arrived, gemm_weights, weight_shapes = base_run
+        assert arrived == [None] * layers
+        assert sorted(shape for k, shape in casts if k == "weight") == sorted(weight_shapes)
+        assert len([c for c in casts if c[0] == "input"]) == layers and len(casts) == 2 * layers
 
 
 def test_uneven_shards_three_ranks():

@@ -12,6 +12,7 @@ from fp8comm.nn import RECIPES as RECIPE_TABLE
 from fp8comm.nn import Fp8Linear, convert_to_fp8
 
 RECIPES = ["tensorwise", "rowwise"]
+WITH_DELAYED = RECIPES + ["delayed"]  # tests/nn/test_delayed_scaling.py covers its history
 
 
 def fp64_reference(x, weight, bias, grad_out):
@@ -35,7 +36,7 @@ def run_fp8(recipe, dtype, shape=(4, 64, 256), out_features=512, bias=True, seed
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("recipe", WITH_DELAYED)
 def test_output_and_gradients_against_fp64(recipe, dtype):
     fp8comm.nn.reset_linear_stats()
     layer, x, y, grad_out = run_fp8(recipe, dtype)
@@ -47,13 +48,13 @@ def test_output_and_gradients_against_fp64(recipe, dtype):
     assert fp8comm.nn.linear_stats()["fp8_calls"] == 1 and fp8comm.nn.linear_stats()["fallback_calls"] == 0
 
 
-@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("recipe", WITH_DELAYED)
 def test_bias_gradient_is_exact(recipe):
     layer, x, y, grad_out = run_fp8(recipe, torch.float32)
     assert torch.equal(layer.bias.grad, grad_out.reshape(-1, grad_out.shape[-1]).sum(0))
 
 
-@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("recipe", WITH_DELAYED)
 def test_it_really_is_fp8(recipe):
     """The error is that of FP8, not of a high-precision GEMM that passed through."""
     layer, x, y, grad_out = run_fp8(recipe, torch.float32)
@@ -214,7 +215,7 @@ def _onednn_fp8_calls(capfd, fn):
     return [line for line in lines if line.startswith("onednn_verbose") and ",exec," in line and ":f8_e" in line]
 
 
-@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("recipe", WITH_DELAYED)
 def test_cpu_gemms_never_reach_onednn(recipe, capfd):
     assert torch.backends.mkldnn.enabled
     calls = _onednn_fp8_calls(capfd, lambda: run_fp8(recipe, torch.float32, shape=(64, 64), out_features=32))
@@ -277,14 +278,14 @@ def with_fast_accum(recipe, output, grad_input, grad_weight):
                                fast_accum_grad_weight=grad_weight)
 
 
-@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("recipe", WITH_DELAYED)
 def test_fast_accum_defaults_are_torchaos(recipe):
     """torchao's Float8LinearConfig: gemm_config_output fast, the gradient GEMMs not."""
     r = RECIPE_TABLE[recipe]
     assert (r.fast_accum_output, r.fast_accum_grad_input, r.fast_accum_grad_weight) == (True, False, False)
 
 
-@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("recipe", WITH_DELAYED)
 def test_other_fast_accum_is_accepted_and_leaves_cpu_results_unchanged(recipe):
     custom = with_fast_accum(recipe, False, True, True)
     model = convert_to_fp8(nn.Sequential(nn.Linear(64, 48)), recipe=custom, module_filter_fn=lambda m, f: True)
@@ -302,7 +303,7 @@ GEMM_BY_OUTPUT_SHAPE = {(32, 48): "output", (32, 64): "grad_input", (48, 64): "g
 
 
 @pytest.mark.parametrize("flags", [(True, False, False), (False, True, True), (False, False, True)])
-@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("recipe", WITH_DELAYED)
 def test_cuda_gemm_passes_each_gemms_fast_accum(recipe, flags, monkeypatch):
     """The CUDA GEMM (scaled_mm_cuda) hands torch._scaled_mm the flag of each
     GEMM. Without a GPU: CPU tensors take the CUDA call, and torch._scaled_mm

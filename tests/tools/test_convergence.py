@@ -213,3 +213,38 @@ def test_moe_suite_trains_the_moe_example_against_its_own_baseline(tmp_path):
     with pytest.raises(SystemExit, match="different settings"):
         convergence.main(["--suite", "moe", "--resume", "--json", str(path), "--steps", str(s["steps"]), "--dim", "32",
                           "--layers", "1", "--heads", "2", "--seq", "16", "--batch", "2", "--eval-batches", "0"])
+
+
+def test_baseline_can_be_another_configuration(tmp_path, monkeypatch):
+    """--baseline 'fp8 comm + Fp8Linear tensorwise': the delayed recipe is
+    compared with tensorwise, the FP32 baseline does not run, and the
+    delayed configuration's command is one the example parses."""
+    tw, dl = "fp8 comm + Fp8Linear tensorwise", "fp8 comm + Fp8Linear delayed (fp32 all-gather)"
+    evals = {(tw, 0): 2.00, (tw, 1): 2.04, (dl, 0): 2.01, (dl, 1): 2.05}
+
+    def fake_run(args, config, seed, tmp):
+        return {"config": config["name"], "seed": seed, "wall_s": 1.0, "example_command": "", "lr": 3e-3,
+                "losses": [3.0, 2.5], "eval_loss": evals[(config["name"], seed)], "tokens_per_s": 1.0}
+
+    monkeypatch.setattr(convergence, "run_one", fake_run)
+    path = tmp_path / "delayed.json"
+    convergence.main(["--seeds", "0,1", "--configs", f"{tw},{dl}", "--baseline", tw, "--json", str(path)])
+    result = json.loads(path.read_text())
+    assert {r["config"] for r in result["runs"]} == {tw, dl}
+    rows = {r["config"]: r for r in result["summary"]}
+    assert rows[tw]["baseline"] and not rows[dl]["baseline"]
+    assert abs(rows[dl]["rel_to_baseline"] - 0.01 / 2.02) < 1e-12 and rows[dl]["meets_goal"]
+    with pytest.raises(SystemExit, match="not among the configurations"):
+        convergence.main(["--configs", dl, "--baseline", tw, "--json", str(tmp_path / "x.json")])
+
+    args = convergence.parse_args(["--steps", "5"])
+    config = next(c for c in convergence.CONFIGS if c["name"] == dl)
+    cmd = convergence.command(args, config, 0, "run.json")
+    script = next(i for i, a in enumerate(cmd) if a.endswith(".py"))
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    try:
+        example = load("fp8comm_example_train_fsdp_delayed", "examples/train_fsdp.py")
+    finally:
+        sys.path.remove(os.path.join(ROOT, "examples"))
+    parsed = example.parse_args(cmd[script + 1:])
+    assert (parsed.recipe, parsed.fp8_all_gather, parsed.fp8_compute) == ("delayed", False, True)
