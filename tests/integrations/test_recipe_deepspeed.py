@@ -51,9 +51,13 @@ def test_zero_1_2_3_over_fp8gloo_train_like_gloo(tmp_path):
     assert set(totals) == {1, 2, 3}, fp8
     for stage, (calls, sent, uncompressed) in totals.items():
         assert calls >= STEPS and sent < 0.75 * uncompressed, (stage, totals)
-    for stage in (1, 2):  # the buckets' all-reduces on DeepSpeed's data-parallel group
+    per_group = {(int(stage), name): int(calls) for stage, name, calls in
+                 re.findall(r"^ZeRO-(\d) on the ([\w-]+) group: (\d+) calls compressed$", fp8, re.M)}
+    for stage in (1, 2):  # the buckets' all-reduces on DeepSpeed's data-parallel group, none on the world
         assert _per_op(fp8, stage)["all_reduce"][0] >= STEPS, fp8
-    assert _per_op(fp8, 3)["reduce_scatter_tensor"][0] >= STEPS, fp8
+        assert per_group[stage, "world"] == 0 and per_group[stage, "data-parallel"] >= STEPS, per_group
+    assert _per_op(fp8, 3)["reduce_scatter_tensor"][0] >= STEPS, fp8  # ZeRO-3: on the world group
+    assert per_group[3, "world"] >= STEPS, per_group
 
 
 def test_multi_rank_bucket_allreduce_off_sends_gradients_exact(tmp_path):
