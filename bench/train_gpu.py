@@ -18,7 +18,7 @@ last 10 is the figure compared. Variants:
     bf16-compiled     nn.Linear, each block torch.compile'd
     fp8comm           Fp8Linear (tensorwise, fused casts, FP8 weight all-gather), eager
     fp8comm-compiled  the same, each block torch.compile'd
-    fp8comm-<recipe>  Fp8Linear with another recipe (rowwise, delayed where fp8comm has it)
+    fp8comm-<recipe>  Fp8Linear with another recipe (rowwise, delayed)
     torchao-compiled  torchao.float8 tensorwise, each block torch.compile'd
     torchao-rowwise-compiled
 
@@ -50,7 +50,7 @@ from tiny_llama import ByteBatches, ModelConfig, TinyLlama, stdlib_bytes  # noqa
 
 MODEL_1B = ModelConfig(dim=2048, layers=20, heads=16, max_seq=2048)
 MODEL_SMOKE = ModelConfig(dim=64, layers=2, heads=4, max_seq=32)
-DEFAULT_VARIANTS = "bf16,fp8comm,torchao-compiled"
+DEFAULT_VARIANTS = "bf16,fp8comm,fp8comm-delayed,torchao-compiled"
 
 
 def _fp8_filter(mod, fqn):

@@ -8,59 +8,50 @@ and the DDP hook snippet (fp8comm.hooks) compresses on a plain gloo group.
 
 Lightning (Fabric DDP, Trainer DDP with a validation loop; Lightning's FSDP
 is GPU-only) and Accelerate are optional packages: their tests skip,
-saying so, when the package is not installed. torchtitan needs GPUs and has
-no test (docs/integrations.md says so).
+saying so, when the package is not installed. The recipes for DeepSpeed,
+torchao and torchtitan are tests/integrations/test_recipe_*.py.
 """
 import importlib.util
-import os
+import pathlib
 import re
-import socket
 import subprocess
 import sys
 
 import pytest
 
-from tests.support import REPO_ROOT
+from tests.support import doc_snippets
+from tests.support.doc_snippets import STATS
 
 # One of the longest modules: it starts first (tests/conftest.py).
 STARTS_FIRST = True
 
-ROOT = str(REPO_ROOT)
-DOC = os.path.join(ROOT, "docs", "integrations.md")
 TIMEOUT_S = 300
 
 
 def snippet(name: str) -> str:
     """The code block that follows ``<!-- snippet: name -->`` in the doc."""
-    with open(DOC) as f:
-        text = f.read()
-    m = re.search(r"<!-- snippet: " + re.escape(name) + r" -->\s*```python\n(.*?)```", text, re.S)
-    assert m, f"docs/integrations.md has no snippet {name!r}"
-    return m.group(1)
+    return doc_snippets.code_block(name)
 
 
 def test_every_snippet_marker_is_tested():
-    with open(DOC) as f:
-        names = set(re.findall(r"<!-- snippet: (\w+) -->", f.read()))
+    names = doc_snippets.marked("snippet")
     assert names == set(LAUNCH), names
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+# The third-party recipes (`recipe:` markers) and the modules that run them.
+RECIPES = {"deepspeed_zero": "test_recipe_deepspeed.py", "torchao_fsdp2": "test_recipe_torchao.py",
+           "torchtitan_moe": "test_recipe_torchtitan.py"}
+
+
+def test_every_recipe_marker_is_tested():
+    assert doc_snippets.marked("recipe") == set(RECIPES)
+    here = pathlib.Path(__file__).parent
+    for name, module in RECIPES.items():
+        assert f'code_block("{name}", "recipe")' in (here / module).read_text(), (name, module)
 
 
 def _env() -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")  # the launched processes import fp8comm
-    env["MASTER_ADDR"] = "127.0.0.1"
-    env["MASTER_PORT"] = str(_free_port())
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env["CUDA_VISIBLE_DEVICES"] = ""  # the CPU path, also on a GPU machine
-    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK"):
-        env.pop(var, None)
-    return env
+    return doc_snippets.launch_env()
 
 
 def _self_launched(path, env):
@@ -69,8 +60,7 @@ def _self_launched(path, env):
 
 
 def _torchrun(path, env, nproc=2):
-    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-            f"--master_port={env['MASTER_PORT']}", path]
+    return doc_snippets.torchrun(path, env, nproc=nproc)
 
 
 def _torchrun_2x2(path, env):
@@ -87,8 +77,6 @@ LAUNCH = {
     "fsdp2_plain_mesh": ("torch", _torchrun_2x2),  # fp8comm.fsdp on a plain mesh
     "ddp_hook": ("torch", _torchrun),  # fp8comm.hooks on a plain group
 }
-
-STATS = re.compile(r"fp8comm: calls_compressed=(\d+) bytes_sent=(\d+) of (\d+)")
 
 
 def _run(name, code, tmp_path):
