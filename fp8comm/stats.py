@@ -120,8 +120,12 @@ def _of_group(pg, backends: list) -> dict:
 
 
 def _describe(pg) -> dict:
-    return {"name": pg.group_name, "desc": getattr(pg, "group_desc", ""),
-            "ranks": dist.get_process_group_ranks(pg)}
+    """The group's name, description and global ranks (None for a group torch does not list)."""
+    try:
+        ranks = dist.get_process_group_ranks(pg)
+    except (KeyError, RuntimeError, ValueError):
+        ranks = None
+    return {"name": pg.group_name, "desc": getattr(pg, "group_desc", ""), "ranks": ranks}
 
 
 def get_stats(group=None) -> dict:
