@@ -97,13 +97,14 @@ def _stderr_into(path: str):
 def warnings_of_a_new_group(warn: str | None) -> str:
     """What a new group (made with FP8COMM_WARN_PASSTHROUGH=`warn`, None:
     unset) writes to stderr over calls that pass through for several reasons,
-    two ops below min_numel each twice."""
+    three ops below min_numel each twice."""
     c = ctx()
     saved = os.environ.pop("FP8COMM_WARN_PASSTHROUGH", None)
     if warn is not None:
         os.environ["FP8COMM_WARN_PASSTHROUGH"] = warn
     try:
-        pg = dist.new_group(backend="fp8gloo", pg_options=fp8comm.Options(min_numel=1024, compress="all"))
+        pg = dist.new_group(backend="fp8gloo", pg_options=fp8comm.Options(
+            min_numel=1024, compress=["all_reduce", "all_gather", "all_to_all"]))
     finally:
         os.environ.pop("FP8COMM_WARN_PASSTHROUGH", None)
         if saved is not None:
@@ -114,8 +115,10 @@ def warnings_of_a_new_group(warn: str | None) -> str:
             for _ in range(2):
                 dist.all_reduce(torch.ones(100), group=pg)
                 dist.all_gather_into_tensor(torch.empty(100 * c.world), torch.ones(100), group=pg)
+                dist.all_to_all_single(torch.empty(100 * c.world), torch.ones(100 * c.world), group=pg)
             dist.all_reduce(torch.ones(4096, dtype=torch.int32), group=pg)  # dtype: no warning
             dist.broadcast(torch.ones(100), src=0, group=pg)  # no compressed form: no warning
+            dist.reduce_scatter_tensor(torch.empty(100), torch.ones(100 * c.world), group=pg)  # not named
             dist.all_reduce(torch.ones(4096), group=pg)  # compressed
         with open(path) as f:
             return f.read()
@@ -196,16 +199,15 @@ def _size_warnings(text: str) -> list:
 def test_a_group_warns_once_per_op_that_passes_through_for_its_size(pool):
     for text in pool.run(warnings_of_a_new_group, None):
         warned = _size_warnings(text)
-        assert len(warned) == 2, text
-        assert any("all_reduce on group" in w for w in warned) and any("all_gather_into_tensor on group" in w
-                                                                       for w in warned), text
-        assert all("FP8COMM_WARN_PASSTHROUGH=0" in w and "100 elements per rank" in w for w in warned), text
+        assert sorted(w.split("fp8comm: ")[1].split(" on group")[0] for w in warned) == [
+            "all_gather_into_tensor", "all_reduce", "all_to_all"], text
+        assert all("FP8COMM_WARN_PASSTHROUGH=0" in w and "elements per rank" in w for w in warned), text
 
 
 @pytest.mark.parametrize("warn", ["0", "1"])
 def test_the_size_warning_follows_its_variable(pool, warn):
     for text in pool.run(warnings_of_a_new_group, warn):
-        assert len(_size_warnings(text)) == (2 if warn == "1" else 0), text
+        assert len(_size_warnings(text)) == (3 if warn == "1" else 0), text
 
 
 def test_the_variable_takes_0_or_1(monkeypatch):
