@@ -31,6 +31,33 @@ c10::DeviceType device_type_of(const std::string& device) {
   TORCH_CHECK(false, "fp8comm: transports exist for \"cpu\" and \"cuda\", got \"", device, "\"");
 }
 
+// A group's counters as fp8comm.get_stats reads them (fp8comm/stats.py).
+py::dict stats_dict(const fp8comm::StatsSnapshot& s) {
+  auto bytes = [](py::dict& d, const fp8comm::NodeBytes& sent, int64_t uncompressed) {
+    d["bytes_sent"] = sent.intra_node + sent.inter_node;
+    d["bytes_sent_intra_node"] = sent.intra_node;
+    d["bytes_sent_inter_node"] = sent.inter_node;
+    d["bytes_sent_uncompressed"] = uncompressed;
+  };
+  py::dict out;
+  bytes(out, s.bytes_sent, s.bytes_sent_uncompressed);
+  out["calls_compressed"] = s.calls_compressed;
+  out["calls_passthrough"] = s.calls_passthrough;
+  py::dict per_op;
+  for (const auto& [op, o] : s.per_op) {
+    py::dict entry;
+    entry["compressed"] = o.compressed;
+    entry["passthrough"] = o.passthrough;
+    bytes(entry, o.bytes_sent, o.bytes_sent_uncompressed);
+    py::dict reasons;
+    for (const auto& [why, n] : o.passthrough_reasons) reasons[fp8comm::passthrough_name(why)] = n;
+    entry["passthrough_reasons"] = reasons;
+    per_op[py::str(op)] = entry;
+  }
+  out["per_op"] = per_op;
+  return out;
+}
+
 std::optional<std::chrono::milliseconds> timeout_option(const std::optional<std::chrono::milliseconds>& t) {
   TORCH_CHECK_VALUE(!t || t->count() > 0, "fp8comm.uncompressed: timeout must be positive, got ", t->count(), " ms");
   return t;
@@ -150,11 +177,27 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "(name, segment-header phases, whether compress='all' names it) of every compressed algorithm, in the "
       "order Options.compress lists them (csrc/algorithms/compressed_algorithms.h).");
 
+  m.def(
+      "passthrough_reasons",
+      [] {
+        std::vector<std::string> names;
+        for (int i = static_cast<int>(fp8comm::Passthrough::kCompressed) + 1;
+             i <= static_cast<int>(fp8comm::Passthrough::kBelowMinNumel); ++i) {
+          names.push_back(fp8comm::passthrough_name(static_cast<fp8comm::Passthrough>(i)));
+        }
+        return names;
+      },
+      "Every reason a call may pass through exactly, as get_stats' passthrough_reasons names it, in the order "
+      "they are checked (csrc/backend/passthrough.h).");
+
   fp8comm::bind_options(m);
 
   py::class_<ProcessGroupFp8, c10d::Backend, c10::intrusive_ptr<ProcessGroupFp8>> pg_class(m, "ProcessGroupFp8");
   pg_class
-      .def("stats", [](ProcessGroupFp8& pg) { return pg.stats().snapshot(); })
+      .def(
+          "stats", [](ProcessGroupFp8& pg) { return stats_dict(pg.stats().snapshot()); },
+          "The group's counters: totals and per_op {op: counts, bytes and passthrough_reasons} "
+          "(csrc/backend/stats.h; fp8comm.get_stats).")
       .def("reset_stats", [](ProcessGroupFp8& pg) { pg.stats().reset(); })
       .def("set_topology", &ProcessGroupFp8::set_topology, py::arg("nodes"), py::arg("ranks_on_my_node"),
            py::arg("local_size"), py::arg("group_ranks"),

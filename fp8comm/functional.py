@@ -70,6 +70,11 @@ def compressors(group=None) -> list:
     return list(_COMPRESSORS.get(pg, {}).values()) if pg is not None else []
 
 
+def compressed_groups() -> list:
+    """Every live group fp8comm.functional has made a compressor for (get_stats())."""
+    return list(_COMPRESSORS.keys())
+
+
 def compressor(group, device: torch.device, options, op: str = "compressor"):
     """The ProcessGroupFp8 that runs ``group``'s compressed calls on ``device``
     with ``options``: the group's own when it has one, else one made over the

@@ -3,7 +3,7 @@
 // name (as errors and stats name it), its OpType, the compressed algorithm
 // that serves it (csrc/algorithms/compressed_algorithms.h; none: always
 // exact passthrough), and how many bytes this rank sends for it as a plain
-// collective (the standard ring volumes, for stats). A new compressed
+// collective (nccl-tests' bus volumes, for stats; DESIGN.md, "Stats"). A new compressed
 // collective is its algorithm file and row in compressed_algorithms.h, rows
 // here that point at it, and its entry point, which checks, decides and
 // makes one compressed_call.
@@ -17,14 +17,16 @@
 namespace fp8comm {
 
 // Bytes this rank sends in the plain collective, for `bytes` of payload
-// (all_reduce: the tensor; reduce_scatter: the output; all_gather: the input;
-// all_to_all: the input less this rank's own slice; send: the tensors) in a
-// group of P ranks.
+// (all_reduce, broadcast, reduce: the tensor; reduce_scatter, scatter: the
+// output; all_gather, gather: the input; all_to_all: the input less this
+// rank's own slice; send: the tensors) in a group of P ranks: nccl-tests'
+// bus volume (its busBw x time), the same on every rank, roots included.
+// A group of one rank sends nothing.
 enum class Volume : uint8_t {
-  kNotCounted,  // broadcast, reduce, gather, scatter, recv, barrier: rooted or receive-only
+  kNone,        // recv (its sender counts the bytes), barrier (no payload)
   kAllReduce,   // 2 (P - 1) / P x bytes
-  kToEachPeer,  // (P - 1) x bytes: the same bytes to each other rank (reduce_scatter, all_gather)
-  kSent,        // bytes (all_to_all, send)
+  kToEachPeer,  // (P - 1) x bytes: reduce_scatter, all_gather, gather, scatter
+  kSent,        // bytes: all_to_all, send, broadcast, reduce
 };
 
 struct Collective {
@@ -34,11 +36,12 @@ struct Collective {
   Volume volume;
 
   int64_t plain_bytes_sent(int64_t bytes, int64_t P) const {
+    if (P <= 1) return 0;
     switch (volume) {
       case Volume::kAllReduce: return 2 * (P - 1) * bytes / P;
       case Volume::kToEachPeer: return (P - 1) * bytes;
       case Volume::kSent: return bytes;
-      case Volume::kNotCounted: break;
+      case Volume::kNone: break;
     }
     return 0;
   }
@@ -56,16 +59,16 @@ constexpr Collective kAllGatherIntoTensor{"all_gather_into_tensor", OpType::_ALL
 constexpr Collective kAllGather{"all_gather", OpType::ALLGATHER, &compressed::kAllGather, Volume::kToEachPeer};
 constexpr Collective kAllGatherIntoTensorCoalesced{"all_gather_into_tensor_coalesced", OpType::ALLGATHER_COALESCED, &compressed::kAllGather, Volume::kToEachPeer};
 constexpr Collective kAllGatherCoalesced{"all_gather_coalesced", OpType::ALLGATHER_COALESCED, nullptr, Volume::kToEachPeer};
-constexpr Collective kBroadcast{"broadcast", OpType::BROADCAST, nullptr, Volume::kNotCounted};
-constexpr Collective kReduce{"reduce", OpType::REDUCE, nullptr, Volume::kNotCounted};
-constexpr Collective kGather{"gather", OpType::GATHER, nullptr, Volume::kNotCounted};
-constexpr Collective kScatter{"scatter", OpType::SCATTER, nullptr, Volume::kNotCounted};
+constexpr Collective kBroadcast{"broadcast", OpType::BROADCAST, nullptr, Volume::kSent};
+constexpr Collective kReduce{"reduce", OpType::REDUCE, nullptr, Volume::kSent};
+constexpr Collective kGather{"gather", OpType::GATHER, nullptr, Volume::kToEachPeer};
+constexpr Collective kScatter{"scatter", OpType::SCATTER, nullptr, Volume::kToEachPeer};
 constexpr Collective kAllToAllSingle{"all_to_all", OpType::ALLTOALL_BASE, &compressed::kAllToAll, Volume::kSent};
 constexpr Collective kAllToAll{"all_to_all", OpType::ALLTOALL, &compressed::kAllToAll, Volume::kSent};
 constexpr Collective kSend{"send", OpType::SEND, nullptr, Volume::kSent};
-constexpr Collective kRecv{"recv", OpType::RECV, nullptr, Volume::kNotCounted};
-constexpr Collective kRecvAnySource{"recv", OpType::RECVANYSOURCE, nullptr, Volume::kNotCounted};
-constexpr Collective kBarrier{"barrier", OpType::BARRIER, nullptr, Volume::kNotCounted};
+constexpr Collective kRecv{"recv", OpType::RECV, nullptr, Volume::kNone};
+constexpr Collective kRecvAnySource{"recv", OpType::RECVANYSOURCE, nullptr, Volume::kNone};
+constexpr Collective kBarrier{"barrier", OpType::BARRIER, nullptr, Volume::kNone};
 // clang-format on
 }  // namespace collectives
 

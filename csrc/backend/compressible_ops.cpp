@@ -1,5 +1,5 @@
 // The collectives that have a compressed algorithm: each checks its
-// arguments on the calling rank, decides (ProcessGroupFp8::compresses), and
+// arguments on the calling rank, decides (ProcessGroupFp8::passthrough), and
 // runs the algorithm or passes the call through exactly (DESIGN.md,
 // "Algorithms", exact passthrough).
 #include "../algorithms/algorithms.h"
@@ -14,6 +14,11 @@
 namespace fp8comm {
 
 namespace {
+
+// The reduce op's verdict, for ProcessGroupFp8::passthrough.
+Passthrough reducible(const std::optional<Reduction>& red) {
+  return red ? Passthrough::kCompressed : Passthrough::kReduceOp;
+}
 
 std::vector<at::Tensor> pair_tensors(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs) {
   std::vector<at::Tensor> all = inputs;
@@ -37,8 +42,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::run_pairs(const Collective& c, s
 
 // ------------------------------------------------------------------ all_reduce
 template <typename Opts, typename Call>
-c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::all_reduce_exact(const Collective& c, std::vector<at::Tensor>& tensors,
-                                                                 const Opts& opts, bool emulate, Call&& call) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::all_reduce_exact(const Collective& c, Passthrough why,
+                                                                 std::vector<at::Tensor>& tensors, const Opts& opts,
+                                                                 bool emulate, Call&& call) {
   c10::intrusive_ptr<c10d::Work> work;
   if (emulate) {
     Opts sum = opts;
@@ -49,7 +55,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::all_reduce_exact(const Collectiv
   } else {
     work = passed_through(call(tensors, opts), c, tensors);
   }
-  record_passthrough(c, bytes_of(tensors));
+  record_passthrough(c, why, bytes_of(tensors));
   return work;
 }
 
@@ -71,10 +77,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::allreduce_keeping_residual(at::T
   const TransportTraits traits = traits_for(tensor.device().type());
   check_reduce_op_supported(c.name, opts.reduceOp, tensor, traits);
   auto red = reduction_for(opts.reduceOp, tensor, size_);
-  if (!red || !compresses(c, tensor, tensor.numel())) {
+  const Passthrough why = passthrough(c, tensor, tensor.numel(), reducible(red));
+  if (why != Passthrough::kCompressed) {
     if (residual.defined()) residual.zero_();  // exact: nothing dropped
     std::vector<at::Tensor> tensors{tensor};
-    return all_reduce_exact(c, tensors, opts, needs_emulation(opts.reduceOp, tensor, traits),
+    return all_reduce_exact(c, why, tensors, opts, needs_emulation(opts.reduceOp, tensor, traits),
                             [&](std::vector<at::Tensor>& ts, const c10d::AllreduceOptions& o) {
                               return inner->allreduce(ts, o);
                             });
@@ -108,8 +115,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::allreduce_coalesced(std::vector<
   const TransportTraits traits = traits_for(tensors[0].device().type());
   for (const auto& t : tensors) check_reduce_op_supported(c.name, opts.reduceOp, t, traits);
   auto red = reduction_for(opts.reduceOp, tensors[0], size_);
-  if (!red || !same_dtype || !compresses(c, tensors[0], total)) {
-    return all_reduce_exact(c, tensors, opts, same_dtype && needs_emulation(opts.reduceOp, tensors[0], traits),
+  const Passthrough why =
+      passthrough(c, tensors[0], total, same_dtype ? reducible(red) : Passthrough::kMixedDtypes);
+  if (why != Passthrough::kCompressed) {
+    return all_reduce_exact(c, why, tensors, opts, same_dtype && needs_emulation(opts.reduceOp, tensors[0], traits),
                             [&](std::vector<at::Tensor>& ts, const c10d::AllreduceCoalescedOptions& o) {
                               return inner->allreduce_coalesced(ts, o);
                             });
@@ -173,10 +182,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::reduce_scatter_tensor(const Coll
   check_reduce_scatter_tensor(c, output, input, opts);
   if (residual.defined()) check_residual(c.name, residual, input);
   auto red = reduction_for(opts.reduceOp, input, size_);
-  if (!red || !compresses(c, input, output.numel())) {
+  const Passthrough why = passthrough(c, input, output.numel(), reducible(red));
+  if (why != Passthrough::kCompressed) {
     if (residual.defined()) residual.zero_();  // exact: nothing dropped
     auto work = reduce_scatter_tensor_exact(c, output, input, opts);
-    record_passthrough(c, bytes_of(output));
+    record_passthrough(c, why, bytes_of(output));
     return work;
   }
   check_dense(c.name, output);
@@ -210,7 +220,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::reduce_scatter(std::vector<at::T
   const TransportTraits traits = traits_for(output.device().type());
   check_reduce_op_supported(c.name, opts.reduceOp, output, traits);
   auto red = reduction_for(opts.reduceOp, output, size_);
-  if (!red || !compresses(c, output, output.numel())) {
+  const Passthrough why = passthrough(c, output, output.numel(), reducible(red));
+  if (why != Passthrough::kCompressed) {
     c10::intrusive_ptr<c10d::Work> work;
     if (needs_emulation(opts.reduceOp, output, traits)) {
       std::vector<at::Tensor> flat_inputs;
@@ -221,7 +232,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::reduce_scatter(std::vector<at::T
     } else {
       work = passed_through(inner->reduce_scatter(outputs, inputs, opts), c, outputs);
     }
-    record_passthrough(c, bytes_of(output));
+    record_passthrough(c, why, bytes_of(output));
     return work;
   }
   std::vector<at::Tensor> user = inputs[0];
@@ -250,14 +261,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::reduce_scatter_tensor_coalesced(
   const bool emulate = is_avg_or_premul(opts.reduceOp) && !traits_for(inputs[0].device().type()).reduces_avg_and_premul;
   auto red = reduction_for(opts.reduceOp, inputs[0], size_);
   bool any = false;
+  std::vector<Passthrough> whys;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    const bool compress = red && compresses(c, inputs[i], outputs[i].numel());
+    whys.push_back(passthrough(c, inputs[i], outputs[i].numel(), reducible(red)));
+    const bool compress = whys.back() == Passthrough::kCompressed;
     if (compress) check_dense(c.name, outputs[i]);
     any = any || compress;
   }
   if (!any && !emulate) {
     auto work = inner->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
-    for (const auto& out : outputs) record_passthrough(c, bytes_of(out));
+    for (size_t i = 0; i < outputs.size(); ++i) record_passthrough(c, whys[i], bytes_of(outputs[i]));
     return passed_through(std::move(work), c, outputs);
   }
   return run_pairs(c, outputs, inputs, opts, with_factor(pair_tensors(inputs, outputs), opts.reduceOp, red),
@@ -284,11 +297,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::all_gather_into_tensor(const Col
                                                                        const c10d::AllgatherOptions& opts) {
   check_all_gather_into_tensor(c, output, input);
   auto inner = inner_for(input.device(), c.name);
-  if (!compresses(c, input, input.numel())) {
+  const Passthrough why = passthrough(c, input, input.numel());
+  if (why != Passthrough::kCompressed) {
     at::Tensor out = as_bytes_if_fp8(output);
     at::Tensor in = as_bytes_if_fp8(input);
     auto work = inner->_allgather_base(out, in, opts);
-    record_passthrough(c, bytes_of(input));
+    record_passthrough(c, why, bytes_of(input));
     return passed_through(std::move(work), c, {output});
   }
   check_dense(c.name, output);
@@ -316,11 +330,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::allgather(std::vector<std::vecto
                 input.numel(), " elements, got ", out.numel());
   }
   auto inner = inner_for(input.device(), c.name);
-  if (!compresses(c, input, input.numel())) {
+  const Passthrough why = passthrough(c, input, input.numel());
+  if (why != Passthrough::kCompressed) {
     auto outs = as_bytes_if_fp8(outputs);
     auto ins = as_bytes_if_fp8(inputs);
     auto work = inner->allgather(outs, ins, opts);
-    record_passthrough(c, bytes_of(input));
+    record_passthrough(c, why, bytes_of(input));
     return passed_through(std::move(work), c, outputs[0]);
   }
   std::vector<at::Tensor> user = outputs[0];
@@ -342,9 +357,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::allgather_into_tensor_coalesced(
   TORCH_CHECK(!inputs.empty() && outputs.size() == inputs.size(), "fp8comm ", c.name, ": got ", outputs.size(),
               " outputs for ", inputs.size(), " inputs");
   bool any = false;
+  std::vector<Passthrough> whys;
   for (size_t i = 0; i < inputs.size(); ++i) {
     check_all_gather_into_tensor(c, outputs[i], inputs[i]);
-    const bool compress = compresses(c, inputs[i], inputs[i].numel());
+    whys.push_back(passthrough(c, inputs[i], inputs[i].numel()));
+    const bool compress = whys.back() == Passthrough::kCompressed;
     if (compress) check_dense(c.name, outputs[i]);
     any = any || compress;
   }
@@ -354,7 +371,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::allgather_into_tensor_coalesced(
     auto outs = as_bytes_if_fp8(outputs);
     auto ins = as_bytes_if_fp8(inputs);
     auto work = inner->allgather_into_tensor_coalesced(outs, ins, opts);
-    for (const auto& in : inputs) record_passthrough(c, bytes_of(in));
+    for (size_t i = 0; i < inputs.size(); ++i) record_passthrough(c, whys[i], bytes_of(inputs[i]));
     return passed_through(std::move(work), c, outputs);
   }
   return run_pairs(c, outputs, inputs, opts, pair_tensors(inputs, outputs),
@@ -389,9 +406,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::all_to_all_checked(const Collect
   int64_t to_peers = 0;
   for (int64_t r = 0; r < size_; ++r) to_peers += r == rank_ ? 0 : send_numels[r];
   const int64_t payload = to_peers * input.element_size();
-  if (!compresses(c, input, table.total_sent() / size_)) {
+  const Passthrough why = passthrough(c, input, table.total_sent() / size_);
+  if (why != Passthrough::kCompressed) {
     auto work = exact();
-    record_passthrough(c, payload, sent);
+    record_passthrough(c, why, payload, sent);
     return passed_through(std::move(work), c, std::move(outputs));
   }
   return compressed_call(c, input.device(), opts.asyncOp, opts.timeout, user_tensors, std::move(outputs), payload,
@@ -411,12 +429,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::alltoall_base(at::Tensor& output
   };
   const bool alike = input.device() == output.device() && input.scalar_type() == output.scalar_type() &&
                      output.layout() == at::kStrided;
-  if (!alike || !may_compress(c, input)) {
+  const Passthrough why = passthrough_but_size(c, input, alike ? Passthrough::kCompressed : Passthrough::kOutputUnlike);
+  if (why != Passthrough::kCompressed) {
     auto work = exact();
     const int64_t own = input.dim() == 0 || input_split_sizes.empty()
                             ? bytes_of(input) / size_
                             : input_split_sizes.at(rank_) * (input.size(0) ? bytes_of(input) / input.size(0) : 0);
-    record_passthrough(c, bytes_of(input) - own);
+    record_passthrough(c, why, bytes_of(input) - own);
     return passed_through(std::move(work), c, {output});
   }
   const auto send = slice_numels(input, input_split_sizes, size_, c.name, "input");
@@ -450,9 +469,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::alltoall(std::vector<at::Tensor>
               t->layout() == at::kStrided;
     }
   }
-  if (!alike || !may_compress(c, inputs.at(0))) {
+  const Passthrough why =
+      passthrough_but_size(c, inputs.at(0), alike ? Passthrough::kCompressed : Passthrough::kOutputUnlike);
+  if (why != Passthrough::kCompressed) {
     auto work = exact();
-    record_passthrough(c, bytes_of(inputs) - (static_cast<int64_t>(inputs.size()) == size_ ? bytes_of(inputs[rank_]) : 0));
+    record_passthrough(c, why,
+                       bytes_of(inputs) - (static_cast<int64_t>(inputs.size()) == size_ ? bytes_of(inputs[rank_]) : 0));
     return passed_through(std::move(work), c, outputs);
   }
   std::vector<int64_t> send, recv;

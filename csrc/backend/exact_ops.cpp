@@ -1,5 +1,5 @@
 // The collectives fp8comm always passes through exactly to the inner
-// backend (float8 tensors as bytes), counted in stats.
+// backend (float8 tensors as bytes), counted in stats ("no compressed form").
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include "arguments.h"
@@ -14,7 +14,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::forward(const Collective& collec
                                                         int64_t payload, std::vector<at::Tensor> outputs,
                                                         Call&& call) {
   auto work = call(*inner_for(device, collective.name));
-  record_passthrough(collective, payload);
+  record_passthrough(collective, Passthrough::kNoCompressedForm, payload);
   return passed_through(std::move(work), collective, std::move(outputs));
 }
 
@@ -108,7 +108,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::barrier(const c10d::BarrierOptio
   c10d::BarrierOptions forwarded = opts;
   forwarded.device_ids = barrier_device_ids(opts, *inner, device_type);
   auto work = inner->barrier(forwarded);
-  record_passthrough(kBarrier, 0);
+  record_passthrough(kBarrier, Passthrough::kNoCompressedForm, 0);
   return passed_through(std::move(work), kBarrier, {});
 }
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "../codec/codec_tensor.h"
+#include "../common/env.h"
 #include "exact_scope.h"
 #include "fp8_work.h"
 
@@ -14,7 +15,10 @@ namespace fp8comm {
 
 ProcessGroupFp8::ProcessGroupFp8(int rank, int size, c10::intrusive_ptr<fp8comm::Options> options,
                                  c10::intrusive_ptr<c10d::Store> store)
-    : c10d::Backend(rank, size), options_(std::move(options)), uncompressed_(std::move(store), rank, size) {
+    : c10d::Backend(rank, size),
+      options_(std::move(options)),
+      warn_small_(env::kWarnPassthrough.as_flag()),
+      uncompressed_(std::move(store), rank, size) {
   TORCH_CHECK(options_ && options_->is_resolved(),
               "fp8comm: ProcessGroupFp8 needs resolved options (fp8comm.Options(...).resolved())");
   check_block_size(*options_->block_size, "fp8comm.Options");
@@ -132,20 +136,52 @@ const std::string ProcessGroupFp8::getBackendName() const {
   return has_transport(c10::DeviceType::CUDA) ? "fp8nccl" : "fp8gloo";
 }
 
-bool ProcessGroupFp8::compresses(const Collective& c, const at::Tensor& t, int64_t per_rank_numel) const {
-  return may_compress(c, t) && per_rank_numel > 0 && per_rank_numel >= *options_->min_numel;
+Passthrough ProcessGroupFp8::passthrough(const Collective& c, const at::Tensor& t, int64_t per_rank_numel,
+                                         Passthrough call_rule) const {
+  const Passthrough why = passthrough_but_size(c, t, call_rule);
+  if (why != Passthrough::kCompressed) return why;
+  if (per_rank_numel <= 0) return Passthrough::kEmpty;
+  if (per_rank_numel < *options_->min_numel) {
+    warn_small(c, per_rank_numel);
+    return Passthrough::kBelowMinNumel;
+  }
+  return Passthrough::kCompressed;
 }
 
-bool ProcessGroupFp8::may_compress(const Collective& c, const at::Tensor& t) const {
-  const bool enabled = options_->compresses(c.compressed);
-  std::lock_guard<std::mutex> lock(mutex_);
-  // A group on one node in the inter_node scope has no hop to compress.
-  const bool has_link = *options_->scope == Scope::kAll || nodes_ > 1;
-  // Inside a coalescing block the inner backend defers its ops until
-  // endCoalescing, so the multi-phase algorithms cannot run there.
-  return enabled && has_link && !uncompressed_.active() && !exact_scope::active() && coalescing_.empty() &&
-         t.layout() == at::kStrided &&
-         is_codec_dtype(t.scalar_type());
+Passthrough ProcessGroupFp8::passthrough_but_size(const Collective& c, const at::Tensor& t,
+                                                  Passthrough call_rule) const {
+  if (c.compressed == nullptr) return Passthrough::kNoCompressedForm;
+  if (!options_->compresses(c.compressed)) return Passthrough::kNotInCompress;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (uncompressed_.active()) return Passthrough::kUncompressedBlock;
+    // Inside a coalescing block the inner backend defers its ops until
+    // endCoalescing, so the multi-phase algorithms cannot run there.
+    if (!coalescing_.empty()) return Passthrough::kCoalescing;
+    // A group on one node in the inter_node scope has no hop to compress.
+    if (*options_->scope == Scope::kInterNode && nodes_ == 1) return Passthrough::kOneNode;
+  }
+  // The calling thread gathers a state dict (exact_scope.h).
+  if (exact_scope::active()) return Passthrough::kExactScope;
+  if (!is_codec_dtype(t.scalar_type())) return Passthrough::kDtype;
+  if (t.layout() != at::kStrided) return Passthrough::kNotDense;
+  return call_rule;
+}
+
+void ProcessGroupFp8::warn_small(const Collective& c, int64_t per_rank_numel) const {
+  if (!warn_small_) return;
+  {
+    std::lock_guard<std::mutex> lock(warned_mutex_);
+    if (!warned_small_.insert(c.name).second) return;
+  }
+  // torch names a group without a description "undefined".
+  const std::string desc = getGroupDesc() == "undefined" ? "" : getGroupDesc();
+  TORCH_WARN("fp8comm: ", c.name, " on group \"", getGroupUid(), "\"", desc.empty() ? "" : " (", desc,
+             desc.empty() ? "" : ")", " passed through exactly: Options.compress names it, "
+             "but this call has ", per_rank_numel, " elements per rank, below min_numel (", *options_->min_numel,
+             "). Every such call stays exact (fp8comm.get_stats(group)[\"per_op\"][\"", c.name,
+             "\"][\"passthrough_reasons\"] counts them); lower Options.min_numel (FP8COMM_MIN_NUMEL) to compress "
+             "them. This group warns once per op; FP8COMM_WARN_PASSTHROUGH=0 turns the warning off.");
 }
 
 std::vector<int64_t> ProcessGroupFp8::node_of_rank() const {
@@ -161,16 +197,17 @@ std::vector<int64_t> ProcessGroupFp8::node_of_rank() const {
 // Stats are recorded after a call has been issued (enqueued on CUDA, done on
 // the CPU): calls refused by a check, here or in the inner backend, and CPU
 // calls that fail in the transport are not counted.
-void ProcessGroupFp8::record_passthrough(const Collective& c, int64_t payload, const NodeBytes& also) {
+void ProcessGroupFp8::record_passthrough(const Collective& c, Passthrough why, int64_t payload,
+                                         const NodeBytes& also) {
   const int64_t plain = c.plain_bytes_sent(payload, size_);
   // The inner backend's ring spreads these bytes evenly over the peers.
   const int64_t intra = size_ > 1 ? plain * (ranks_on_my_node_ - 1) / (size_ - 1) : 0;
-  stats_.record(c.name, false, NodeBytes{intra + also.intra_node, plain - intra + also.inter_node}, plain);
+  stats_.record(c.name, why, NodeBytes{intra + also.intra_node, plain - intra + also.inter_node}, plain);
 }
 
 void ProcessGroupFp8::record_compressed(const Collective& c, int64_t payload, const NodeBytes& wire,
                                         const QuantizationError& error) {
-  stats_.record(c.name, true, wire, c.plain_bytes_sent(payload, size_));
+  stats_.record(c.name, Passthrough::kCompressed, wire, c.plain_bytes_sent(payload, size_));
   if (*options_->track_error) stats_.record_error(c.name, error);
 }
 

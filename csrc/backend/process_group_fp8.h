@@ -16,6 +16,8 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
+#include <string>
 
 #include "../algorithms/route.h"
 #include "../algorithms/transport.h"
@@ -23,6 +25,7 @@
 #include "../algorithms/workspace.h"
 #include "collectives.h"
 #include "options.h"
+#include "passthrough.h"
 #include "stats.h"
 #include "uncompressed_blocks.h"
 
@@ -156,12 +159,22 @@ class ProcessGroupFp8 : public c10d::Backend {
   // Every inner backend the group holds, each once: each device type's
   // transport and, in the inter_node scope, its node transports.
   std::vector<c10::intrusive_ptr<c10d::Backend>> all_transports() const;
-  // Whether `c` on tensors like `t`, `per_rank_numel` elements per rank, is compressed.
-  bool compresses(const Collective& c, const at::Tensor& t, int64_t per_rank_numel) const;
+  // Why `c` on tensors like `t`, `per_rank_numel` elements per rank, passes
+  // through (DESIGN.md, "Algorithms", exact passthrough), or
+  // Passthrough::kCompressed. `call_rule`: the entry point's verdict on what
+  // only it sees (the reduce op, mixed dtypes, unlike outputs), checked after
+  // the group's and the tensor's rules. Warns once per op when a call passes
+  // through for its size (warn_small).
+  Passthrough passthrough(const Collective& c, const at::Tensor& t, int64_t per_rank_numel,
+                          Passthrough call_rule = Passthrough::kCompressed) const;
+  // The same by every rule but the size.
+  Passthrough passthrough_but_size(const Collective& c, const at::Tensor& t,
+                                   Passthrough call_rule = Passthrough::kCompressed) const;
+  // The warning a call of `c` that Options.compress names gets, once per
+  // op, when it passes through below min_numel (off: FP8COMM_WARN_PASSTHROUGH=0).
+  void warn_small(const Collective& c, int64_t per_rank_numel) const;
   // The node of each group rank (Route::node_of); empty where nodes differ in size.
   std::vector<int64_t> node_of_rank() const;
-  // Whether it may be, by every rule but the size (DESIGN.md, "Algorithms", exact passthrough).
-  bool may_compress(const Collective& c, const at::Tensor& t) const;
 
   // Runs `body(Route&)` (a compressed algorithm) inline on the CPU or on
   // the side stream of a CUDA device, one call at a time, and returns its
@@ -189,25 +202,26 @@ class ProcessGroupFp8 : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> passed_through(c10::intrusive_ptr<c10d::Work> work, const Collective& c,
                                         std::vector<at::Tensor> outputs) const;
   // Stats: `payload` bytes as the collectives table counts them; a
-  // compressed call sent `wire` bytes instead of the plain volume, and
-  // measured `error` where the options track it.
-  // `also`: bytes the call sent besides (all_to_all's split sizes).
-  void record_passthrough(const Collective& c, int64_t payload, const NodeBytes& also = {});
+  // passthrough call passed through for `why`; a compressed call sent
+  // `wire` bytes instead of the plain volume, and measured `error` where the
+  // options track it. `also`: bytes the call sent besides (all_to_all's split sizes).
+  void record_passthrough(const Collective& c, Passthrough why, int64_t payload, const NodeBytes& also = {});
   void record_compressed(const Collective& c, int64_t payload, const NodeBytes& wire, const QuantizationError& error);
   // Where a compressed call adds its quantization error: `error` with
   // Options.track_error, else nowhere (null).
   QuantizationError* error_if_tracked(QuantizationError& error) const { return *options_->track_error ? &error : nullptr; }
 
-  // Passes a call through: call(inner backend) for `device`, counted in stats.
+  // Passes a call of an op with no compressed form through: call(inner backend) for `device`, counted in stats.
   template <typename Call>
   c10::intrusive_ptr<c10d::Work> forward(const Collective& c, const at::Device& device, int64_t payload,
                                          std::vector<at::Tensor> outputs, Call&& call);
   // An exact all_reduce of `tensors` by call(tensors, opts) (the inner
   // allreduce or allreduce_coalesced), with AVG / PREMUL_SUM emulated where
-  // `emulate`, counted in stats.
+  // `emulate`, counted in stats as passed through for `why`.
   template <typename Opts, typename Call>
-  c10::intrusive_ptr<c10d::Work> all_reduce_exact(const Collective& c, std::vector<at::Tensor>& tensors,
-                                                  const Opts& opts, bool emulate, Call&& call);
+  c10::intrusive_ptr<c10d::Work> all_reduce_exact(const Collective& c, Passthrough why,
+                                                  std::vector<at::Tensor>& tensors, const Opts& opts, bool emulate,
+                                                  Call&& call);
 
   // A coalesced call as one collective per (output, input) pair, each
   // pair(output, input, opts) issued in order on this call's stream with its
@@ -253,6 +267,10 @@ class ProcessGroupFp8 : public c10d::Backend {
 
   const c10::intrusive_ptr<fp8comm::Options> options_;
   Stats stats_;
+  // FP8COMM_WARN_PASSTHROUGH, read at creation; the ops warn_small has warned of.
+  const bool warn_small_;
+  mutable std::mutex warned_mutex_;
+  mutable std::set<std::string> warned_small_;
   UncompressedBlocks uncompressed_;
   mutable std::mutex mutex_;
   std::map<c10::DeviceType, c10::intrusive_ptr<c10d::Backend>> inner_;

@@ -2,14 +2,27 @@
 
 namespace fp8comm {
 
-void Stats::record(const std::string& op, bool compressed, const NodeBytes& bytes_sent,
+namespace {
+
+void add(NodeBytes& to, const NodeBytes& bytes) {
+  to.intra_node += bytes.intra_node;
+  to.inter_node += bytes.inter_node;
+}
+
+}  // namespace
+
+void Stats::record(const std::string& op, Passthrough why, const NodeBytes& bytes_sent,
                    int64_t bytes_sent_uncompressed) {
+  const bool compressed = why == Passthrough::kCompressed;
   std::lock_guard<std::mutex> lock(mutex_);
-  bytes_sent_.intra_node += bytes_sent.intra_node;
-  bytes_sent_.inter_node += bytes_sent.inter_node;
-  bytes_sent_uncompressed_ += bytes_sent_uncompressed;
-  (compressed ? calls_compressed_ : calls_passthrough_) += 1;
-  per_op_[op + (compressed ? ".compressed" : ".passthrough")] += 1;
+  add(counts_.bytes_sent, bytes_sent);
+  counts_.bytes_sent_uncompressed += bytes_sent_uncompressed;
+  (compressed ? counts_.calls_compressed : counts_.calls_passthrough) += 1;
+  OpStats& of_op = counts_.per_op[op];
+  (compressed ? of_op.compressed : of_op.passthrough) += 1;
+  add(of_op.bytes_sent, bytes_sent);
+  of_op.bytes_sent_uncompressed += bytes_sent_uncompressed;
+  if (!compressed) of_op.passthrough_reasons[why] += 1;
 }
 
 void Stats::record_error(const std::string& op, const QuantizationError& error) {
@@ -22,23 +35,14 @@ std::map<std::string, QuantizationError> Stats::errors() const {
   return errors_;
 }
 
-std::map<std::string, int64_t> Stats::snapshot() const {
+StatsSnapshot Stats::snapshot() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  std::map<std::string, int64_t> out = per_op_;
-  out["bytes_sent"] = bytes_sent_.intra_node + bytes_sent_.inter_node;
-  out["bytes_sent_intra_node"] = bytes_sent_.intra_node;
-  out["bytes_sent_inter_node"] = bytes_sent_.inter_node;
-  out["bytes_sent_uncompressed"] = bytes_sent_uncompressed_;
-  out["calls_compressed"] = calls_compressed_;
-  out["calls_passthrough"] = calls_passthrough_;
-  return out;
+  return counts_;
 }
 
 void Stats::reset() {
   std::lock_guard<std::mutex> lock(mutex_);
-  bytes_sent_ = {};
-  bytes_sent_uncompressed_ = calls_compressed_ = calls_passthrough_ = 0;
-  per_op_.clear();
+  counts_ = {};
   errors_.clear();
 }
 

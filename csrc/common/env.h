@@ -84,12 +84,13 @@ inline constexpr EnvVar kFp8Dtype{"FP8COMM_FP8_DTYPE", "unset", "deprecated spel
 inline constexpr EnvVar kLocalSize{"FP8COMM_LOCAL_SIZE", "LOCAL_WORLD_SIZE, else host names", "ranks per node, numbered contiguously: simulated nodes on one host (tests, netlab)"};
 inline constexpr EnvVar kCpuSimd{"FP8COMM_CPU_SIMD", "1", "CPU codec kernels: 1 every kernel the CPU runs, avx2 no AVX-512 kernels, 0 scalar loops (same bytes)"};
 inline constexpr EnvVar kFusedCast{"FP8COMM_FUSED_CAST", "1", "Fp8Linear on CUDA: 0 casts through the eager chain of torch ops instead of the fused CUDA kernels (the CPU always uses the fused operator)"};
+inline constexpr EnvVar kWarnPassthrough{"FP8COMM_WARN_PASSTHROUGH", "1", "0 (off) or 1 (on): a group warns once per op when a call Options.compress names passes through exactly for being below min_numel (get_stats' passthrough_reasons counts every such call); read at group creation"};
 // clang-format on
 
 // Every variable: the knobs' in their rows' order, then the others.
 #define FP8C_OPTION_VAR_REF(name, type, values, variable, unset, share, doc) &of_option::name,
 inline constexpr const EnvVar* kAll[] = {FP8C_OPTIONS(FP8C_OPTION_VAR_REF) &kFp8Dtype, &kLocalSize, &kCpuSimd,
-                                         &kFusedCast};
+                                         &kFusedCast, &kWarnPassthrough};
 #undef FP8C_OPTION_VAR_REF
 }  // namespace env
 

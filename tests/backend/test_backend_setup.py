@@ -20,6 +20,7 @@ from tests.support.harness import DistPool, PoolSpec, ctx
 from tests.support.inputs import rank_input
 from tests.support.reference import sqnr_db
 from tests.support.scenarios.collectives import reference_sum
+from tests.support.stats import calls as stats_calls
 
 
 # ---------------------------------------------------------------- scenarios
@@ -283,11 +284,12 @@ def test_coalesced_calls_are_counted_under_their_own_name(pool, kind):
     seg = fp8comm.segment_bytes  # a CPU wire segment: a 16-byte header, then the codec's
     for stats in pool.run(stats_of_coalesced, kind):
         if kind == "all_reduce":
-            assert stats["per_op"] == {"all_reduce_coalesced": {"compressed": 1, "passthrough": 0}}
+            assert stats_calls(stats) == {"all_reduce_coalesced": {"compressed": 1, "passthrough": 0}}
             assert stats["bytes_sent_uncompressed"] == 2 * (P - 1) * 5100 * 4 // P
             continue
         name = {"reduce_scatter": "reduce_scatter_tensor_coalesced", "all_gather": "all_gather_into_tensor_coalesced"}
-        assert stats["per_op"] == {name[kind]: {"compressed": 1, "passthrough": 1}}
+        assert stats_calls(stats) == {name[kind]: {"compressed": 1, "passthrough": 1}}
+        assert stats["per_op"][name[kind]]["passthrough_reasons"] == {"below min_numel": 1}
         assert stats["calls_compressed"] == 1 and stats["calls_passthrough"] == 1
         assert stats["bytes_sent"] == (P - 1) * (16 + seg(5000, 32) + 100 * 4)
         assert stats["bytes_sent_uncompressed"] == (P - 1) * 5100 * 4

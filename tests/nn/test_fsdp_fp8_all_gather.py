@@ -19,6 +19,7 @@ import torch.nn as nn
 import fp8comm
 from tests.support.harness import DistPool, PoolSpec, ctx
 from tests.support.scenarios import fsdp as S
+from tests.support.stats import calls as stats_calls
 from fp8comm.nn import Fp8AllGatherWeight, Fp8Linear, Fp8WeightCast, convert_to_fp8
 from fp8comm.nn.linear import scaled_mm_cpu
 from fp8comm.nn.scaling import cast_to_fp8
@@ -442,8 +443,10 @@ def test_all_gather_moves_one_byte_per_weight_element(runs):
         assert bs["bytes_sent"] == expected_forward_bytes(b["full"], 2, ext=False)
         # one all-gather per FSDP group, passed through (FP8 bytes travel as bytes);
         # one all_reduce (MAX of amaxes) per FP8 weight
-        assert fs["per_op"]["all_gather_into_tensor"] == {"compressed": 0, "passthrough": S.BLOCKS + 1}
-        assert fs["per_op"]["all_reduce"] == {"compressed": 0, "passthrough": len(S.fp8_fqns())}
+        calls = stats_calls(fs)
+        assert calls["all_gather_into_tensor"] == {"compressed": 0, "passthrough": S.BLOCKS + 1}
+        assert calls["all_reduce"] == {"compressed": 0, "passthrough": len(S.fp8_fqns())}
+        assert fs["per_op"]["all_reduce"]["passthrough_reasons"] == {"reduce op": len(S.fp8_fqns())}
         fp8_elems = sum(r["full"][f + ".weight"].numel() for f in S.fp8_fqns())
         assert bs["bytes_sent"] - fs["bytes_sent"] == 3 * fp8_elems // 2 - len(S.fp8_fqns()) * 4
 
@@ -476,8 +479,9 @@ def test_mixed_groups_pass_through_even_with_all_gather_compression(runs):
             kind, got, _ = r["seen"][f"blocks.{i}.norm"]
             assert torch.equal(got, r["full"][f"blocks.{i}.norm.weight"])
         assert not torch.equal(r["seen"]["embed"][1], r["full"]["embed.weight"])  # FP8 blocks: compression was on
-        ag = r["fwd_stats"]["per_op"]["all_gather_into_tensor"]
+        ag = stats_calls(r["fwd_stats"])["all_gather_into_tensor"]
         assert ag == {"compressed": 1, "passthrough": S.BLOCKS}
+        assert r["fwd_stats"]["per_op"]["all_gather_into_tensor"]["passthrough_reasons"] == {"dtype": S.BLOCKS}
 
 
 # -------------------------------------------------------------- state_dict

@@ -90,3 +90,32 @@ def all_to_all(world: int, rank: int, wire: Wire, send_numels: list, element_siz
         else:
             inter += sent
     return intra, inter
+
+
+# What a passthrough call counts: nccl-tests' bus volume of the plain
+# collective (its busBw x time), on every rank, roots included (DESIGN.md,
+# "Stats"), for `payload` bytes (all_reduce, broadcast, reduce: the tensor;
+# reduce_scatter, scatter: the output; all_gather, gather: the input;
+# all_to_all: the input less this rank's own slice; send: the tensor).
+# nccl-tests' bus factors: all_reduce 2(P-1)/P of the tensor; all_gather,
+# reduce_scatter, gather, scatter and all_to_all (P-1)/P of all ranks'
+# payloads; broadcast, reduce and send/recv 1 (the sender counts a send).
+PLAIN = {
+    "all_reduce": lambda P, b: 2 * (P - 1) * b // P,
+    "reduce_scatter": lambda P, b: (P - 1) * b,
+    "all_gather": lambda P, b: (P - 1) * b,
+    "gather": lambda P, b: (P - 1) * b,
+    "scatter": lambda P, b: (P - 1) * b,
+    "all_to_all": lambda P, b: b,
+    "broadcast": lambda P, b: b,
+    "reduce": lambda P, b: b,
+    "send": lambda P, b: b,
+    "recv": lambda P, b: 0,
+    "barrier": lambda P, b: 0,
+}
+
+
+def plain(kind: str, world: int, payload: int) -> int:
+    """Bytes this rank counts for a plain `kind` collective (a key of PLAIN)
+    of `payload` bytes in a group of `world` ranks; a group of one sends none."""
+    return 0 if world == 1 else PLAIN[kind](world, payload)
