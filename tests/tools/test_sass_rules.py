@@ -1,7 +1,7 @@
 """The static SASS rules (tests/tools/sass, CI's `.ci/sass_check`): the parsers
 on ptxas / nvdisasm text captured from tests/tools/sass/fixtures/probe.cu, each
 rule firing on the kernel planted to break it, and the real checker finding a
-64-bit division in a planted source.
+64-bit division and a compiler warning in planted sources.
 """
 import os
 import shutil
@@ -125,7 +125,7 @@ def test_names_of_template_kernels():
     assert parse.demangle("_Z14quantize_div64PKlPlll") == "quantize_div64(long const*, long*, long, long)"
 
 
-def test_the_checker_finds_a_planted_64_bit_division(tmp_path, capsys):
+def test_the_checker_finds_a_planted_64_bit_division_and_a_warning(tmp_path, capsys):
     if not shutil.which("nvcc"):
         pytest.skip("nvcc not found: the checker compiles with it (CI's checks stage runs it where nvcc is)")
     if check.find_nvdisasm() is None:
@@ -141,7 +141,12 @@ def test_the_checker_finds_a_planted_64_bit_division(tmp_path, capsys):
         "  const int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
         "  if (i < n) b[i] = a[i];\n"
         "}\n")
-    assert check.main(["--arch", "sm_90", str(source)]) == 1
+    warned = tmp_path / "warned.cu"
+    warned.write_text("__global__ void quantize_warned(float4* a) { int unused = 3; a[threadIdx.x] = a[0]; }\n")
+    assert check.main(["--arch", "sm_90", str(source), str(warned)]) == 1
     out = capsys.readouterr().out
-    failures = [line for line in out.splitlines() if line.startswith("sass_check: ") and "planted.cu" in line]
-    assert len(failures) == 1 and "quantize_planted" in failures[0] and "64-bit integer division" in failures[0]
+    failures = [line for line in out.splitlines() if line.startswith("sass_check: ") and ".cu" in line]
+    assert len(failures) == 2, out
+    assert "planted.cu" in failures[0] and "quantize_planted" in failures[0] and "64-bit integer division" in failures[0]
+    assert "warned.cu" in failures[1] and "did not compile" in failures[1]
+    assert 'variable "unused" was declared but never referenced' in out

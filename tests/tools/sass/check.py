@@ -1,7 +1,8 @@
-"""Compiles every CUDA source for sm_90 and sm_100, disassembles the cubins and
-holds each kernel to the static rules (tests/tools/sass/rules.py); prints a
-table per kernel and totals per file and architecture. Exit 1 on a broken rule
-outside the exemption table, or an exemption that names no kernel.
+"""Compiles every CUDA source for sm_90 and sm_100 (`nvcc -c`, every warning an
+error), disassembles the cubins and holds each kernel to the static rules
+(tests/tools/sass/rules.py); prints a table per kernel and totals per file and
+architecture. Exit 1 on a warning, a broken rule outside the exemption table,
+or an exemption that names no kernel.
 
     python -m tests.tools.sass.check                      # csrc/**/*.cu, CI's `.ci/sass_check`
     python -m tests.tools.sass.check --arch sm_90 FILE.cu
@@ -27,8 +28,9 @@ from tests.tools.sass import parse, rules
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 ARCHES = ("sm_90", "sm_100")
 PIP_LINE = 'python -m pip install "nvidia-cuda-nvdisasm==13.5.37"'
-# The flags of the extension's build (setup.py) that change the code, and the include root.
-NVCC_FLAGS = ("-cubin", "-std=c++17", "-O3", "--fmad=false", "-Xptxas", "-v")
+# The flags of the extension's build (setup.py) that change the code; every nvcc warning an
+# error, as .ci/ptxas_check has it. A whole `-c` (host code too), its cubin kept.
+NVCC_FLAGS = ("-c", "-std=c++17", "-O3", "--fmad=false", "-Werror", "all-warnings", "-Xptxas", "-v")
 
 
 def find_nvdisasm() -> tuple[str, str] | None:
@@ -60,11 +62,15 @@ def supported_arches(nvcc: str, wanted: list[str]) -> tuple[list[str], list[str]
 
 def compile_and_read(nvcc: str, nvdisasm: str, source: str, arch: str, out_dir: str) -> dict[str, parse.Function]:
     """The functions of `source` (relative to ROOT) compiled for `arch`."""
-    cubin = os.path.join(out_dir, f"{source.replace('/', '_')}.{arch}.cubin")
-    built = subprocess.run([nvcc, *NVCC_FLAGS, f"-arch={arch}", "-I" + os.path.join(ROOT, "csrc"),
-                            os.path.join(ROOT, source), "-o", cubin], capture_output=True, text=True)
+    keep = os.path.join(out_dir, f"{source.replace('/', '_')}.{arch}")
+    os.makedirs(keep)
+    built = subprocess.run([nvcc, *NVCC_FLAGS, f"-arch={arch}", "-I" + os.path.join(ROOT, "csrc"), "--keep",
+                            "--keep-dir", keep, os.path.join(ROOT, source), "-o", os.path.join(keep, "out.o")],
+                           capture_output=True, text=True)
     if built.returncode != 0:
         raise RuntimeError(f"nvcc failed on {source} for {arch}:\n{built.stderr}")
+    stem = os.path.splitext(os.path.basename(source))[0]
+    cubin = os.path.join(keep, f"{stem}.{arch}.cubin")
     sass = subprocess.run([nvdisasm, "-c", cubin], capture_output=True, text=True)
     if sass.returncode != 0:
         raise RuntimeError(f"nvdisasm failed on {source} for {arch}:\n{sass.stderr}")
@@ -171,7 +177,11 @@ def main(argv: list[str] | None = None) -> int:
         jobs = {(s, a): pool.submit(compile_and_read, nvcc, nvdisasm, s, a, out_dir) for s in sources for a in arches}
         failures, seen = [], set()
         for (source, arch), job in jobs.items():
-            failures += report(source, arch, job.result(), enums, seen)
+            try:
+                failures += report(source, arch, job.result(), enums, seen)
+            except RuntimeError as e:
+                print(e)
+                failures.append(f"{source} ({arch}): did not compile or disassemble (above)")
     everything = not args.files and set(arches) == set(ARCHES)
     stale = sorted(set(rules.EXEMPT) - seen) if everything else []
     failures += [f"{s}: exemption for {n}, a kernel that no longer exists: remove it from rules.EXEMPT" for s, n in stale]
