@@ -159,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     nvcc = shutil.which("nvcc")
     found = find_nvdisasm()
     if not nvcc or not found:
-        print(f"sass_check: needs nvcc and nvdisasm (nvcc: {nvcc}, nvdisasm: none; install it: {PIP_LINE})")
+        print(f"sass_check: needs nvcc (found: {nvcc or 'none'}) and nvdisasm (found: {found[0] if found else 'none'}; "
+              f"the wheel: {PIP_LINE})")
         return 2
     nvdisasm, origin = found
     arches, missing = supported_arches(nvcc, args.arch or list(ARCHES))
