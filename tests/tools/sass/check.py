@@ -29,8 +29,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 ARCHES = ("sm_90", "sm_100")
 PIP_LINE = 'python -m pip install "nvidia-cuda-nvdisasm==13.5.37"'
 # The flags of the extension's build (setup.py) that change the code; every nvcc warning an
-# error, as .ci/ptxas_check has it. A whole `-c` (host code too), its cubin kept.
-NVCC_FLAGS = ("-c", "-std=c++17", "-O3", "--fmad=false", "-Werror", "all-warnings", "-Xptxas", "-v")
+# error, as .ci/ptxas_check has it. The first architecture compiles the host code too (`-c`,
+# its cubin kept), the others their device code alone (`-cubin`).
+NVCC_FLAGS = ("-std=c++17", "-O3", "--fmad=false", "-Werror", "all-warnings", "-Xptxas", "-v")
 
 
 def find_nvdisasm() -> tuple[str, str] | None:
@@ -60,17 +61,18 @@ def supported_arches(nvcc: str, wanted: list[str]) -> tuple[list[str], list[str]
     return have, [a for a in wanted if a not in have]
 
 
-def compile_and_read(nvcc: str, nvdisasm: str, source: str, arch: str, out_dir: str) -> dict[str, parse.Function]:
-    """The functions of `source` (relative to ROOT) compiled for `arch`."""
+def compile_and_read(nvcc: str, nvdisasm: str, source: str, arch: str, out_dir: str,
+                     host: bool) -> dict[str, parse.Function]:
+    """The functions of `source` (relative to ROOT) compiled for `arch`, with its host code when `host`."""
     keep = os.path.join(out_dir, f"{source.replace('/', '_')}.{arch}")
     os.makedirs(keep)
-    built = subprocess.run([nvcc, *NVCC_FLAGS, f"-arch={arch}", "-I" + os.path.join(ROOT, "csrc"), "--keep",
-                            "--keep-dir", keep, os.path.join(ROOT, source), "-o", os.path.join(keep, "out.o")],
-                           capture_output=True, text=True)
-    if built.returncode != 0:
-        raise RuntimeError(f"nvcc failed on {source} for {arch}:\n{built.stderr}")
     stem = os.path.splitext(os.path.basename(source))[0]
     cubin = os.path.join(keep, f"{stem}.{arch}.cubin")
+    output = ["-c", "--keep", "--keep-dir", keep, "-o", os.path.join(keep, "out.o")] if host else ["-cubin", "-o", cubin]
+    built = subprocess.run([nvcc, *NVCC_FLAGS, *output, f"-arch={arch}", "-I" + os.path.join(ROOT, "csrc"),
+                            os.path.join(ROOT, source)], capture_output=True, text=True)
+    if built.returncode != 0:
+        raise RuntimeError(f"nvcc failed on {source} for {arch}:\n{built.stderr}")
     sass = subprocess.run([nvdisasm, "-c", cubin], capture_output=True, text=True)
     if sass.returncode != 0:
         raise RuntimeError(f"nvdisasm failed on {source} for {arch}:\n{sass.stderr}")
@@ -175,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     enums = enum_names()
     with tempfile.TemporaryDirectory() as out_dir, \
             concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        jobs = {(s, a): pool.submit(compile_and_read, nvcc, nvdisasm, s, a, out_dir) for s in sources for a in arches}
+        jobs = {(s, a): pool.submit(compile_and_read, nvcc, nvdisasm, s, a, out_dir, a == arches[0])
+                for s in sources for a in arches}
         failures, seen = [], set()
         for (source, arch), job in jobs.items():
             try:
