@@ -29,7 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 ARCHES = ("sm_90", "sm_100")
 PIP_LINE = 'python -m pip install "nvidia-cuda-nvdisasm==13.5.37"'
 # The flags of the extension's build (setup.py) that change the code; every nvcc warning an
-# error, as .ci/ptxas_check has it. The first architecture compiles the host code too (`-c`,
+# error. The first architecture compiles the host code too (`-c`,
 # its cubin kept), the others their device code alone (`-cubin`).
 NVCC_FLAGS = ("-std=c++17", "-O3", "--fmad=false", "-Werror", "all-warnings", "-Xptxas", "-v")
 
