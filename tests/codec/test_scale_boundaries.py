@@ -1,7 +1,8 @@
 """Every scale boundary of every scale kind, bit for bit: blocks whose finite
 amax is exactly the format's largest value times a power of two, and one ulp
-of the input dtype below and above it, where a scale rule that rounds the
-wrong way at equality changes the bytes and nothing else notices.
+of the input dtype below and above it: a scale rule that rounds the wrong way
+only at equality changes the bytes there, where random data lands only by
+chance, and where code that every path shares agrees with itself.
 
 - E8M0 block scales (E4M3, E5M2, MXFP4): amax = fmax * 2^k (fmax 448, 57344,
   6) for every k the input dtype holds, E8M0's clamp at 2^-126 (subnormal
