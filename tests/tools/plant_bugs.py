@@ -105,6 +105,53 @@ MUTANTS = [
         hints=("tests/codec/test_codec.py",),
         plants="scale_exponent rounds up when amax's mantissa equals the format's largest (amax = max * 2^e)",
     ),
+    # The scale boundaries (tests/codec/test_scale_boundaries.py): a scale rule
+    # that rounds the wrong way only at equality, in each path that has its own.
+    Mutant(
+        name="nvfp4-segment-scale-rounding",
+        path="csrc/codec/fp8_block_math.h",
+        old="((amax_bits & 0x7FFFFFu) > (limit_bits & 0x7FFFFFu) ? 1 : 0)",
+        new="((amax_bits & 0x7FFFFFu) >= (limit_bits & 0x7FFFFFu) ? 1 : 0)",
+        hints=("tests/codec/test_scale_boundaries.py",),
+        plants="segment_scale rounds up when the segment amax is exactly 6 * 448 * 2^k: NVFP4's g doubles there, "
+               "in every path (CPU, SIMD and CUDA share it)",
+    ),
+    Mutant(
+        name="simd-scale-exponent-rounding",
+        path="csrc/codec/codec_cpu_x86.h",
+        old="_mm256_cmpgt_epi32(_mm256_and_si256(amax, splat(0x7FFFFF)), splat(T::kMaxMantissa))",
+        new="_mm256_cmpgt_epi32(_mm256_and_si256(amax, splat(0x7FFFFF)), splat(T::kMaxMantissa - 1))",
+        hints=("tests/codec/test_scale_boundaries.py",),
+        plants="x86::plain_scales (the AVX2 and AVX-512 group kernels' E8M0 scales) rounds up at amax = fmax * 2^k",
+    ),
+    Mutant(
+        name="avx2-nvfp4-block-scale-bump",
+        path="csrc/codec/codec_cpu_avx2.cpp",
+        old="_mm256_cmp_ps(ceiling, a, _CMP_LT_OQ)",
+        new="_mm256_cmp_ps(ceiling, a, _CMP_LE_OQ)",
+        hints=("tests/codec/test_scale_boundaries.py",),
+        plants="e4m3_segment_scales8 (AVX2 NVFP4 block scales) takes the next E4M3 code already at amax = "
+               "7 * value(c) * g, not only above it",
+    ),
+    Mutant(
+        name="cuda-segment-scale-one-ulp-early",
+        path="csrc/codec/codec_cuda.cu",
+        old="store_segment_scale<F>(dst.scales + r * dst.stride, segment_scale<F>(amax));\n    } else if (amax != 0) {",
+        new="store_segment_scale<F>(dst.scales + r * dst.stride, segment_scale<F>(amax + (amax != 0)));\n"
+            "    } else if (amax != 0) {",
+        hints=("tests/codec/test_scale_boundaries.py",),
+        plants="segment_amax_kernel (one warp per segment) takes g of the amax one ulp up: a segment amax of "
+               "exactly 6 * 448 * 2^k gets twice its g",
+    ),
+    Mutant(
+        name="cuda-block-scale-one-ulp-early",
+        path="csrc/codec/codec_cuda.cu",
+        old="const uint8_t sb = block_scale_byte<F>(amax, g);\n    encode_chunk<F>",
+        new="const uint8_t sb = block_scale_byte<F>(amax + (amax != 0), g);\n    encode_chunk<F>",
+        hints=("tests/codec/test_scale_boundaries.py",),
+        plants="quantize_shuffle_kernel takes block scales of the amax one ulp up: twice the E8M0 scale at amax = "
+               "fmax * 2^k, NVFP4's E4M3 scale off at its ties and at 7 * value(c) * g",
+    ),
     Mutant(
         name="owner-segment-off-by-one",
         path="csrc/algorithms/all_reduce.cpp",
