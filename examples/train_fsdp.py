@@ -170,7 +170,7 @@ def train(args, device, group, fp8_compute: bool, label: str, plugin: bool = Fal
     schedule = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda step: lr_factor(step, args.steps, args.lr_schedule, args.warmup_steps, args.min_lr_ratio))
     data = ByteBatches(stdlib_bytes(), args.seq, args.batch, rank, seed=args.seed)
-    if fp8comm.stats.fp8_backends(group):
+    if fp8comm.registry.fp8_backends(group):
         fp8comm.reset_stats(group)
     fp8comm.nn.reset_linear_stats()
 
@@ -208,13 +208,13 @@ def train(args, device, group, fp8_compute: bool, label: str, plugin: bool = Fal
         for i, batch in enumerate(eval_set):
             x, y = (t.to(device) for t in batch)
             if i == 0:
-                sent_before = fp8comm.get_stats(group)["bytes_sent"] if fp8comm.stats.fp8_backends(group) else None
+                sent_before = fp8comm.get_stats(group)["bytes_sent"] if fp8comm.registry.fp8_backends(group) else None
             logits = model(x)  # the all-gathers of one forward (the amaxes were precomputed)
             if i == 0:
                 sent_forward = fp8comm.get_stats(group)["bytes_sent"] - sent_before if sent_before is not None else None
             eval_sum += torch.nn.functional.cross_entropy(logits.float().view(-1, cfg.vocab), y.reshape(-1))
         eval_loss = global_mean(eval_sum / len(eval_set), group)
-    result = {"label": label, "fp8_compute": fp8_compute, "fp8_comm": bool(fp8comm.stats.fp8_backends(group)),
+    result = {"label": label, "fp8_compute": fp8_compute, "fp8_comm": bool(fp8comm.registry.fp8_backends(group)),
               "fp8_all_gather": fp8_all_gather, "losses": losses, "lrs": lrs, "eval_loss": eval_loss,
               "eval_tokens": len(eval_set) * args.batch * args.seq * (1 if args.eval_batches is None
                                                                       else dist.get_world_size(group)),
@@ -229,7 +229,7 @@ def train(args, device, group, fp8_compute: bool, label: str, plugin: bool = Fal
         print(f"[{label}] all-gather bytes sent per forward {sent_forward / 2**20:.2f} MiB "
               f"(FP8 all-gather of {fp8_elems} of {n_elems} parameter elements; all in {str(gather_dtype)[6:]}: "
               f"{exact / 2**20:.2f} MiB, computed)", flush=True)
-    if fp8comm.stats.fp8_backends(group):
+    if fp8comm.registry.fp8_backends(group):
         stats = fp8comm.get_stats(group)
         result["bytes_sent"] = stats["bytes_sent"]
         result["bytes_sent_uncompressed"] = stats["bytes_sent_uncompressed"]

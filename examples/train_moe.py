@@ -260,7 +260,7 @@ def train(args, device, group):
     losses, lrs, tokens, timed_s = [], [], 0, 0.0
     untimed = min(3, args.steps - 1)  # first steps: allocations, connections
     for step in range(args.steps):
-        if step == untimed and fp8comm.stats.fp8_backends(group):
+        if step == untimed and fp8comm.registry.fp8_backends(group):
             fp8comm.reset_stats(group)  # the bytes of the timed steps
         t0 = time.perf_counter()
         x, y = (t.to(device) for t in data.next())

@@ -24,11 +24,11 @@ from . import _C, backend
 
 
 def _ncclsim_transport(opts):
-    return _C._NcclSimTransport(backend._gloo_transport(opts))
+    return _C._NcclSimTransport(backend.gloo_transport(opts))
 
 
 def _create_ncclsim(dist_backend_opts, pg_options):
-    return backend._create("cpu", dist_backend_opts, pg_options, make_transport=_ncclsim_transport)
+    return backend.create("cpu", dist_backend_opts, pg_options, make_transport=_ncclsim_transport)
 
 
 def _create_plain_ncclsim(dist_backend_opts, pg_options):
@@ -38,7 +38,7 @@ def _create_plain_ncclsim(dist_backend_opts, pg_options):
 
 
 def _create_gloocuda(dist_backend_opts, pg_options):
-    return backend._create("cuda", dist_backend_opts, pg_options, make_transport=backend._gloo_transport)
+    return backend.create("cuda", dist_backend_opts, pg_options, make_transport=backend.gloo_transport)
 
 
 def register() -> None:

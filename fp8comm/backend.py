@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from . import _C, state_dict_exact
 from .options import Options
-from .stats import fp8_backends
+from .registry import fp8_backends
 from .topology import Topology, node_name
 
 BACKENDS = {"fp8gloo": "cpu", "fp8nccl": "cuda"}
@@ -49,7 +49,7 @@ def _global_ranks(opts) -> list[int]:
     return list(opts.global_ranks_in_group) or list(range(opts.group_size))
 
 
-def _gloo_transport(opts):
+def gloo_transport(opts):
     if not dist.is_gloo_available():
         raise RuntimeError("fp8gloo needs torch.distributed with gloo, which this torch build lacks")
     inner = dist.ProcessGroupGloo(opts.store, opts.group_rank, opts.group_size, opts.timeout)
@@ -199,10 +199,10 @@ def node_transport_of(inner):
     for kind, maker in NODE_TRANSPORT_MAKERS.items():
         if isinstance(inner, kind):
             return maker
-    return _gloo_transport if inner.name() == "gloo" else _node_nccl_transport
+    return gloo_transport if inner.name() == "gloo" else _node_nccl_transport
 
 
-def _create(device: str, dist_backend_opts, pg_options, make_transport=None, inner=None, borrowed=False):
+def create(device: str, dist_backend_opts, pg_options, make_transport=None, inner=None, borrowed=False):
     """make_transport(dist_backend_opts) builds an inner backend: the group's
     own unless `inner` is given (a split gives it), and in the inter_node
     scope its node transports; by default torch's gloo for "cpu" and NCCL
@@ -213,7 +213,7 @@ def _create(device: str, dist_backend_opts, pg_options, make_transport=None, inn
     prefix, published = _exchange_with_every_rank(dist_backend_opts, options)
     _size_cpu_threads(options, published, dist_backend_opts.group_rank)
     if inner is None:
-        inner = (make_transport or (_gloo_transport if device == "cpu" else _nccl_transport))(dist_backend_opts)
+        inner = (make_transport or (gloo_transport if device == "cpu" else _nccl_transport))(dist_backend_opts)
     if not borrowed:  # torch only does this for backends it names "gloo" / "nccl"
         inner._set_sequence_number_for_group()
     backend = _C.attach_or_create(
@@ -225,17 +225,17 @@ def _create(device: str, dist_backend_opts, pg_options, make_transport=None, inn
         inner,
         options,
     )
-    node_transport = make_transport or (_gloo_transport if device == "cpu" else _node_nccl_transport)
+    node_transport = make_transport or (gloo_transport if device == "cpu" else _node_nccl_transport)
     _set_up_nodes(backend, device, options, dist_backend_opts, published, prefix, node_transport)
     return backend
 
 
 def _create_fp8gloo(dist_backend_opts, pg_options):
-    return _create("cpu", dist_backend_opts, pg_options)
+    return create("cpu", dist_backend_opts, pg_options)
 
 
 def _create_fp8nccl(dist_backend_opts, pg_options):
-    return _create("cuda", dist_backend_opts, pg_options)
+    return create("cuda", dist_backend_opts, pg_options)
 
 
 def register() -> None:

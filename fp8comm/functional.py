@@ -13,13 +13,12 @@ cover it.
 from __future__ import annotations
 
 import types
-import weakref
 
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions
 
-from . import _C, backend, splits
+from . import _C, backend, registry, splits
 from .options import Options
 from .uncompressed_blocks import uncompressed
 
@@ -27,9 +26,6 @@ from .uncompressed_blocks import uncompressed
 # cannot trace into the backend object (it is not one of torch's functional
 # collectives, whose ops it captures).
 _eager = torch.compiler.disable
-
-_COMPRESSORS: "weakref.WeakKeyDictionary[dist.ProcessGroup, dict]" = weakref.WeakKeyDictionary()
-
 
 def _group_or_default(group, op: str) -> dist.ProcessGroup:
     if group is None:
@@ -63,18 +59,6 @@ def _inner(group: dist.ProcessGroup, device: torch.device, op: str):
     return inner
 
 
-def compressors(group=None) -> list:
-    """The ProcessGroupFp8 objects fp8comm.functional made for ``group`` (stats, uncompressed blocks)."""
-    pg = group if group is not None else (dist.distributed_c10d._get_default_group() if dist.is_initialized()
-                                          else None)
-    return list(_COMPRESSORS.get(pg, {}).values()) if pg is not None else []
-
-
-def compressed_groups() -> list:
-    """Every live group fp8comm.functional has made a compressor for (get_stats())."""
-    return list(_COMPRESSORS.keys())
-
-
 def compressor(group, device: torch.device, options, op: str = "compressor"):
     """The ProcessGroupFp8 that runs ``group``'s compressed calls on ``device``
     with ``options``: the group's own when it has one, else one made over the
@@ -89,11 +73,8 @@ def compressor(group, device: torch.device, options, op: str = "compressor"):
                              "nccl / gloo group")
         return inner
     resolved = _resolved(options, op)
-    made = _COMPRESSORS.setdefault(group, {})
     key = (device.type, repr(resolved))  # every field, the per-process ones included
-    if key not in made:
-        made[key] = _make(group, device, inner, resolved, len(made))
-    return made[key]
+    return registry.compressor(group, key, lambda number: _make(group, device, inner, resolved, number))
 
 
 def _timeout_of(inner):
@@ -121,7 +102,7 @@ def _make(group, device, inner, options: Options, number: int):
     )
     # The inter_node scope's node transports are of the borrowed backend's kind.
     node_transport = backend.node_transport_of(inner)
-    return backend._create(device.type, opts, options, make_transport=node_transport, inner=inner, borrowed=True)
+    return backend.create(device.type, opts, options, make_transport=node_transport, inner=inner, borrowed=True)
 
 
 def _finish(work, async_op: bool):

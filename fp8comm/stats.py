@@ -7,7 +7,8 @@ import math
 import torch
 import torch.distributed as dist
 
-from . import _C, error_feedback
+from . import error_feedback
+from .registry import fp8_backends, fp8_groups
 
 STAT_KEYS = (
     "bytes_sent",
@@ -18,43 +19,6 @@ STAT_KEYS = (
     "calls_passthrough",
 )
 ERROR_KEYS = ("signal_energy", "noise_energy", "quantized_values")
-
-
-def fp8_backends(group=None, functional: bool = True) -> list:
-    """The distinct ProcessGroupFp8 objects behind ``group`` (default: the
-    world): its own, and (``functional``) those fp8comm.functional made over
-    its backends."""
-    from .functional import compressors
-
-    pg = group if group is not None else dist.distributed_c10d._get_default_group()
-    found = list(compressors(pg)) if functional else []
-    for device in ("cpu", "cuda"):
-        try:
-            backend = pg._get_backend(torch.device(device))
-        except RuntimeError:
-            continue
-        if isinstance(backend, _C.ProcessGroupFp8) and not any(backend is b for b in found):
-            found.append(backend)
-    return found
-
-
-def fp8_groups() -> list:
-    """Every live process group of this process with an fp8 backend or an
-    fp8comm.functional compressor, each as (group, its fp8 backends); a
-    backend shared by several group objects is listed under the first."""
-    from .functional import compressed_groups
-
-    if not dist.is_initialized():
-        return []
-    groups = list(dist.distributed_c10d._world.pg_map)
-    groups += [g for g in compressed_groups() if not any(g is h for h in groups)]
-    found, seen = [], []
-    for pg in groups:
-        backends = [b for b in fp8_backends(pg) if not any(b is s for s in seen)]
-        if backends:
-            seen += backends
-            found.append((pg, backends))
-    return found
 
 
 def sqnr_db(signal_energy: float, noise_energy: float) -> float | None:

@@ -50,7 +50,7 @@ def split(parent, store, ranks: list[int], options):
     fp8_options = options if isinstance(options, Options) else parent.options
     group = None
     for device, inner in split_transports:
-        group = backend._create(device, creation, fp8_options, inner=inner)
+        group = backend.create(device, creation, fp8_options, inner=inner)
     return group
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import datetime
 
-from .stats import fp8_backends
+from .registry import fp8_backends
 
 
 def _as_timedelta(timeout) -> datetime.timedelta | None:

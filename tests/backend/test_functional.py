@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 import fp8comm
 import fp8comm.functional as F
+from fp8comm import registry
 from tests.support.harness import PoolSpec, ctx
 from tests.support.inputs import rank_input, same_bits
 
@@ -74,7 +75,7 @@ def one_compressor_per_options() -> dict:
     F.all_reduce(t, group=plain)
     F.all_reduce(t, group=plain)
     F.all_reduce(t, group=plain, options=fp8comm.Options(block_size=64))
-    made = F.compressors(plain)
+    made = registry.compressors(plain)
     return {"count": len(made), "stats": fp8comm.get_stats(plain)["calls_compressed"],
             "same": F.compressor(plain, "cpu", None) is made[0]}
 
@@ -102,7 +103,7 @@ def on_an_fp8_group_uses_its_backend() -> dict:
         error = ""
     except ValueError as e:
         error = str(e)
-    return {"used": used, "error": error, "made": len(F.compressors(fp8))}
+    return {"used": used, "error": error, "made": len(registry.compressors(fp8))}
 
 
 # ---------------------------------------------------------------- tests

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 import fp8comm
-from fp8comm.stats import fp8_backends
+from fp8comm.registry import fp8_backends
 from tests.support.groups import plain_gloo_group
 from tests.support.harness import PoolSpec, ctx
 from tests.support.inputs import rank_input

@@ -33,7 +33,7 @@ def _train(model, steps: int) -> list:
 
 def _reset_stats(group) -> None:
     """Counts from here on only (earlier tests' compressors of the group count too)."""
-    if fp8comm.stats.fp8_backends(group):
+    if fp8comm.registry.fp8_backends(group):
         fp8comm.reset_stats(group)
 
 
@@ -80,7 +80,7 @@ def hsdp_compresses_the_shard_dimension() -> dict:
     fp8comm.fsdp.compress_communication(model, options=fp8comm.Options(**OPTIONS))
     losses = _train(model, 2)
     return {"losses": losses, "shard": fp8comm.get_stats(shard)["calls_compressed"],
-            "replicate": len(fp8comm.functional.compressors(replicate))}
+            "replicate": len(fp8comm.registry.compressors(replicate))}
 
 
 def ddp_training(plain: bool, steps: int = 4) -> dict:

@@ -195,7 +195,7 @@ def fsdp2_compiled_training(steps: int = 3, backend: str = "inductor", plain: bo
         if plain:
             fp8comm.fsdp.compress_communication(model, options=fp8comm.Options(min_numel=1024))
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-        if fp8comm.stats.fp8_backends(group):
+        if fp8comm.registry.fp8_backends(group):
             fp8comm.reset_stats(group)
         fp8comm.nn.reset_linear_stats()
         losses = S.train_losses(model, opt, c.rank, steps)
