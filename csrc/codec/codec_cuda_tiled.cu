@@ -211,7 +211,7 @@ struct SumSource {
       for (int j = 0; j < kVec; ++j) acc[j] = j < own_n ? o.get(j) * f : 0.0f;  // +0 past the end, as on the CPU
     }
     if constexpr (kP > 0) {
-#pragma unroll
+#pragma unroll 1  // a batch's registers serve the next
       for (int p0 = 0; p0 < kP; p0 += kBatch) add_pieces(p0, first, n, acc);
     } else {
       for (int p0 = 0; p0 < pieces.num_segments; p0 += kBatch) add_pieces(p0, first, n, acc);

@@ -23,6 +23,15 @@ BLOCKS = [16, 32, 48, 128, 4096]
 SIZES = [0, 1, 15, 33, 1000, (1 << 20) + 7]
 
 
+@pytest.fixture(autouse=True, params=["legacy", "tiled"])
+def cuda_codec(request, monkeypatch):
+    """Every test on both CUDA kernel sets (FP8COMM_CUDA_CODEC, read at every
+    call): codec_cuda.cu's and codec_cuda_tiled.cu's, the same bytes."""
+    monkeypatch.setenv("FP8COMM_CUDA_CODEC", request.param)
+    assert fp8comm._C.cuda_codec() == request.param
+    return request.param
+
+
 def format_blocks(blocks):
     """(format, block size) pairs: every format with each of `blocks`, a format
     that requires one block size (NVFP4: 16) with that one."""
