@@ -185,7 +185,7 @@ struct SumSource {
       if ((kP == 0 || kP % kBatch != 0) && p0 + q >= count) break;
       const int64_t off = int64_t{p0 + q} * pieces.stride;
       c[q].load(pieces.codes + off + code_bytes<F>(first), n);
-      sb[q] = pieces.scales[off + (first >> log2_block)];
+      sb[q] = n > 0 ? pieces.scales[off + (first >> log2_block)] : uint8_t{0};  // no block past the capacity
       g[q] = load_segment_scale<F>(pieces.scales + off);
     }
 #pragma unroll

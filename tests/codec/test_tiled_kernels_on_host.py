@@ -195,3 +195,19 @@ def test_hardware_conversion_semantics(lib, fmt):
     nan = torch.isnan(want)
     assert torch.equal(torch.isnan(decoded), nan)
     assert torch.equal(decoded[~nan].view(torch.int32), want[~nan].view(torch.int32))
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_rounding_case_through_the_kernels(lib, kernels, fmt, dtype):
+    """Blocks of 32 whose scale is 1 (each holds the format's largest value)
+    carrying every grid value, tie and near-tie: the tiled kernels' hardware
+    path (here its software twin) writes the CPU codec's codes."""
+    probes = fp8_grid_probes(fmt)
+    probes = probes[probes.abs() <= FP8_MAX[fmt]]
+    probes = torch.cat([probes, torch.zeros((-probes.numel()) % 31)]).view(-1, 31)
+    blocks = torch.cat([torch.full((probes.shape[0], 1), FP8_MAX[fmt]), probes], dim=1).flatten()
+    x = embed(torch.cat([blocks, blocks * 2.0 ** -100, blocks * 2.0 ** 100]).to(dtype), 0)
+    emu, cpu = quantize_both(lib, kernels, x, 1, x.numel(), 32, fmt)
+    assert_same_bits(emu, cpu, "wire segment")
