@@ -21,10 +21,13 @@
 //   largest code; every other element takes fp8_block_math.h's software
 //   encode. Decode always may.
 //
-// What it does not cover goes to codec_cuda.cu's kernels, explicitly
-// (covers() below): a block size that is not a power of two or exceeds the
-// tile; quantizing into a format with a segment scale (NVFP4); sizes whose
-// tile numbers do not fit 31 bits.
+// - A format with a segment scale (NVFP4) reads its source twice, the
+//   minimum ("segment scales" below): an amax pass, then the quantize.
+//
+// What it does not cover goes to codec_cuda.cu's kernels, explicitly (the
+// launchers at the end): a block size that is not a power of two or exceeds
+// the tile; quantizing into segment-scaled segments whose headers are not
+// 4-byte aligned; sizes whose tile numbers do not fit 31 bits.
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -52,14 +55,18 @@ constexpr int kBlocksPerSm = 4;
 // Pieces whose codes a lane loads together, before decoding them in order:
 // all of them up to the batch a 64-register budget holds beside the sum
 // (dequant-sum: 8 words of codes; sum + re-quantize, which also holds the
-// tile's values: 4 pieces); a count without kernels of its own, 4 at a time.
+// tile's values: 4 pieces, 2 with segment scales); a count without kernels
+// of its own, 4 at a time.
 constexpr int kGenericBatch = 4;
 template <WireFormat F, ElemType E>
 struct SumBatch {
   static constexpr int value =
       WireTraits<F>::kSegmentScaleBytes != 0 ? 4 : 8 / tile_io::CodeRun<F, Geometry<E>::kVec>::kWords;
 };
-constexpr int kRequantizeBatch = 4;
+template <WireFormat F>
+struct RequantizeBatch {
+  static constexpr int value = WireTraits<F>::kSegmentScaleBytes != 0 ? 2 : 4;
+};
 
 // Per-launch constants, computed on the host.
 struct TileGrid {
@@ -165,7 +172,7 @@ __device__ __forceinline__ void decode_run(const CodeRun<F, kVec>& c, float scal
 // zeros, so every element below `end` is summed.
 template <ElemType E, WireFormat F, int kP, int kMaxBatch>
 struct SumSource {
-  static constexpr int kBatch = kP > 0 && kP < kMaxBatch ? kP : (kP > 0 ? kMaxBatch : kGenericBatch);
+  static constexpr int kBatch = kP > 0 && kP < kMaxBatch ? kP : (kP > 0 || kMaxBatch < kGenericBatch ? kMaxBatch : kGenericBatch);
   static constexpr ElemType kType = E;
   BlockCodes pieces;
   OwnAddend own;
@@ -298,7 +305,6 @@ __device__ __forceinline__ void encode_run(const float* v, int n, const BlockEnc
 template <class Source, WireFormat F, int kB>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) quantize_tiled_kernel(Source source, BlockCodes dst,
                                                                                 TileGrid grid) {
-  static_assert(WireTraits<F>::kScaleKind == ScaleKind::kE8M0, "segment scales take codec_cuda.cu's kernels");
   constexpr ElemType E = Source::kType;
   using G = Geometry<E>;
   const uint32_t lane = lane_id();
@@ -345,14 +351,15 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) quantize_tiled_kernel(
       if constexpr (!WireTraits<F>::kHasNanCode) nonfinite[k] = block_or(nonfinite[k], lanes_per_block);
     }
     uint8_t* scales = dst.scales + int64_t{it.r} * dst.stride;
+    const float g = load_segment_scale<F>(scales);  // 1 without a segment scale
     uint8_t* codes = dst.codes + int64_t{it.r} * dst.stride;
     const StochasticRun sr = dst.rounding == Rounding::kStochastic ? dst.stochastic_run(it.r, 0) : StochasticRun{};
 #pragma unroll
     for (int k = 0; k < G::kRows; ++k) {
       const uint32_t first = run_first<E>(it.i0, k, lane);
       if (first >= capacity) continue;
-      const uint8_t sb = block_scale_byte<F>(amax[k], 1.0f);
-      const BlockEncoding enc = block_encoding<F>(sb, 1.0f);
+      const uint8_t sb = block_scale_byte<F>(amax[k], g);
+      const BlockEncoding enc = block_encoding<F>(sb, g);
       const bool hardware = finite_run[k] && enc.limit == WireTraits<F>::kMaxCode;
       CodeRun<F, G::kVec> c;
       encode_run<F, G::kVec>(v + k * G::kVec, run_count<G::kVec>(first, end), enc, hardware, dst, sr, first, c);
@@ -483,8 +490,88 @@ decltype(auto) with_pieces(int64_t pieces, Fn&& fn) {
   }
 }
 
+// ------------------------------------------------------------- segment scales
+// A format with a segment scale (NVFP4; codec_cuda.cu, "segment scales"):
+// every block scale depends on the segment's g, which depends on the finite
+// amax of all the quantize encodes, so the source is read twice, the
+// minimum: a tiled pass whose warps atomicMax their amax into each
+// segment's header word (finite amaxes order as their bits; the word
+// cleared first), then the quantize, which reads g from the header. Between
+// them, one thread a segment turns its amax into g. The atomics need the
+// headers 4-byte aligned; other layouts take codec_cuda.cu's kernels.
+template <WireFormat F>
+__device__ __forceinline__ uint32_t* segment_word(const BlockCodes& dst, uint32_t r) {
+  return reinterpret_cast<uint32_t*>(dst.scales + int64_t{r} * dst.stride - WireTraits<F>::kSegmentScaleBytes);
+}
+
+template <WireFormat F>
+__global__ void __launch_bounds__(kThreads) clear_segment_amax_tiled_kernel(BlockCodes dst, uint32_t segments) {
+  for (uint32_t r = blockIdx.x * kThreads + threadIdx.x; r < segments; r += gridDim.x * kThreads) {
+    *segment_word<F>(dst, r) = 0;
+  }
+}
+
+template <class Source, WireFormat F>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm) segment_amax_tiled_kernel(Source source, BlockCodes dst,
+                                                                                    TileGrid grid) {
+  constexpr ElemType E = Source::kType;
+  using G = Geometry<E>;
+  const uint32_t lane = lane_id();
+  const uint32_t capacity = static_cast<uint32_t>(dst.capacity);
+  for (uint32_t w = first_item(); w < grid.items; w += item_stride()) {
+    const Item it = item_of(w, grid);
+    const uint32_t end = source.valid_end(it.r, capacity);
+    float v[kLaneElems];
+    source.load(it.r, it.i0, end, v);
+    uint32_t amax = 0;
+#pragma unroll
+    for (int k = 0; k < G::kRows; ++k) {
+      const int n = run_count<G::kVec>(run_first<E>(it.i0, k, lane), end);
+#pragma unroll
+      for (int j = 0; j < G::kVec; ++j) {
+        const uint32_t a = j < n ? finite_abs_bits(v[k * G::kVec + j]) : 0u;
+        amax = a > amax ? a : amax;
+      }
+    }
+    amax = block_max(amax, 32);
+    if (lane == 0 && amax != 0) atomicMax(segment_word<F>(dst, it.r), amax);
+  }
+}
+
+// Each segment's header word: its amax -> its g.
+template <WireFormat F>
+__global__ void __launch_bounds__(kThreads) segment_scale_tiled_kernel(BlockCodes dst, uint32_t segments) {
+  for (uint32_t r = blockIdx.x * kThreads + threadIdx.x; r < segments; r += gridDim.x * kThreads) {
+    const uint32_t amax = *segment_word<F>(dst, r);
+    store_segment_scale<F>(dst.scales + int64_t{r} * dst.stride, segment_scale<F>(amax));
+  }
+}
+
+// Whether a layout's segment headers take the atomics (4-byte aligned).
+bool headers_aligned(const BlockCodes& dst) {
+  const uintptr_t header = reinterpret_cast<uintptr_t>(dst.scales) - segment_scale_bytes(dst.format);
+  return (header & 3u) == 0 && (dst.stride & 3) == 0;
+}
+
+template <class Source, WireFormat F>
+int launch_segment_scales(const Source& source, const BlockCodes& dst, const TileGrid& grid, cudaStream_t stream) {
+  const uint32_t segments = static_cast<uint32_t>(dst.num_segments);
+  const uint32_t blocks = (segments + kThreads - 1) / kThreads;
+  FP8C_LAUNCH(blocks, kThreads, 0, stream, clear_segment_amax_tiled_kernel<F>)(dst, segments);
+  if (grid.items > 0) {
+    FP8C_LAUNCH(grid_for(grid.items), kThreads, 0, stream, segment_amax_tiled_kernel<Source, F>)(source, dst, grid);
+  }
+  FP8C_LAUNCH(blocks, kThreads, 0, stream, segment_scale_tiled_kernel<F>)(dst, segments);
+  return static_cast<int>(cudaGetLastError());
+}
+
 template <class Source, WireFormat F>
 int launch_quantize(const Source& source, const BlockCodes& dst, const TileGrid& grid, cudaStream_t stream) {
+  if constexpr (WireTraits<F>::kSegmentScaleBytes != 0) {
+    if (dst.num_segments == 0) return 0;
+    const int error = launch_segment_scales<Source, F>(source, dst, grid, stream);
+    if (error != 0) return error;
+  }
   if (grid.items == 0) return 0;
   return with_block(dst.block_size, [&](auto b) {
     constexpr int kB = decltype(b)::value;
@@ -498,19 +585,15 @@ int launch_quantize(const Source& source, const BlockCodes& dst, const TileGrid&
 int quantize_cuda(const void* src, ElemType type, int64_t numel, float premul, const float* premul_device,
                   const BlockCodes& dst, void* stream) {
   TileGrid grid;
-  if (scale_kind(dst.format) != ScaleKind::kE8M0 || !covers_block(dst.block_size) ||
+  if ((segment_scale_bytes(dst.format) != 0 && !headers_aligned(dst)) || !covers_block(dst.block_size) ||
       !tile_grid(dst.num_segments, dst.capacity, dst.block_size, grid) || dst.segment_numel > kMaxExtent) {
     return fp8comm::quantize_cuda(src, type, numel, premul, premul_device, dst, stream);
   }
   return with_codec_types(type, dst.format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
     constexpr WireFormat F = decltype(f)::value;
-    if constexpr (WireTraits<F>::kScaleKind != ScaleKind::kE8M0) {
-      return -1;  // unreachable: taken by the legacy kernels above
-    } else {
-      TensorSource<E> source{static_cast<const Storage<E>*>(src), numel, dst.segment_numel, premul, premul_device};
-      return launch_quantize<TensorSource<E>, F>(source, dst, grid, static_cast<cudaStream_t>(stream));
-    }
+    TensorSource<E> source{static_cast<const Storage<E>*>(src), numel, dst.segment_numel, premul, premul_device};
+    return launch_quantize<TensorSource<E>, F>(source, dst, grid, static_cast<cudaStream_t>(stream));
   });
 }
 
@@ -557,22 +640,18 @@ int dequant_sum_cuda(const BlockCodes& pieces, const OwnAddend& own, int post_di
 int dequant_sum_requantize_cuda(const BlockCodes& pieces, const OwnAddend& own, int post_div, const BlockCodes& out,
                                 void* stream) {
   TileGrid grid;
-  if (scale_kind(out.format) != ScaleKind::kE8M0 || !covers_block(out.block_size) ||
+  if ((segment_scale_bytes(out.format) != 0 && !headers_aligned(out)) || !covers_block(out.block_size) ||
       !tile_grid(1, out.capacity, out.block_size, grid)) {
     return fp8comm::dequant_sum_requantize_cuda(pieces, own, post_div, out, stream);
   }
   return with_codec_types(own.type, pieces.format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
     constexpr WireFormat F = decltype(f)::value;
-    if constexpr (WireTraits<F>::kScaleKind != ScaleKind::kE8M0) {
-      return -1;  // unreachable: taken by the legacy kernels above
-    } else {
-      return with_pieces(pieces.num_segments, [&](auto p) {
-        using Source = SumSource<E, F, decltype(p)::value, kRequantizeBatch>;
-        return launch_quantize<Source, F>(Source{pieces, own, post_div, grid.log2_block}, out, grid,
-                                          static_cast<cudaStream_t>(stream));
-      });
-    }
+    return with_pieces(pieces.num_segments, [&](auto p) {
+      using Source = SumSource<E, F, decltype(p)::value, RequantizeBatch<F>::value>;
+      return launch_quantize<Source, F>(Source{pieces, own, post_div, grid.log2_block}, out, grid,
+                                        static_cast<cudaStream_t>(stream));
+    });
   });
 }
 

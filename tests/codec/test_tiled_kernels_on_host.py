@@ -31,10 +31,11 @@ def kernels(lib):
     return Launchers(lib, "simt_tiled_")
 
 
-def quantize_both(lib, kernels, x, P, m, B, fmt, premul=1.0, rounding=None):
-    """Wire segments of x from the CPU codec and from the tiled kernels."""
+def quantize_both(lib, kernels, x, P, m, B, fmt, premul=1.0, rounding=None, offset=1):
+    """Wire segments of x from the CPU codec and from the tiled kernels, at
+    `offset` bytes from a 16-byte boundary."""
     S = fp8comm.segment_bytes(m, B, wire_format=fmt)
-    cpu, cpu_view, emu, emu_view = outers(P * S, torch.uint8, 1)
+    cpu, cpu_view, emu, emu_view = outers(P * S, torch.uint8, offset)
     extra = dict(rounding="stochastic", rounding_key=rounding) if rounding is not None else {}
     fp8comm.quantize_segments(x, cpu_view, P, m, block_size=B, wire_format=fmt, premul=premul, **extra)
     layout = wire(lib, emu_view, P, m, B, fmt)
@@ -45,21 +46,28 @@ def quantize_both(lib, kernels, x, P, m, B, fmt, premul=1.0, rounding=None):
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("fmt,B,dtype,tiled", [
-    ("e4m3", 32, torch.float32, True), ("e5m2", 16, torch.bfloat16, True), ("mxfp4", 64, torch.float16, True),
-    ("e4m3", 512, torch.bfloat16, True), ("e4m3", 256, torch.float32, True), ("e4m3", 48, torch.float32, False),
-    ("e5m2", 1024, torch.bfloat16, False), ("nvfp4", 16, torch.float32, False)])
-def test_which_kernels_run(lib, kernels, fmt, B, dtype, tiled):
-    """The tiled kernels take every E8M0 format with a power-of-two block up to
-    their 512-element tile; the rest go to codec_cuda.cu's kernels, and the
-    bytes are the CPU codec's either way."""
+@pytest.mark.parametrize("fmt,B,dtype,offset,tiled", [
+    ("e4m3", 32, torch.float32, 1, True), ("e5m2", 16, torch.bfloat16, 1, True),
+    ("mxfp4", 64, torch.float16, 1, True), ("e4m3", 512, torch.bfloat16, 1, True),
+    ("e4m3", 256, torch.float32, 1, True), ("e4m3", 48, torch.float32, 1, False),
+    ("e5m2", 1024, torch.bfloat16, 1, False), ("nvfp4", 16, torch.float32, 0, True),
+    ("nvfp4", 16, torch.bfloat16, 1, False)])
+def test_which_kernels_run(lib, kernels, fmt, B, dtype, offset, tiled):
+    """The tiled kernels take every format with a power-of-two block up to
+    their 512-element tile (NVFP4: headers 4-byte aligned for its amax
+    atomics); the rest go to codec_cuda.cu's kernels, and the bytes are the
+    CPU codec's either way. NVFP4's quantize: a clear, the amax pass, the
+    g kernel, the quantize."""
     gen = torch.Generator().manual_seed(B)
     P, m = 3, 700
-    x = embed(nasty(P * m - 9, dtype, gen), 2)
+    x = embed(nasty(P * m - 9, dtype, gen, finite=fmt == "nvfp4"), 2)
     lib.simt_take_launches()
-    emu, cpu = quantize_both(lib, kernels, x, P, m, B, fmt)
+    emu, cpu = quantize_both(lib, kernels, x, P, m, B, fmt, offset=offset)
     names = kernels_launched(lib)
     assert all(("tiled" in n) == tiled for n in names), names
+    if fmt == "nvfp4" and tiled:
+        assert names == ["clear_segment_amax_tiled_kernel", "segment_amax_tiled_kernel",
+                         "segment_scale_tiled_kernel", "quantize_tiled_kernel"], names
     assert_same_bits(emu, cpu, "wire segments")
     S = fp8comm.segment_bytes(m, B, wire_format=fmt)
     pieces = torch.empty(P * S, dtype=torch.uint8)
@@ -68,20 +76,28 @@ def test_which_kernels_run(lib, kernels, fmt, B, dtype, tiled):
     assert kernels.dequantize(ctypes.byref(wire(lib, pieces, P, m, B, fmt)), out.data_ptr(), ELEM[dtype], P * m) == 0
     decoded = kernels_launched(lib)
     assert all(("tiled" in n) == (B <= 512 and B & (B - 1) == 0) for n in decoded), decoded
+    S1 = fp8comm.segment_bytes(m, B, wire_format=fmt)
+    req_cpu, req_cpu_view, req_emu, req_emu_view = outers(S1, torch.uint8, offset)
+    fp8comm.dequant_sum_requantize(pieces, req_cpu_view, P, m, block_size=B, wire_format=fmt, post_div=2)
+    lib.simt_take_launches()
+    assert kernels.dequant_sum_requantize(ctypes.byref(wire(lib, pieces, P, m, B, fmt)), 0, None, ELEM[dtype], 0,
+                                          1.0, None, 2, ctypes.byref(wire(lib, req_emu_view, 1, m, B, fmt))) == 0
+    assert all(("tiled" in n) == tiled for n in kernels_launched(lib))
+    assert_same_bits(req_emu, req_cpu, "re-quantized segment")
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("fmt", ["e4m3", "e5m2", "mxfp4"])
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2", "mxfp4", "nvfp4"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_grid_stride_over_many_tiles(lib, kernels, fmt, dtype):
     """More tiles than the emulated grid has warps (3 blocks of 8): every warp
     loops, for a quantize, a dequantize, a sum and a sum + re-quantize with
     pieces of P = 4 (a kernel of its own) and 3 (the generic one)."""
     gen = torch.Generator().manual_seed(5)
-    B, m = 32, 4000
+    B, m = (16 if fmt == "nvfp4" else 32), 4000
     for P in (4, 3):
-        x = embed(nasty(P * m - 3, dtype, gen, finite=fmt == "mxfp4"), 1)
-        emu, cpu = quantize_both(lib, kernels, x, P, m, B, fmt, premul=0.5)
+        x = embed(nasty(P * m - 3, dtype, gen, finite=fmt in ("mxfp4", "nvfp4")), 1)
+        emu, cpu = quantize_both(lib, kernels, x, P, m, B, fmt, premul=0.5, offset=0)
         assert_same_bits(emu, cpu, f"wire segments, P={P}")
         S = fp8comm.segment_bytes(m, B, wire_format=fmt)
         pieces = torch.empty(P * S, dtype=torch.uint8)
@@ -101,7 +117,7 @@ def test_grid_stride_over_many_tiles(lib, kernels, fmt, dtype):
         assert kernels.dequant_sum(ctypes.byref(wire(lib, pieces, P, m, B, fmt)), *own_c, P, sum_emu.data_ptr(),
                                    ELEM[dtype], m) == 0
         assert_same_bits(sum_emu, sum_cpu, f"sum, P={P}")
-        out_cpu, out_emu = (torch.empty(S, dtype=torch.uint8) for _ in range(2))
+        out_cpu, out_emu = (torch.zeros(S, dtype=torch.uint8) for _ in range(2))
         fp8comm.dequant_sum_requantize(pieces, out_cpu, P, m, block_size=B, wire_format=fmt, post_div=P, own=own,
                                        own_premul=-2.0)
         assert kernels.dequant_sum_requantize(ctypes.byref(wire(lib, pieces, P, m, B, fmt)), *own_c, P,
