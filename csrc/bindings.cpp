@@ -13,6 +13,7 @@
 #include "bindings_options.h"
 #include "common/env.h"
 #include "codec/codec.h"
+#include "codec/codec_tensor.h"
 #include "codec/cpu_threads.h"
 #include "testing/ncclsim_transport.h"
 
@@ -155,6 +156,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         return vars;
       },
       "(name, value when unset, what it sets) of every FP8COMM_* variable fp8comm reads (csrc/common/env.h).");
+  m.def(
+      "cuda_codec", [] { return fp8comm::tiled_cuda_codec() ? "tiled" : "legacy"; },
+      "The CUDA codec's kernel set, as FP8COMM_CUDA_CODEC names it now: 'legacy' (codec_cuda.cu) or 'tiled' "
+      "(codec_cuda_tiled.cu); ValueError for another value.");
   m.def(
       "env_flag", [](const std::string& name) { return env_var(name).as_flag(); }, py::arg("name"),
       "An FP8COMM_* switch as csrc/common/env.h reads it: its value, else its default, 0 or 1 "

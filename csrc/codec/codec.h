@@ -141,4 +141,17 @@ int dequant_sum_requantize_cuda(const BlockCodes& pieces, const OwnAddend& own, 
                                 void* stream);
 const char* cuda_error_string(int error);
 
+// The tiled CUDA kernels (csrc/codec/codec_cuda_tiled.cu): the same
+// launchers, the same bytes, a layout for the memory bound; what they do not
+// cover they hand to the launchers above.
+namespace tiled {
+int quantize_cuda(const void* src, ElemType type, int64_t numel, float premul,
+                  const float* premul_device, const BlockCodes& dst, void* stream);
+int dequantize_cuda(const BlockCodes& src, void* dst, ElemType type, int64_t numel, void* stream);
+int dequant_sum_cuda(const BlockCodes& pieces, const OwnAddend& own, int post_div, void* dst, ElemType type,
+                     int64_t numel, void* stream);
+int dequant_sum_requantize_cuda(const BlockCodes& pieces, const OwnAddend& own, int post_div, const BlockCodes& out,
+                                void* stream);
+}  // namespace tiled
+
 }  // namespace fp8comm

@@ -3,6 +3,8 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include "../common/env.h"
+
 namespace fp8comm {
 
 ElemType elem_type_of(at::ScalarType dtype, const char* what) {
@@ -32,6 +34,8 @@ void check_block_size(int64_t block_size, WireFormat format, const char* what) {
                     "' has blocks of ", required, " elements, got block_size=", block_size, "; use block_size=",
                     required, " (or leave it unset) with it");
 }
+
+bool tiled_cuda_codec() { return env::kCudaCodec.as_choice({"legacy", "tiled"}) == "tiled"; }
 
 namespace {
 
@@ -79,8 +83,10 @@ void quantize_into(const at::Tensor& src, float premul, const std::optional<at::
   }
   CudaLaunch launch(src.device());
   const float* premul_device = premul_tensor ? premul_tensor->data_ptr<float>() : nullptr;
-  check_cuda(FP8C_CUDA_CALL(quantize_cuda(src.data_ptr(), type, src.numel(), premul, premul_device,
-                                          dst, launch.stream)),
+  check_cuda(FP8C_CUDA_CALL(tiled_cuda_codec() ? tiled::quantize_cuda(src.data_ptr(), type, src.numel(), premul,
+                                                                      premul_device, dst, launch.stream)
+                                              : quantize_cuda(src.data_ptr(), type, src.numel(), premul,
+                                                              premul_device, dst, launch.stream)),
              "quantize");
 }
 
@@ -91,7 +97,9 @@ void dequantize_into(const BlockCodes& src, const at::Tensor& dst, int64_t whole
     return;
   }
   CudaLaunch launch(dst.device());
-  check_cuda(FP8C_CUDA_CALL(dequantize_cuda(src, dst.data_ptr(), type, dst.numel(), launch.stream)),
+  check_cuda(FP8C_CUDA_CALL(tiled_cuda_codec()
+                                ? tiled::dequantize_cuda(src, dst.data_ptr(), type, dst.numel(), launch.stream)
+                                : dequantize_cuda(src, dst.data_ptr(), type, dst.numel(), launch.stream)),
              "dequantize");
 }
 
@@ -124,8 +132,11 @@ void dequant_sum_into(const BlockCodes& pieces, const OwnAddendTensor& own, int 
     return;
   }
   CudaLaunch launch(dst.device());
-  check_cuda(FP8C_CUDA_CALL(dequant_sum_cuda(pieces, addend_of(own, true), post_div, dst.data_ptr(), type,
-                                             dst.numel(), launch.stream)),
+  const OwnAddend addend = addend_of(own, true);
+  check_cuda(FP8C_CUDA_CALL(tiled_cuda_codec() ? tiled::dequant_sum_cuda(pieces, addend, post_div, dst.data_ptr(),
+                                                                         type, dst.numel(), launch.stream)
+                                               : dequant_sum_cuda(pieces, addend, post_div, dst.data_ptr(), type,
+                                                                  dst.numel(), launch.stream)),
              "dequant_sum");
 }
 
@@ -136,7 +147,10 @@ void dequant_sum_requantize_into(const BlockCodes& pieces, const OwnAddendTensor
     return;
   }
   CudaLaunch launch(device);
-  check_cuda(FP8C_CUDA_CALL(dequant_sum_requantize_cuda(pieces, addend_of(own, true), post_div, out, launch.stream)),
+  const OwnAddend addend = addend_of(own, true);
+  check_cuda(FP8C_CUDA_CALL(tiled_cuda_codec()
+                                ? tiled::dequant_sum_requantize_cuda(pieces, addend, post_div, out, launch.stream)
+                                : dequant_sum_requantize_cuda(pieces, addend, post_div, out, launch.stream)),
              "dequant_sum_requantize");
 }
 

@@ -20,6 +20,11 @@ void check_block_size(int64_t block_size, const char* what);
 // The same, and the block size `format` requires (WireTraits::kBlockSize).
 void check_block_size(int64_t block_size, WireFormat format, const char* what);
 
+// Whether the CUDA codec runs the tiled kernels (codec_cuda_tiled.cu) rather
+// than the legacy ones (codec_cuda.cu): FP8COMM_CUDA_CODEC, read at every
+// call (ValueError for a value other than legacy or tiled).
+bool tiled_cuda_codec();
+
 // The same operations as codec.h; `src`/`dst` are contiguous tensors on the
 // device whose memory `codes` points into. premul_tensor (one float32 element
 // on that device) replaces premul when given.

@@ -238,6 +238,17 @@ def test_typed_readers(monkeypatch):
         fp8comm._C.env_flag("FP8COMM_NOPE")
 
 
+def test_cuda_codec_choice(monkeypatch):
+    """FP8COMM_CUDA_CODEC names the CUDA codec's kernel set, read at every call."""
+    monkeypatch.delenv("FP8COMM_CUDA_CODEC", raising=False)
+    assert fp8comm._C.cuda_codec() == "legacy"
+    monkeypatch.setenv("FP8COMM_CUDA_CODEC", "tiled")
+    assert fp8comm._C.cuda_codec() == "tiled"
+    monkeypatch.setenv("FP8COMM_CUDA_CODEC", "fast")
+    with pytest.raises(ValueError, match="FP8COMM_CUDA_CODEC must be 'legacy' or 'tiled', got 'fast'"):
+        fp8comm._C.cuda_codec()
+
+
 def test_node_name_from_local_size_then_torchrun_then_host(monkeypatch):
     from fp8comm.topology import node_name
 

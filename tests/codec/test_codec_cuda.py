@@ -23,6 +23,15 @@ BLOCKS = [16, 32, 48, 128, 4096]
 SIZES = [0, 1, 15, 33, 1000, (1 << 20) + 7]
 
 
+@pytest.fixture(autouse=True, params=["legacy", "tiled"])
+def cuda_codec(request, monkeypatch):
+    """Every test on both CUDA kernel sets (FP8COMM_CUDA_CODEC, read at every
+    call): codec_cuda.cu's and codec_cuda_tiled.cu's, the same bytes."""
+    monkeypatch.setenv("FP8COMM_CUDA_CODEC", request.param)
+    assert fp8comm._C.cuda_codec() == request.param
+    return request.param
+
+
 def format_blocks(blocks):
     """(format, block size) pairs: every format with each of `blocks`, a format
     that requires one block size (NVFP4: 16) with that one."""
@@ -94,6 +103,39 @@ def test_misaligned_views(dtype, fmt):
         out_gpu = fp8comm.dequantize(c_gpu[1:], s_gpu[: math.ceil(n / B)], *g_gpu, wire_format=fmt, dtype=dtype,
                                      numel=n)
         assert torch.equal(bits(out_cpu), bits(out_gpu))
+
+
+def grid_probes(fmt):
+    """Blocks of 32 that put, after the block scale, every value of the FP8
+    grid, every midpoint between neighbours (a tie) and one float32 ulp either
+    side of each under the rounding: what the tiled kernels' hardware
+    conversion must round as the software encode does (DESIGN.md, "The CUDA
+    kernel sets"). Each block holds 448 or 57344 (its amax, scale 1) and is
+    repeated at the scales 2^-100 and 2^100."""
+    dtype = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}[fmt]
+    v = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(dtype).float()
+    v = v[torch.isfinite(v) & (v >= 0)].unique()
+    mid = (v[1:] + v[:-1]) / 2
+    probes = torch.cat([v, mid, torch.nextafter(mid, torch.full_like(mid, math.inf)),
+                        torch.nextafter(mid, torch.zeros_like(mid))])
+    probes = torch.cat([probes, -probes])
+    pad = (-probes.numel()) % 31
+    probes = torch.cat([probes, torch.zeros(pad)]).view(-1, 31)
+    blocks = torch.cat([torch.full((probes.shape[0], 1), v.max().item()), probes], dim=1).flatten()
+    return torch.cat([blocks, blocks * 2.0 ** -100, blocks * 2.0 ** 100])
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_every_rounding_case_of_the_fp8_grid(fmt):
+    """The hardware conversion (tiled kernels) and the software encode agree
+    on every grid value, tie and near-tie, as the CPU codec encodes them."""
+    x = grid_probes(fmt)
+    q_cpu = fp8comm.quantize(x, block_size=32, wire_format=fmt)
+    q_gpu = fp8comm.quantize(x.cuda(), block_size=32, wire_format=fmt)
+    assert_same(q_cpu, q_gpu)
+    d_cpu = fp8comm.dequantize(*q_cpu, wire_format=fmt, block_size=32, dtype=torch.float32, numel=x.numel())
+    d_gpu = fp8comm.dequantize(*q_gpu, wire_format=fmt, block_size=32, dtype=torch.float32, numel=x.numel())
+    assert torch.equal(bits(d_cpu), bits(d_gpu))
 
 
 def wire(num_segments, m, block_size, device, fmt="e4m3"):

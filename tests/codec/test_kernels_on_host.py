@@ -31,7 +31,7 @@ from tests.support import REPO_ROOT
 
 ROOT = REPO_ROOT
 SIMT = ROOT / "tests" / "support" / "simt"
-UNITS = ("codec_host.cpp", "cast_host.cpp", "selftest_host.cpp")
+UNITS = ("codec_host.cpp", "codec_tiled_host.cpp", "cast_host.cpp", "selftest_host.cpp")
 # -ffp-contract=off as in setup.py: the bytes must not depend on FMA contraction.
 FLAGS = ["-std=c++17", "-O2", "-fPIC", "-ffp-contract=off", "-fno-trapping-math", "-Wall", "-Wno-unknown-pragmas",
          "-Wno-class-memaccess", f"-I{SIMT}", f"-I{ROOT / 'csrc'}"]
@@ -136,11 +136,30 @@ def lib(lib_path):
         "simt_cast_workspace_words": (i64, [i64, i64, i64]),
         "simt_selftest": (ctypes.c_int, [ctypes.c_char_p, p, p, p, p, i64]),
         "simt_take_launches": (ctypes.c_char_p, []),
+        "simt_float2_to_fp8x2": (ctypes.c_uint16, [i64, f32, f32]),
+        "simt_fp8x2_to_float2": (None, [i64, ctypes.c_uint16, p]),
     }
+    for op in ("quantize", "dequantize", "dequant_sum", "dequant_sum_requantize"):
+        signatures[f"simt_tiled_{op}"] = signatures[f"simt_{op}"]
     for name, (restype, argtypes) in signatures.items():
         getattr(lib, name).restype = restype
         getattr(lib, name).argtypes = argtypes
     return lib
+
+
+class Launchers:
+    """The codec launchers of one CUDA kernel set, emulated: codec_cuda.cu's
+    (prefix simt_) or codec_cuda_tiled.cu's (simt_tiled_), same arguments."""
+
+    def __init__(self, lib, prefix):
+        for op in ("quantize", "dequantize", "dequant_sum", "dequant_sum_requantize"):
+            setattr(self, op, getattr(lib, prefix + op))
+
+
+@pytest.fixture(scope="module")
+def kernels(lib):
+    """The kernel set the codec tests run (test_tiled_kernels_on_host.py runs them on the other)."""
+    return Launchers(lib, "simt_")
 
 
 def wire(lib, segments, num_segments, m, block_size, fmt):
@@ -343,7 +362,7 @@ def pieces_for(c, gen, num):
 
 # ------------------------------------------------------------------ codec
 @pytest.mark.parametrize("c", codec_cases("quantize"))
-def test_quantize_segments(lib, c):
+def test_quantize_segments(lib, kernels, c):
     gen = torch.Generator().manual_seed(c["seed"])
     B, P, m, n, fmt, dtype = c["block_size"], c["P"], c["m"], c["n"], c["fmt"], c["dtype"]
     x = embed(nasty(n, dtype, gen, c["finite"]), c["src_off"])
@@ -353,12 +372,12 @@ def test_quantize_segments(lib, c):
     fp8comm.quantize_segments(x, cpu_view, P, m, block_size=B, wire_format=fmt, premul=premul)
     scalar, pointer, _keep = premul_args(c["premul"], c["on_device"])
     layout = wire(lib, emu_view, P, m, B, fmt)
-    assert lib.simt_quantize(x.data_ptr(), ELEM[dtype], n, scalar, pointer, ctypes.byref(layout)) == 0
+    assert kernels.quantize(x.data_ptr(), ELEM[dtype], n, scalar, pointer, ctypes.byref(layout)) == 0
     assert_same_bits(emu, cpu, "wire segments")
 
 
 @pytest.mark.parametrize("c", codec_cases("flat"))
-def test_quantize_and_dequantize_flat(lib, c):
+def test_quantize_and_dequantize_flat(lib, kernels, c):
     """fp8comm.quantize / dequantize's layout (scales apart from the codes, no
     padding), codes and scales read and written at odd addresses."""
     gen = torch.Generator().manual_seed(c["seed"])
@@ -372,26 +391,26 @@ def test_quantize_and_dequantize_flat(lib, c):
     _, _, emu_codes, emu_codes_view = outers(nc, torch.uint8, c["dst_off"])
     _, _, emu_scales, emu_scales_view = outers(HEAD[fmt] + nb, torch.uint8, 3 - c["dst_off"])
     layout = flat(emu_scales_view, emu_codes_view, n, B, fmt)
-    assert lib.simt_quantize(x.data_ptr(), ELEM[dtype], n, 1.0, None, ctypes.byref(layout)) == 0
+    assert kernels.quantize(x.data_ptr(), ELEM[dtype], n, 1.0, None, ctypes.byref(layout)) == 0
     assert_same_bits(emu_codes, expected(nc, torch.uint8, c["dst_off"], codes.view(torch.uint8)), "codes")
     assert_same_bits(emu_scales, expected(HEAD[fmt] + nb, torch.uint8, 3 - c["dst_off"],
                                           torch.cat([head, scales.view(torch.uint8)])), "scales")
 
     back = fp8comm.dequantize(codes, scales, *segment_scale, wire_format=fmt, block_size=B, dtype=dtype, numel=n)
     _, _, emu, emu_view = outers(n, dtype, c["src_off"])
-    assert lib.simt_dequantize(ctypes.byref(layout), emu_view.data_ptr(), ELEM[dtype], n) == 0
+    assert kernels.dequantize(ctypes.byref(layout), emu_view.data_ptr(), ELEM[dtype], n) == 0
     assert_same_bits(emu, expected(n, dtype, c["src_off"], back), "decoded")
 
 
 @pytest.mark.parametrize("c", codec_cases("dequantize"))
-def test_dequantize_segments(lib, c):
+def test_dequantize_segments(lib, kernels, c):
     gen = torch.Generator().manual_seed(c["seed"])
     B, P, m, fmt, dtype = c["block_size"], c["P"], c["m"], c["fmt"], c["dtype"]
     segs = pieces_for(c, gen, P)
     n = min(c["n"], P * m)
     cpu, cpu_view, emu, emu_view = outers(n, dtype, c["src_off"], room=P * m - n + 40)
     fp8comm.dequantize_segments(segs, cpu_view, P, m, block_size=B, wire_format=fmt)
-    assert lib.simt_dequantize(ctypes.byref(wire(lib, segs, P, m, B, fmt)), emu_view.data_ptr(), ELEM[dtype], n) == 0
+    assert kernels.dequantize(ctypes.byref(wire(lib, segs, P, m, B, fmt)), emu_view.data_ptr(), ELEM[dtype], n) == 0
     assert_same_bits(emu, cpu, "decoded")
 
 
@@ -406,7 +425,7 @@ def own_args(c, gen):
 
 
 @pytest.mark.parametrize("c", codec_cases("sum"))
-def test_dequant_sum(lib, c):
+def test_dequant_sum(lib, kernels, c):
     gen = torch.Generator().manual_seed(c["seed"])
     B, m, fmt, dtype, num = c["block_size"], c["m"], c["fmt"], c["dtype"], c["pieces"]
     segs = pieces_for(c, gen, num)
@@ -415,14 +434,14 @@ def test_dequant_sum(lib, c):
     cpu, cpu_view, emu, emu_view = outers(n, dtype, 3 - c["src_off"], room=m - n + 40)
     fp8comm.dequant_sum(segs, cpu_view, num, m, block_size=B, wire_format=fmt, post_div=c["post_div"], own=own,
                         own_premul=c["premul"])
-    rc = lib.simt_dequant_sum(ctypes.byref(wire(lib, segs, num, m, B, fmt)), *own_c, c["post_div"],
+    rc = kernels.dequant_sum(ctypes.byref(wire(lib, segs, num, m, B, fmt)), *own_c, c["post_div"],
                               emu_view.data_ptr(), ELEM[dtype], n)
     assert rc == 0
     assert_same_bits(emu, cpu, "sum")
 
 
 @pytest.mark.parametrize("c", codec_cases("requantize"))
-def test_dequant_sum_requantize(lib, c):
+def test_dequant_sum_requantize(lib, kernels, c):
     gen = torch.Generator().manual_seed(c["seed"])
     B, m, fmt, num = c["block_size"], c["m"], c["fmt"], c["pieces"]
     segs = pieces_for(c, gen, num)
@@ -431,7 +450,7 @@ def test_dequant_sum_requantize(lib, c):
     cpu, cpu_view, emu, emu_view = outers(S, torch.uint8, 3 - c["dst_off"])
     fp8comm.dequant_sum_requantize(segs, cpu_view, num, m, block_size=B, wire_format=fmt, post_div=c["post_div"],
                                    own=own, own_premul=c["premul"])
-    rc = lib.simt_dequant_sum_requantize(ctypes.byref(wire(lib, segs, num, m, B, fmt)), *own_c, c["post_div"],
+    rc = kernels.dequant_sum_requantize(ctypes.byref(wire(lib, segs, num, m, B, fmt)), *own_c, c["post_div"],
                                          ctypes.byref(wire(lib, emu_view, 1, m, B, fmt)))
     assert rc == 0
     assert_same_bits(emu, cpu, "re-quantized segment")
@@ -488,11 +507,11 @@ def test_segment_scale_passes(lib, aligned):
     assert kernels_launched(lib) == ["quantize_shuffle_kernel"]
 
 
-def test_mismatched_own_dtype_is_an_error(lib):
+def test_mismatched_own_dtype_is_an_error(lib, kernels):
     segs = torch.zeros(fp8comm.segment_bytes(64, 32), dtype=torch.uint8)
     own = torch.zeros(64, dtype=torch.bfloat16)
     out = torch.empty(64, dtype=torch.float32)
-    rc = lib.simt_dequant_sum(ctypes.byref(wire(lib, segs, 1, 64, 32, "e4m3")), 1, own.data_ptr(), ELEM[own.dtype], 64,
+    rc = kernels.dequant_sum(ctypes.byref(wire(lib, segs, 1, 64, 32, "e4m3")), 1, own.data_ptr(), ELEM[own.dtype], 64,
                               1.0, None, 1, out.data_ptr(), ELEM[out.dtype], 64)
     assert rc == 1  # cudaErrorInvalidValue, as dequant_sum_cuda returns it
 
@@ -632,7 +651,7 @@ def stochastic(layout, key):
 
 
 @pytest.mark.parametrize("c", codec_cases("stochastic quantize")[::2])
-def test_quantize_segments_stochastic(lib, c):
+def test_quantize_segments_stochastic(lib, kernels, c):
     """Stochastic rounding's bits are a hash of the key, the segment and the
     element's index in it: the kernels' threads and chunks draw the CPU's bits."""
     gen = torch.Generator().manual_seed(c["seed"])
@@ -646,12 +665,12 @@ def test_quantize_segments_stochastic(lib, c):
                               rounding_key=key)
     scalar, pointer, _keep = premul_args(c["premul"], c["on_device"])
     layout = stochastic(wire(lib, emu_view, P, m, B, fmt), key)
-    assert lib.simt_quantize(x.data_ptr(), ELEM[dtype], n, scalar, pointer, ctypes.byref(layout)) == 0
+    assert kernels.quantize(x.data_ptr(), ELEM[dtype], n, scalar, pointer, ctypes.byref(layout)) == 0
     assert_same_bits(emu, cpu, "wire segments")
 
 
 @pytest.mark.parametrize("c", codec_cases("stochastic requantize")[::2])
-def test_dequant_sum_requantize_stochastic(lib, c):
+def test_dequant_sum_requantize_stochastic(lib, kernels, c):
     gen = torch.Generator().manual_seed(c["seed"])
     B, m, fmt, num = c["block_size"], c["m"], c["fmt"], c["pieces"]
     segs = pieces_for(c, gen, num)
@@ -661,7 +680,7 @@ def test_dequant_sum_requantize_stochastic(lib, c):
     key = (c["seed"] << 20) + 12345
     fp8comm.dequant_sum_requantize(segs, cpu_view, num, m, block_size=B, wire_format=fmt, post_div=c["post_div"],
                                    own=own, own_premul=c["premul"], rounding="stochastic", rounding_key=key)
-    rc = lib.simt_dequant_sum_requantize(ctypes.byref(wire(lib, segs, num, m, B, fmt)), *own_c, c["post_div"],
+    rc = kernels.dequant_sum_requantize(ctypes.byref(wire(lib, segs, num, m, B, fmt)), *own_c, c["post_div"],
                                          ctypes.byref(stochastic(wire(lib, emu_view, 1, m, B, fmt), key)))
     assert rc == 0
     assert_same_bits(emu, cpu, "re-quantized segment")
