@@ -63,9 +63,13 @@ struct SumBatch {
   static constexpr int value =
       WireTraits<F>::kSegmentScaleBytes != 0 ? 4 : 8 / tile_io::CodeRun<F, Geometry<E>::kVec>::kWords;
 };
+// The re-quantize also holds the block's codes and scales: 4-bit formats
+// (whose decode unpacks more registers) take smaller batches, so that every
+// kernel stays within 64 registers without spilling on sm_90 and sm_100.
 template <WireFormat F>
 struct RequantizeBatch {
-  static constexpr int value = WireTraits<F>::kSegmentScaleBytes != 0 ? 2 : 4;
+  static constexpr int value =
+      WireTraits<F>::kSegmentScaleBytes != 0 ? 1 : (WireTraits<F>::kCodeBits == 4 ? 2 : 4);
 };
 
 // Per-launch constants, computed on the host.
