@@ -27,6 +27,7 @@ from .uncompressed_blocks import uncompressed
 # collectives, whose ops it captures).
 _eager = torch.compiler.disable
 
+
 def _group_or_default(group, op: str) -> dist.ProcessGroup:
     if group is None:
         if not dist.is_initialized():
