@@ -10,7 +10,6 @@ launches counted from the plan, not observed).
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import re
 import statistics
@@ -20,6 +19,7 @@ import time
 import torch
 
 from fp8comm.bench import device_label
+from json_parts import write_part, write_whole  # noqa: F401  (the benches write through one_gpu)
 
 CODEC_VARIABLE = "FP8COMM_CUDA_CODEC"  # the CUDA codec kernel set a process runs
 
@@ -102,24 +102,3 @@ def header(benchmark: str, device: str, smoke: bool, labels: dict, notes: str) -
     }
 
 
-def write_part(path: str, part: str, doc: dict) -> None:
-    """doc as `part` of the JSON at path (its other parts kept; the side-by-side
-    runner writes a plain doc instead), replaced whole."""
-    whole = {}
-    if os.path.exists(path):
-        try:
-            with open(path) as f:
-                whole = json.load(f)
-        except (OSError, ValueError):
-            whole = {}
-    whole.setdefault("benchmark", "cluster-1gpu")
-    whole.setdefault("parts", {})[part] = doc
-    write_whole(path, whole)
-
-
-def write_whole(path: str, doc: dict) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    aside = f"{path}.aside"
-    with open(aside, "w") as f:
-        json.dump(doc, f, indent=1)
-    os.replace(aside, path)

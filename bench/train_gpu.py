@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
-import json
 import os
 import statistics
 import sys
@@ -46,6 +45,7 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 
 import fp8comm  # noqa: E402
 from fp8comm.bench import device_label  # noqa: E402
+from fp8comm.bench.comm import write_json  # noqa: E402
 from tiny_llama import ByteBatches, ModelConfig, TinyLlama, stdlib_bytes  # noqa: E402
 
 MODEL_1B = ModelConfig(dim=2048, layers=20, heads=16, max_seq=2048)
@@ -128,15 +128,6 @@ def _compare(runs: dict) -> None:
         run["final_loss_vs_bf16"] = run["final_loss"] / base["final_loss"] - 1 if base else None
 
 
-def _write(path: str | None, result: dict) -> None:
-    if not path:
-        return
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path + ".part", "w") as f:
-        json.dump(result, f, indent=1)
-    os.replace(path + ".part", path)
-
-
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=100)
@@ -184,14 +175,14 @@ def main(argv=None) -> dict:
             print(f"{variant:26s} {run['tokens_per_s']:12.0f} tokens/s  final loss {run['final_loss']:.4f}"
                   f"  (first {run['losses'][0]:.4f})", flush=True)
             _compare(runs)
-            _write(args.json, result)  # after each variant: a run cut short keeps the ones done
+            write_json(result, args.json)  # after each variant: a run cut short keeps the ones done
             del model
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     finally:
         dist.destroy_process_group()
-    _write(args.json, result)
+    write_json(result, args.json)
     return result
 
 

@@ -23,27 +23,10 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/
+from json_parts import write_part, write_whole  # noqa: E402
+
 VARIABLE = "FP8COMM_CUDA_CODEC"
-
-
-def write_json(path: str, doc: dict, part: str | None = None) -> None:
-    """Writes doc to path (as its `part`, keeping the others), replaced whole."""
-    whole = doc
-    if part is not None:
-        whole = {}
-        if os.path.exists(path):
-            try:
-                with open(path) as f:
-                    whole = json.load(f)
-            except (OSError, ValueError):
-                whole = {}
-        whole.setdefault("benchmark", "cluster-1gpu")
-        whole.setdefault("parts", {})[part] = doc
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    aside = f"{path}.aside"
-    with open(aside, "w") as f:
-        json.dump(whole, f, indent=1)
-    os.replace(aside, path)
 
 
 def merge(runs: dict) -> dict:
@@ -87,7 +70,7 @@ def main(argv=None) -> int:
                 stem = os.path.splitext(os.path.basename(args.json))[0] if not args.part else args.part
                 shutil.copy(path, os.path.join(args.each, f"{stem}-{name}.json"))
         if runs:
-            write_json(args.json, merge(runs), args.part)
+            (write_part(args.json, args.part, merge(runs)) if args.part else write_whole(args.json, merge(runs)))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if failed:
