@@ -96,32 +96,29 @@ class Schedule:
         for x in self.decodes:
             self.bufs.run(x)
 
+    def _send(self, nbytes: int):
+        """The wire stream sends `nbytes` once the compute stream's work so far
+        is done; returns the event of the send's end."""
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream())
+        self.wire_stream.wait_event(ev)
+        with torch.cuda.stream(self.wire_stream):
+            self.transfer(nbytes)
+            done = torch.cuda.Event()
+            done.record(self.wire_stream)
+        return done
+
     def pipelined(self) -> None:
-        compute, wire = torch.cuda.current_stream(), self.wire_stream
-        sent, summed, gathered = [], [], []
+        compute = torch.cuda.current_stream()
+        sent, gathered = [], []
         for i, q in enumerate(self.quantizes):
             for x in q:
                 self.bufs.run(x)
-            ev = torch.cuda.Event()
-            ev.record(compute)
-            wire.wait_event(ev)
-            with torch.cuda.stream(wire):
-                self.transfer(self.exchange_bytes[i])
-                done = torch.cuda.Event()
-                done.record(wire)
-            sent.append(done)
+            sent.append(self._send(self.exchange_bytes[i]))
         for i, s in enumerate(self.sums):
             compute.wait_event(sent[i])
             self.bufs.run(s)
-            ev = torch.cuda.Event()
-            ev.record(compute)
-            summed.append(ev)
-            wire.wait_event(ev)
-            with torch.cuda.stream(wire):
-                self.transfer(self.gather_bytes[i])
-                done = torch.cuda.Event()
-                done.record(wire)
-            gathered.append(done)
+            gathered.append(self._send(self.gather_bytes[i]))
         compute.wait_event(gathered[-1])
         for x in self.decodes:
             self.bufs.run(x)
