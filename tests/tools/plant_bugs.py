@@ -193,6 +193,28 @@ MUTANTS = [
         hints=("tests/backend/test_error_feedback.py",),
         plants="keep_residual keeps decoded - value: error feedback adds the quantization error back twice",
     ),
+    # The all_to_all split check (tests/backend/test_split_check_positions.py):
+    # a check that skips one position lets that disagreement move data, where
+    # one rank fails alone or every rank goes on with wrong sizes.
+    Mutant(
+        name="split-check-skips-last-rank",
+        path="csrc/algorithms/all_to_all_splits.cpp",
+        old="    for (int64_t d = 0; d < table.P; ++d) {\n      TORCH_CHECK(table.sends(s, d)",
+        new="    for (int64_t d = 0; d < table.P - 1; ++d) {\n      TORCH_CHECK(table.sends(s, d)",
+        hints=("tests/backend/test_split_check_positions.py",),
+        plants="check_splits never checks what a rank sends the last rank: split sizes that disagree there are "
+               "not refused on every rank",
+    ),
+    Mutant(
+        name="split-check-skips-own-slice",
+        path="csrc/algorithms/all_to_all_splits.cpp",
+        old="    for (int64_t d = 0; d < table.P; ++d) {\n      TORCH_CHECK(table.sends(s, d)",
+        new="    for (int64_t d = 0; d < table.P; ++d) {\n      if (d == s) continue;\n"
+            "      TORCH_CHECK(table.sends(s, d)",
+        hints=("tests/backend/test_split_check_positions.py",),
+        plants="check_splits never checks a rank's own slice (what it sends itself against what it expects "
+               "from itself)",
+    ),
     Mutant(
         name="passthrough-compresses",
         path="csrc/backend/process_group_fp8.cpp",
