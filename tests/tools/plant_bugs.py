@@ -178,7 +178,7 @@ MUTANTS = [
     ),
     Mutant(
         name="fingerprint-drops-field",
-        path="csrc/common/options_table.h",
+        path="csrc/backend/options_table.h",
         old='X(scope, Scope, choices(), "FP8COMM_SCOPE", "all", kGroup,',
         new='X(scope, Scope, choices(), "FP8COMM_SCOPE", "all", kRank,',
         hints=("tests/backend/test_options_agreement.py",),
