@@ -218,10 +218,11 @@ MUTANTS = [
     Mutant(
         name="passthrough-compresses",
         path="csrc/backend/process_group_fp8.cpp",
-        old="per_rank_numel >= *options_->min_numel;",
-        new="per_rank_numel >= *options_->min_numel - 1;",
+        old="if (per_rank_numel < *options_->min_numel) {",
+        new="if (per_rank_numel < *options_->min_numel - 1) {",
         hints=("tests/backend/test_reliability.py::test_min_numel_boundary",),
-        plants="compresses(): a call of min_numel - 1 elements per rank is compressed instead of passed through",
+        plants="ProcessGroupFp8::passthrough: a call of min_numel - 1 elements per rank is compressed, not passed "
+               "through",
     ),
 ]
 BY_NAME = {m.name: m for m in MUTANTS}
