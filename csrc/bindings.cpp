@@ -8,6 +8,7 @@
 
 #include "backend/exact_scope.h"
 #include "backend/fp8_work.h"
+#include "backend/option_variables.h"
 #include "backend/registry.h"
 #include "backend/split.h"
 #include "bindings_options.h"

@@ -206,7 +206,7 @@ void bind_options(py::module_& m) {
         return rows;
       },
       "Every knob of fp8comm.Options, in order: name, variable, unset (its text), default (Python), per_rank, "
-      "takes, takes_variable, doc, kind (int, flag, choices, ops) and choices (csrc/common/options_table.h).");
+      "takes, takes_variable, doc, kind (int, flag, choices, ops) and choices (csrc/backend/options_table.h).");
   m.def("fingerprint_mismatch", &fingerprint_mismatch, py::arg("by_rank"), py::arg("rank"),
         "The error every rank raises when the ranks' option fingerprints differ; None when they agree.");
 }

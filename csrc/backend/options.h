@@ -13,10 +13,10 @@
 #include <vector>
 
 #include "../common/choices.h"
-#include "../common/env.h"
-#include "../common/options_table.h"
 #include "collectives.h"
 #include "option_values.h"
+#include "option_variables.h"
+#include "options_table.h"
 
 namespace fp8comm {
 

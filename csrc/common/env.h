@@ -2,11 +2,12 @@
 // Every FP8COMM_* environment variable fp8comm reads at run time, declared
 // once (as NCCL's NCCL_PARAM): its name, the value an unset variable stands
 // for, what it sets, and a typed reader that checks the value. The variables
-// of Options' knobs are their rows' (options_table.h); the others are
-// declared here. README.md's "Environment variables" table lists each
-// (tests/backend/test_options.py holds the two in step); Python reads them
-// through the same readers (fp8comm._C.env_flag / env_positive_int). Plain
-// C++ (no torch): the codec reads them too. A bad value raises
+// of Options' knobs are their rows' (csrc/backend/options_table.h, expanded
+// in csrc/backend/option_variables.h, which also lists every variable); the
+// others are declared here. README.md's "Environment variables" table lists
+// each (tests/backend/test_options.py holds the two in step); Python reads
+// them through the same readers (fp8comm._C.env_flag / env_positive_int).
+// Plain C++ (no torch): the codec reads them too. A bad value raises
 // std::invalid_argument (ValueError in Python) naming the variable and what
 // it takes; Options' variables are parsed as their knobs' values instead.
 #include <cstdlib>
@@ -14,9 +15,6 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
-
-#include "block_size.h"
-#include "options_table.h"
 
 namespace fp8comm {
 
@@ -80,15 +78,10 @@ struct EnvVar {
 };
 
 namespace env {
-// The variables of Options' knobs, by the knob's name (options_table.h).
-namespace of_option {
-#define FP8C_OPTION_VAR(name, type, values, variable, unset, share, doc) \
-  inline constexpr EnvVar name{variable, unset, doc, #name};
-FP8C_OPTIONS(FP8C_OPTION_VAR)
-#undef FP8C_OPTION_VAR
-}  // namespace of_option
-// The codec sizes its threads from the knob's variable when no group has.
-inline constexpr const EnvVar& kCpuThreads = of_option::cpu_threads;
+// The knob variable the codec reads itself: its threads when no group has
+// set them. The cpu_threads row's (option_variables.h checks they agree).
+inline constexpr EnvVar kCpuThreads{"FP8COMM_CPU_THREADS", "cores / ranks on the host",
+                                    "threads per process for the CPU codec", "cpu_threads"};
 
 // clang-format off
 inline constexpr EnvVar kFp8Dtype{"FP8COMM_FP8_DTYPE", "unset", "deprecated spelling of FP8COMM_WIRE_FORMAT (e4m3 or e5m2), read when that is unset"};
@@ -99,11 +92,6 @@ inline constexpr EnvVar kWarnPassthrough{"FP8COMM_WARN_PASSTHROUGH", "1", "0 (of
 inline constexpr EnvVar kCudaCodec{"FP8COMM_CUDA_CODEC", "legacy", "CUDA codec kernels, read at every call: legacy (csrc/codec/codec_cuda.cu) or tiled (codec_cuda_tiled.cu, for the memory bound; what it does not cover runs the legacy kernels); the same bytes"};
 // clang-format on
 
-// Every variable: the knobs' in their rows' order, then the others.
-#define FP8C_OPTION_VAR_REF(name, type, values, variable, unset, share, doc) &of_option::name,
-inline constexpr const EnvVar* kAll[] = {FP8C_OPTIONS(FP8C_OPTION_VAR_REF) &kFp8Dtype, &kLocalSize, &kCpuSimd,
-                                         &kFusedCast, &kWarnPassthrough, &kCudaCodec};
-#undef FP8C_OPTION_VAR_REF
 }  // namespace env
 
 }  // namespace fp8comm

@@ -1,6 +1,6 @@
 """fp8comm.Options, the c10d::Backend::Options of fp8nccl / fp8gloo, and the
 environment variables fp8comm reads: each knob declared once, as a row of
-csrc/common/options_table.h, the other variables in csrc/common/env.h; the
+csrc/backend/options_table.h, the other variables in csrc/common/env.h; the
 README and DESIGN tables are the rows'."""
 import copy
 import pickle

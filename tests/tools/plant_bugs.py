@@ -178,7 +178,7 @@ MUTANTS = [
     ),
     Mutant(
         name="fingerprint-drops-field",
-        path="csrc/common/options_table.h",
+        path="csrc/backend/options_table.h",
         old='X(scope, Scope, choices(), "FP8COMM_SCOPE", "all", kGroup,',
         new='X(scope, Scope, choices(), "FP8COMM_SCOPE", "all", kRank,',
         hints=("tests/backend/test_options_agreement.py",),
@@ -193,13 +193,36 @@ MUTANTS = [
         hints=("tests/backend/test_error_feedback.py",),
         plants="keep_residual keeps decoded - value: error feedback adds the quantization error back twice",
     ),
+    # The all_to_all split check (tests/backend/test_split_check_positions.py):
+    # a check that skips one position lets that disagreement move data, where
+    # one rank fails alone or every rank goes on with wrong sizes.
+    Mutant(
+        name="split-check-skips-last-rank",
+        path="csrc/algorithms/all_to_all_splits.cpp",
+        old="    for (int64_t d = 0; d < table.P; ++d) {\n      TORCH_CHECK(table.sends(s, d)",
+        new="    for (int64_t d = 0; d < table.P - 1; ++d) {\n      TORCH_CHECK(table.sends(s, d)",
+        hints=("tests/backend/test_split_check_positions.py",),
+        plants="check_splits never checks what a rank sends the last rank: split sizes that disagree there are "
+               "not refused on every rank",
+    ),
+    Mutant(
+        name="split-check-skips-own-slice",
+        path="csrc/algorithms/all_to_all_splits.cpp",
+        old="    for (int64_t d = 0; d < table.P; ++d) {\n      TORCH_CHECK(table.sends(s, d)",
+        new="    for (int64_t d = 0; d < table.P; ++d) {\n      if (d == s) continue;\n"
+            "      TORCH_CHECK(table.sends(s, d)",
+        hints=("tests/backend/test_split_check_positions.py",),
+        plants="check_splits never checks a rank's own slice (what it sends itself against what it expects "
+               "from itself)",
+    ),
     Mutant(
         name="passthrough-compresses",
         path="csrc/backend/process_group_fp8.cpp",
-        old="per_rank_numel >= *options_->min_numel;",
-        new="per_rank_numel >= *options_->min_numel - 1;",
+        old="if (per_rank_numel < *options_->min_numel) {",
+        new="if (per_rank_numel < *options_->min_numel - 1) {",
         hints=("tests/backend/test_reliability.py::test_min_numel_boundary",),
-        plants="compresses(): a call of min_numel - 1 elements per rank is compressed instead of passed through",
+        plants="ProcessGroupFp8::passthrough: a call of min_numel - 1 elements per rank is compressed, not passed "
+               "through",
     ),
 ]
 BY_NAME = {m.name: m for m in MUTANTS}

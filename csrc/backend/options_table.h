@@ -7,18 +7,24 @@
 //   values    what it takes: an int range, flag(), choices() of an enum type
 //             (their names come from that type's own table, e.g.
 //             kWireFormatTable), op_list();
-//   variable  the FP8COMM_* variable read when the field is unset (env.h);
+//   variable  the FP8COMM_* variable read when the field is unset
+//             (option_variables.h);
 //   unset     the value an unset variable stands for, as the variable spells
 //             it; `unset_is_rule()` on the values: a rule the backend applies;
 //   share     kGroup: every rank must agree (the fingerprint); kRank: per process;
 //   doc       what it sets, one sentence (no choices or default: generated).
-// Expanded by env.h (the variables), options.h (the fields), options.cpp
-// (resolve, fingerprint, docs) and bindings_options.cpp (constructor,
-// properties, repr, pickle, ==). A new knob: its row, the code that uses it,
-// its test; the README and DESIGN tables are generated from the rows
-// (fp8comm/options/; tests/backend/test_options.py shows the expected text).
-// Plain preprocessor text: the type and values columns are only read where
-// options.h's types are known.
+// Expanded by option_variables.h (the variables), options.h (the fields),
+// options.cpp (resolve, fingerprint, docs) and bindings_options.cpp
+// (constructor, properties, repr, pickle, ==). A new knob: its row, the code
+// that uses it, its test; the README and DESIGN tables are generated from the
+// rows (fp8comm/options/; tests/backend/test_options.py shows the expected
+// text). It sits on the floor of the types and values it names
+// (option_values.h) and includes them: every column compiles wherever the
+// table is expanded. The codec, a floor below, does not include it: the one
+// knob variable it reads itself is declared for it in common/env.h.
+
+#include "../common/block_size.h"
+#include "option_values.h"
 
 // clang-format off
 #define FP8C_OPTIONS(X)                                                                                                \
