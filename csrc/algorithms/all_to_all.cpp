@@ -2,13 +2,15 @@
 // (or, inside a node in the inter_node scope, sent as its exact bytes);
 // this rank's own slice is copied, never quantized; one exchange with bytes
 // of their own for each peer; the output written only once it is through
-// (DESIGN.md, "Algorithms"). The split sizes were checked on every rank
-// before (all_to_all_splits.h). One phase: the call is not cut into chunks.
+// (DESIGN.md, "Algorithms"). Its prepare step checks the split sizes on
+// every rank before any data moves (all_to_all_splits.h). One phase: the
+// call is not cut into chunks.
 #include <ATen/MemoryOverlap.h>
 
 #include <utility>
 
 #include "algorithms.h"
+#include "all_to_all_splits.h"
 #include "compressed_algorithms.h"
 #include "segments.h"
 
@@ -109,6 +111,18 @@ NodeBytes compressed::run_all_to_all(Route& route, const WireLayout& wire, Works
   const std::vector<int64_t> to_rank =
       all_to_all(t, wires, ws, a.outputs.at(0), a.inputs.at(0), a.send_numels, a.recv_numels, error);
   return route.split(t.bytes_sent() - before, to_rank);
+}
+
+// The ranks gather every rank's slice sizes and check every pair, so sizes
+// that disagree raise on every rank; the size rule then reads the group's
+// mean input, the same on every rank. The sizes' all_gather sends every
+// peer the same bytes.
+Prepared compressed::prepare_all_to_all(Route& route, const CompressedArgs& shape, const at::Device& device) {
+  Transport& t = route.group_transport;
+  const int64_t before = t.bytes_sent();
+  const SplitTable table = gather_splits(t, shape.send_numels, shape.recv_numels, device);
+  check_splits(table, t.op());
+  return {table.total_sent() / t.size(), route.split(t.bytes_sent() - before, {})};
 }
 
 }  // namespace fp8comm

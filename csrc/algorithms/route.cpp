@@ -19,15 +19,18 @@ bool Route::on_my_node(int64_t r) const {
 }
 
 NodeBytes Route::split(int64_t bytes, const std::vector<int64_t>& to_rank) const {
-  const int64_t peers = group_transport.size() - 1;
-  if (peers == 0) return {};
-  int64_t intra = bytes * (ranks_on_my_node - 1) / peers;
-  if (!node_of.empty() && !to_rank.empty()) {
-    intra = 0;
-    for (size_t r = 0; r < to_rank.size(); ++r) {
-      if (static_cast<int64_t>(r) != group_transport.rank() && on_my_node(r)) intra += to_rank[r];
-    }
+  if (group_transport.size() <= 1) return {};
+  if (node_of.empty() || to_rank.empty()) return split_evenly(bytes, group_transport.size(), ranks_on_my_node);
+  int64_t intra = 0;
+  for (size_t r = 0; r < to_rank.size(); ++r) {
+    if (static_cast<int64_t>(r) != group_transport.rank() && on_my_node(r)) intra += to_rank[r];
   }
+  return {intra, bytes - intra};
+}
+
+NodeBytes Route::split_evenly(int64_t bytes, int64_t P, int64_t ranks_on_my_node) {
+  if (P <= 1) return {};
+  const int64_t intra = bytes * (ranks_on_my_node - 1) / (P - 1);
   return {intra, bytes - intra};
 }
 

@@ -35,6 +35,10 @@ struct Route {
   // split by node where node_of is known, else by the share of peers on
   // this node.
   NodeBytes split(int64_t bytes, const std::vector<int64_t>& to_rank) const;
+  // `bytes` spread evenly over the P - 1 peers of a rank with
+  // ranks_on_my_node - 1 of them on its node (split's rule where to_rank is
+  // not given, also for the bytes of a plain collective: collectives.h).
+  static NodeBytes split_evenly(int64_t bytes, int64_t P, int64_t ranks_on_my_node);
 };
 
 }  // namespace fp8comm
