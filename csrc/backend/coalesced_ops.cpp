@@ -42,10 +42,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::reduce_scatter_tensor_coalesced(
   auto inner = inner_for(inputs[0].device(), c.name);
   const bool emulate = is_avg_or_premul(opts.reduceOp) && !traits_for(inputs[0].device().type()).reduces_avg_and_premul;
   auto red = reduction_for(opts.reduceOp, inputs[0], size_);
+  const Passthrough reducible = red ? Passthrough::kCompressed : Passthrough::kReduceOp;
   bool any = false;
   std::vector<Passthrough> whys;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    whys.push_back(passthrough(c, inputs[i], outputs[i].numel(), red ? Passthrough::kCompressed : Passthrough::kReduceOp));
+    whys.push_back(passthrough(c, inputs[i], outputs[i].numel(), reducible));
     const bool compress = whys.back() == Passthrough::kCompressed;
     if (compress) check_dense(c.name, outputs[i]);
     any = any || compress;
