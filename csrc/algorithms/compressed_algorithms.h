@@ -38,6 +38,7 @@ struct CompressedArgs {
   // all_to_all: the elements of the input for each rank and of the output
   // from each rank, in rank order (checked against every rank's: all_to_all.h).
   std::vector<int64_t> send_numels, recv_numels;
+  int64_t root = 0;  // reduce: the group rank whose tensor receives the result
 };
 
 // Runs one algorithm over the call's Route; returns the bytes this rank sent.
@@ -85,6 +86,8 @@ NodeBytes run_all_gather(Route& route, const WireLayout& wire, Workspace& ws, co
 NodeBytes run_all_to_all(Route& route, const WireLayout& wire, Workspace& ws, const CompressedArgs& args,
                          QuantizationError* error);
 Prepared prepare_all_to_all(Route& route, const CompressedArgs& shape, const at::Device& device);
+NodeBytes run_reduce(Route& route, const WireLayout& wire, Workspace& ws, const CompressedArgs& args,
+                     QuantizationError* error);
 
 // A phase's byte never changes: ranks of different builds must read each other's headers.
 // clang-format off
@@ -92,10 +95,12 @@ inline constexpr CompressedAlgorithm kAllReduce{"all_reduce", {{1, "the reduce p
 inline constexpr CompressedAlgorithm kReduceScatter{"reduce_scatter", {{3, "a reduce_scatter"}}, 1, true, &run_reduce_scatter};
 inline constexpr CompressedAlgorithm kAllGather{"all_gather", {{4, "an all_gather"}}, 1, true, &run_all_gather};
 inline constexpr CompressedAlgorithm kAllToAll{"all_to_all", {{5, "an all_to_all"}}, 1, false, &run_all_to_all, &prepare_all_to_all};
+// Its reduce_scatter phase is reduce_scatter's (3) and goes on the wire as one.
+inline constexpr CompressedAlgorithm kReduce{"reduce", {{6, "the gather phase of a reduce"}}, 1, false, &run_reduce};
 // clang-format on
 
 // Every compressed algorithm, in the order Options.compress lists them.
-inline constexpr const CompressedAlgorithm* kAll[] = {&kAllReduce, &kReduceScatter, &kAllGather, &kAllToAll};
+inline constexpr const CompressedAlgorithm* kAll[] = {&kAllReduce, &kReduceScatter, &kAllGather, &kAllToAll, &kReduce};
 
 // No two phases of any algorithms share a byte, and none is 0 (never written).
 constexpr bool phases_distinct() {

@@ -14,6 +14,17 @@ NodeBytes Route::run(const std::function<void(Transport&)>& flat,
   return split(group_transport.bytes_sent() - before, {});
 }
 
+std::vector<std::optional<WireLayout>> Route::slice_wires(const WireLayout& wire) const {
+  std::vector<std::optional<WireLayout>> wires(group_transport.size(), wire);
+  if (!nodes) return wires;
+  for (int64_t r = 0; r < group_transport.size(); ++r) {
+    if (!on_my_node(r)) continue;
+    wires[r] = nodes->node_format ? std::optional<WireLayout>(wire.for_node_phase(*nodes->node_format, 0))
+                                  : std::nullopt;
+  }
+  return wires;
+}
+
 bool Route::on_my_node(int64_t r) const {
   return !node_of.empty() && node_of.at(r) == node_of.at(group_transport.rank());
 }

@@ -7,6 +7,7 @@
 // other nodes (stats). Each algorithm's entry over a Route is its row of
 // compressed_algorithms.h.
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "../common/node_bytes.h"
@@ -29,6 +30,10 @@ struct Route {
   // group transport's count splits by the share of peers on this node.
   NodeBytes run(const std::function<void(Transport&)>& flat, const std::function<void(NodeTransports&)>& by_node);
 
+  // The wire of a slice for each group rank, sent over the group transport
+  // (all_to_all's slices): `wire`; in the inter_node scope, for ranks on
+  // this node the node's own format (node_wire_format) or none (exact).
+  std::vector<std::optional<WireLayout>> slice_wires(const WireLayout& wire) const;
   // Whether group rank r is on this rank's node (false where not known).
   bool on_my_node(int64_t r) const;
   // `bytes` the group transport sent, of which to_rank[r] went to rank r:

@@ -78,7 +78,7 @@ constexpr Collective kAllGather{"all_gather", OpType::ALLGATHER, &compressed::kA
 constexpr Collective kAllGatherIntoTensorCoalesced{"all_gather_into_tensor_coalesced", OpType::ALLGATHER_COALESCED, &compressed::kAllGather, Volume::kToEachPeer};
 constexpr Collective kAllGatherCoalesced{"all_gather_coalesced", OpType::ALLGATHER_COALESCED, nullptr, Volume::kToEachPeer};
 constexpr Collective kBroadcast{"broadcast", OpType::BROADCAST, nullptr, Volume::kSent};
-constexpr Collective kReduce{"reduce", OpType::REDUCE, nullptr, Volume::kSent};
+constexpr Collective kReduce{"reduce", OpType::REDUCE, &compressed::kReduce, Volume::kSent};
 constexpr Collective kGather{"gather", OpType::GATHER, nullptr, Volume::kToEachPeer};
 constexpr Collective kScatter{"scatter", OpType::SCATTER, nullptr, Volume::kToEachPeer};
 constexpr Collective kAllToAllSingle{"all_to_all", OpType::ALLTOALL_BASE, &compressed::kAllToAll, Volume::kToPeers};

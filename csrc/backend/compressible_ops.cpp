@@ -104,6 +104,30 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::allreduce_coalesced(std::vector<
   });
 }
 
+// ---------------------------------------------------------------------- reduce
+// The tensor is read on every rank and written on the root only.
+c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::reduce(std::vector<at::Tensor>& tensors,
+                                                       const c10d::ReduceOptions& opts) {
+  const Collective& c = collectives::kReduce;
+  TORCH_CHECK(tensors.size() == 1, "fp8comm ", c.name, ": expected one tensor per call, got ", tensors.size());
+  TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < size_, "fp8comm ", c.name, ": the root is rank ", opts.rootRank,
+              " of a group of ", size_, "; pass a group rank in [0, ", size_, ")");
+  check_not_fp8_reduction(c.name, tensors);
+  check_writable(c.name, tensors, "a tensor");
+  at::Tensor& tensor = tensors[0];
+  auto red = reduction_for(opts.reduceOp, tensor, size_);
+  const CallSpec spec{tensor, tensor.numel(), reducible(red), bytes_of(tensor), opts.asyncOp, opts.timeout,
+                      with_factor(tensors, opts.reduceOp, red), tensors};
+  auto exact = [&] { return inner_for(tensor.device(), c.name)->reduce(tensors, opts); };
+  return call(c, spec, exact, [&](auto&& algorithm) {
+    at::Tensor buffer = contiguous_or_self(tensor);
+    CompressedArgs args{{buffer}, {}, &*red};
+    args.root = opts.rootRank;
+    algorithm(args);
+    if (rank_ == opts.rootRank) write_back(tensor, buffer);
+  });
+}
+
 // -------------------------------------------------------------- reduce_scatter
 void ProcessGroupFp8::check_reduce_scatter_tensor(const Collective& c, const at::Tensor& output,
                                                   const at::Tensor& input, const c10d::ReduceScatterOptions& opts) {

@@ -1,6 +1,6 @@
 #pragma once
 // ProcessGroupFp8: a c10d::Backend that compresses float all-reduce,
-// reduce-scatter, all-gather and (where named) all-to-all to FP8 blocks and forwards everything else,
+// reduce-scatter, all-gather and (where named) all-to-all and reduce to FP8 blocks and forwards everything else,
 // untouched, to an inner transport backend — torch's ProcessGroupNCCL for CUDA
 // tensors ("fp8nccl"), ProcessGroupGloo for CPU tensors ("fp8gloo").
 //
@@ -99,6 +99,9 @@ class ProcessGroupFp8 : public c10d::Backend {
                                            const c10d::AllreduceOptions& opts = {}) override;
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                      const c10d::AllreduceCoalescedOptions& opts = {}) override;
+  // Compressed only where Options.compress names reduce (compress="all" does not).
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts = {}) override;
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                       const c10d::ReduceScatterOptions& opts = {}) override;
   c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -136,8 +139,6 @@ class ProcessGroupFp8 : public c10d::Backend {
   // ---- always exact passthrough (exact_ops.cpp)
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts = {}) override;
-  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
-                                        const c10d::ReduceOptions& opts = {}) override;
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                      std::vector<at::Tensor>& inputs,
                                                      const c10d::AllgatherOptions& opts = {}) override;
