@@ -16,7 +16,7 @@ class Options(Backend.Options):
         block_size: int | None = None,  # FP8COMM_BLOCK_SIZE
         wire_format: Literal['e4m3', 'e5m2', 'mxfp4', 'nvfp4'] | None = None,  # FP8COMM_WIRE_FORMAT
         min_numel: int | None = None,  # FP8COMM_MIN_NUMEL
-        compress: Literal['all', 'none', 'all_reduce', 'reduce_scatter', 'all_gather', 'all_to_all'] | str | Sequence[str] | None = None,  # FP8COMM_COMPRESS
+        compress: Literal['all', 'none', 'all_reduce', 'reduce_scatter', 'all_gather', 'all_to_all', 'reduce'] | str | Sequence[str] | None = None,  # FP8COMM_COMPRESS
         cpu_threads: int | None = None,  # FP8COMM_CPU_THREADS
         scope: Literal['all', 'inter_node'] | None = None,  # FP8COMM_SCOPE
         node_wire_format: Literal['exact', 'e4m3', 'e5m2', 'mxfp4', 'nvfp4'] | None = None,  # FP8COMM_NODE_WIRE_FORMAT
@@ -31,7 +31,7 @@ class Options(Backend.Options):
     @property
     def min_numel(self) -> int | None: ...
     @property
-    def compress(self) -> Literal['all', 'none', 'all_reduce', 'reduce_scatter', 'all_gather', 'all_to_all'] | str | Sequence[str] | None: ...
+    def compress(self) -> Literal['all', 'none', 'all_reduce', 'reduce_scatter', 'all_gather', 'all_to_all', 'reduce'] | str | Sequence[str] | None: ...
     @property
     def cpu_threads(self) -> int | None: ...
     @property

@@ -62,12 +62,12 @@ void all_gather(Transport& t, const WireLayout& wire, Workspace& ws, const std::
 // as slice `rank` of its output; recv_numels[r]: the elements of slice r of
 // `output`, from rank r (both in rank order; every rank's checked to agree
 // before: all_to_all_splits.h). Each slice for a peer goes in wires[r] (none:
-// its exact bytes); this rank's own is copied. Returns the bytes sent to each
-// rank.
+// its exact bytes); this rank's own is copied. The segments carry `phase`
+// (null: all_to_all's). Returns the bytes sent to each rank.
 std::vector<int64_t> all_to_all(Transport& t, const std::vector<std::optional<WireLayout>>& wires, Workspace& ws,
                                 const at::Tensor& output, const at::Tensor& input,
                                 const std::vector<int64_t>& send_numels, const std::vector<int64_t>& recv_numels,
-                                QuantizationError* error = nullptr);
+                                QuantizationError* error = nullptr, const Phase* phase = nullptr);
 
 // ---- the inter_node scope (by_node.cpp): exact inside each node, compressed between nodes.
 // A group of N nodes x L ranks, as one call sees it: the transport among

@@ -2,21 +2,21 @@
 // (or, inside a node in the inter_node scope, sent as its exact bytes);
 // this rank's own slice is copied, never quantized; one exchange with bytes
 // of their own for each peer; the output written only once it is through
-// (DESIGN.md, "Algorithms"). The split sizes were checked on every rank
-// before (all_to_all_splits.h). One phase: the call is not cut into chunks.
+// (DESIGN.md, "Algorithms"). Its prepare step checks the split sizes on
+// every rank before any data moves (all_to_all_splits.h). One phase: the
+// call is not cut into chunks.
 #include <ATen/MemoryOverlap.h>
 
 #include <utility>
 
 #include "algorithms.h"
+#include "all_to_all_splits.h"
 #include "compressed_algorithms.h"
 #include "segments.h"
 
 namespace fp8comm {
 
 namespace {
-
-const Phase& kPhase = compressed::kAllToAll.phases[0];
 
 // The raw bytes of a contiguous tensor.
 at::Tensor bytes_of_tensor(const at::Tensor& t) { return t.view({-1}).view(at::kByte); }
@@ -26,7 +26,8 @@ at::Tensor bytes_of_tensor(const at::Tensor& t) { return t.view({-1}).view(at::k
 std::vector<int64_t> all_to_all(Transport& t, const std::vector<std::optional<WireLayout>>& wires, Workspace& ws,
                                 const at::Tensor& output, const at::Tensor& input,
                                 const std::vector<int64_t>& send_numels, const std::vector<int64_t>& recv_numels,
-                                QuantizationError* error) {
+                                QuantizationError* error, const Phase* phase) {
+  const Phase& kPhase = phase ? *phase : compressed::kAllToAll.phases[0];
   const int64_t P = t.size(), rank = t.rank(), element = input.element_size();
   // A slice's bytes on the wire: none for this rank's own or an empty one;
   // exact slices padded to 16 bytes so every segment after them stays aligned.
@@ -95,20 +96,22 @@ NodeBytes compressed::run_all_to_all(Route& route, const WireLayout& wire, Works
                     "all_to_all: each slice crosses the wire once, to another rank, so nothing of what it drops "
                     "comes back to be added to the next call; call it without a residual");
   Transport& t = route.group_transport;
-  // Every slice in the wire format; in the inter_node scope those for ranks
-  // on this node exact, or in the node's own format (node_wire_format).
-  std::vector<std::optional<WireLayout>> wires(t.size(), wire);
-  if (route.nodes) {
-    for (int64_t r = 0; r < t.size(); ++r) {
-      if (!route.on_my_node(r)) continue;
-      wires[r] = route.nodes->node_format ? std::optional<WireLayout>(wire.for_node_phase(*route.nodes->node_format, 0))
-                                          : std::nullopt;
-    }
-  }
   const int64_t before = t.bytes_sent();
   const std::vector<int64_t> to_rank =
-      all_to_all(t, wires, ws, a.outputs.at(0), a.inputs.at(0), a.send_numels, a.recv_numels, error);
+      all_to_all(t, route.slice_wires(wire), ws, a.outputs.at(0), a.inputs.at(0), a.send_numels, a.recv_numels, error);
   return route.split(t.bytes_sent() - before, to_rank);
+}
+
+// The ranks gather every rank's slice sizes and check every pair, so sizes
+// that disagree raise on every rank; the size rule then reads the group's
+// mean input, the same on every rank. The sizes' all_gather sends every
+// peer the same bytes.
+Prepared compressed::prepare_all_to_all(Route& route, const CompressedArgs& shape, const at::Device& device) {
+  Transport& t = route.group_transport;
+  const int64_t before = t.bytes_sent();
+  const SplitTable table = gather_splits(t, shape.send_numels, shape.recv_numels, device);
+  check_splits(table, t.op());
+  return {table.total_sent() / t.size(), route.split(t.bytes_sent() - before, {})};
 }
 
 }  // namespace fp8comm

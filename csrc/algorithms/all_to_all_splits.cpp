@@ -29,6 +29,12 @@ std::vector<int64_t> slice_numels(const at::Tensor& t, const std::vector<int64_t
   return numels;
 }
 
+int64_t own_slice_bytes(const at::Tensor& input, const std::vector<int64_t>& split_sizes, int64_t rank, int64_t P) {
+  const int64_t bytes = input.numel() * input.element_size();
+  if (input.dim() == 0 || split_sizes.empty()) return bytes / P;
+  return split_sizes.at(rank) * (input.size(0) ? bytes / input.size(0) : 0);
+}
+
 int64_t SplitTable::total_sent() const {
   int64_t total = 0;
   for (int64_t from = 0; from < P; ++from) {

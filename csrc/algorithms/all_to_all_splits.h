@@ -18,6 +18,11 @@ namespace fp8comm {
 std::vector<int64_t> slice_numels(const at::Tensor& t, const std::vector<int64_t>& split_sizes, int64_t P,
                                   const char* op, const char* what);
 
+// The bytes of this rank's own slice of `input` (slice `rank` of P, by
+// c10d's rule for `split_sizes` as above; a tensor without dims: 1 / P of
+// it), which an all_to_all keeps here.
+int64_t own_slice_bytes(const at::Tensor& input, const std::vector<int64_t>& split_sizes, int64_t rank, int64_t P);
+
 // Every rank's counts: row r holds the elements rank r sends to each rank,
 // then those it receives from each.
 struct SplitTable {

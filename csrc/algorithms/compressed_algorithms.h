@@ -2,14 +2,15 @@
 // The compressed algorithms (DESIGN.md, "Algorithms"), as one table: each
 // one's name (as Options.compress and FP8COMM_COMPRESS spell it), the
 // segment-header phases it puts on the wire (their bytes and what errors call
-// them), whether compress="all" names it, and its entry over a Route (flat,
-// or by node where the route says).
+// them), whether compress="all" names it, its entry over a Route (flat,
+// or by node where the route says), and its prepare step where it has one.
 // A row of the collectives table (csrc/backend/collectives.h) points at the
 // algorithm that serves it; the options' op names and errors, the `compress`
 // doc string and the dispatch of a compressed call all read this table.
 //
 // A new compressed algorithm is its file here (the algorithm, and its entry
-// over a Route defined beside it) and its row below.
+// over a Route defined beside it, with its prepare step if it needs one) and
+// its row below.
 #include <ATen/core/Tensor.h>
 
 #include <stddef.h>
@@ -37,12 +38,28 @@ struct CompressedArgs {
   // all_to_all: the elements of the input for each rank and of the output
   // from each rank, in rank order (checked against every rank's: all_to_all.h).
   std::vector<int64_t> send_numels, recv_numels;
+  int64_t root = 0;  // reduce: the group rank whose tensor receives the result
 };
 
 // Runs one algorithm over the call's Route; returns the bytes this rank sent.
 // `error`: where the quantization error is added (Options.track_error), or null.
 using RunCompressed = NodeBytes (*)(Route& route, const WireLayout& wire, Workspace& ws, const CompressedArgs& args,
                                     QuantizationError* error);
+
+// What a prepare step found: the elements per rank the size rule
+// (Options.min_numel) reads, the same on every rank, and the bytes it sent.
+struct Prepared {
+  int64_t per_rank_numel = 0;
+  NodeBytes sent;
+};
+
+// A collective step every rank runs before a call is decided, where every
+// rule but the size lets it be compressed (all_to_all: the ranks gather and
+// check each other's slice sizes, so that sizes that disagree raise on every
+// rank and every rank decides on the group's mean size). `shape`: the call's
+// arguments without their tensors (CompressedArgs' sizes); `device`: the
+// tensors'. Raises, the same on every rank, where the call cannot run.
+using PrepareCompressed = Prepared (*)(Route& route, const CompressedArgs& shape, const at::Device& device);
 
 struct CompressedAlgorithm {
   static constexpr size_t kMaxPhases = 2;
@@ -54,6 +71,7 @@ struct CompressedAlgorithm {
   // new one compresses only where it is named (DESIGN.md, "Options").
   bool in_all;
   RunCompressed run;
+  PrepareCompressed prepare = nullptr;  // none: the call is decided on this rank's own arguments
 };
 
 namespace compressed {
@@ -67,17 +85,22 @@ NodeBytes run_all_gather(Route& route, const WireLayout& wire, Workspace& ws, co
                          QuantizationError* error);
 NodeBytes run_all_to_all(Route& route, const WireLayout& wire, Workspace& ws, const CompressedArgs& args,
                          QuantizationError* error);
+Prepared prepare_all_to_all(Route& route, const CompressedArgs& shape, const at::Device& device);
+NodeBytes run_reduce(Route& route, const WireLayout& wire, Workspace& ws, const CompressedArgs& args,
+                     QuantizationError* error);
 
 // A phase's byte never changes: ranks of different builds must read each other's headers.
 // clang-format off
 inline constexpr CompressedAlgorithm kAllReduce{"all_reduce", {{1, "the reduce phase of an all_reduce"}, {2, "the gather phase of an all_reduce"}}, 2, true, &run_all_reduce};
 inline constexpr CompressedAlgorithm kReduceScatter{"reduce_scatter", {{3, "a reduce_scatter"}}, 1, true, &run_reduce_scatter};
 inline constexpr CompressedAlgorithm kAllGather{"all_gather", {{4, "an all_gather"}}, 1, true, &run_all_gather};
-inline constexpr CompressedAlgorithm kAllToAll{"all_to_all", {{5, "an all_to_all"}}, 1, false, &run_all_to_all};
+inline constexpr CompressedAlgorithm kAllToAll{"all_to_all", {{5, "an all_to_all"}}, 1, false, &run_all_to_all, &prepare_all_to_all};
+// Its reduce_scatter phase is reduce_scatter's (3) and goes on the wire as one.
+inline constexpr CompressedAlgorithm kReduce{"reduce", {{6, "the gather phase of a reduce"}}, 1, false, &run_reduce};
 // clang-format on
 
 // Every compressed algorithm, in the order Options.compress lists them.
-inline constexpr const CompressedAlgorithm* kAll[] = {&kAllReduce, &kReduceScatter, &kAllGather, &kAllToAll};
+inline constexpr const CompressedAlgorithm* kAll[] = {&kAllReduce, &kReduceScatter, &kAllGather, &kAllToAll, &kReduce};
 
 // No two phases of any algorithms share a byte, and none is 0 (never written).
 constexpr bool phases_distinct() {

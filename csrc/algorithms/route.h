@@ -7,6 +7,7 @@
 // other nodes (stats). Each algorithm's entry over a Route is its row of
 // compressed_algorithms.h.
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "../common/node_bytes.h"
@@ -29,12 +30,20 @@ struct Route {
   // group transport's count splits by the share of peers on this node.
   NodeBytes run(const std::function<void(Transport&)>& flat, const std::function<void(NodeTransports&)>& by_node);
 
+  // The wire of a slice for each group rank, sent over the group transport
+  // (all_to_all's slices): `wire`; in the inter_node scope, for ranks on
+  // this node the node's own format (node_wire_format) or none (exact).
+  std::vector<std::optional<WireLayout>> slice_wires(const WireLayout& wire) const;
   // Whether group rank r is on this rank's node (false where not known).
   bool on_my_node(int64_t r) const;
   // `bytes` the group transport sent, of which to_rank[r] went to rank r:
   // split by node where node_of is known, else by the share of peers on
   // this node.
   NodeBytes split(int64_t bytes, const std::vector<int64_t>& to_rank) const;
+  // `bytes` spread evenly over the P - 1 peers of a rank with
+  // ranks_on_my_node - 1 of them on its node (split's rule where to_rank is
+  // not given, also for the bytes of a plain collective: collectives.h).
+  static NodeBytes split_evenly(int64_t bytes, int64_t P, int64_t ranks_on_my_node);
 };
 
 }  // namespace fp8comm

@@ -92,4 +92,54 @@ void write_back(const at::Tensor& user, const at::Tensor& result) {
   if (!result.is_same(user)) user.copy_(result.view(user.sizes()));
 }
 
+void check_reduce_scatter_list(const char* op, const at::Tensor& output, const std::vector<at::Tensor>& inputs,
+                               int64_t group_size) {
+  TORCH_CHECK(static_cast<int64_t>(inputs.size()) == group_size, "fp8comm ", op, ": the input list has ",
+              inputs.size(), " tensors but the group has ", group_size, " ranks");
+  check_not_fp8_reduction(op, output);
+  check_writable(op, output, "the output");
+  for (const auto& in : inputs) {
+    check_same_device_and_dtype(op, output, in, "an input", "the output");
+    TORCH_CHECK(in.numel() == output.numel(), "fp8comm ", op, ": every input must have the output's ",
+                output.numel(), " elements, got ", in.numel());
+  }
+}
+
+void check_all_gather_list(const char* op, const at::Tensor& input, const std::vector<at::Tensor>& outputs,
+                           int64_t group_size) {
+  TORCH_CHECK(static_cast<int64_t>(outputs.size()) == group_size, "fp8comm ", op, ": the output list has ",
+              outputs.size(), " tensors but the group has ", group_size, " ranks");
+  for (const auto& out : outputs) {
+    check_same_device_and_dtype(op, input, out, "an output");
+    check_writable(op, out, "an output");
+    TORCH_CHECK(out.numel() == input.numel(), "fp8comm ", op, ": every output must have the input's ",
+                input.numel(), " elements, got ", out.numel());
+  }
+}
+
+bool check_all_reduce_coalesced(const char* op, const std::vector<at::Tensor>& tensors) {
+  TORCH_CHECK(!tensors.empty(), "fp8comm ", op, ": got no tensors");
+  bool same_dtype = true;
+  for (const auto& t : tensors) {
+    check_dense(op, t);
+    check_not_fp8_reduction(op, t);
+    check_writable(op, t, "a tensor");
+    same_dtype = same_dtype && t.scalar_type() == tensors[0].scalar_type();
+  }
+  check_same_device(op, tensors);
+  return same_dtype;
+}
+
+bool all_to_all_lists_alike(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
+                            int64_t group_size) {
+  bool alike = static_cast<int64_t>(inputs.size()) == group_size && static_cast<int64_t>(outputs.size()) == group_size;
+  for (size_t i = 0; alike && i < inputs.size(); ++i) {
+    for (const at::Tensor* t : {&inputs[i], &outputs[i]}) {
+      alike = alike && t->device() == inputs[0].device() && t->scalar_type() == inputs[0].scalar_type() &&
+              t->layout() == at::kStrided;
+    }
+  }
+  return alike;
+}
+
 }  // namespace fp8comm

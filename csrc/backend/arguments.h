@@ -35,6 +35,21 @@ void check_dense(const char* op, const at::Tensor& t);
 void check_group_multiple(const char* op, const at::Tensor& big, const char* big_name, const at::Tensor& small,
                           const char* small_name, int64_t group_size);
 
+// The list forms, as c10d gives them: reduce_scatter's P inputs, each like
+// the output (device, dtype, numel), which it writes; all_gather's P
+// outputs, each like the input, which it writes.
+void check_reduce_scatter_list(const char* op, const at::Tensor& output, const std::vector<at::Tensor>& inputs,
+                               int64_t group_size);
+void check_all_gather_list(const char* op, const at::Tensor& input, const std::vector<at::Tensor>& outputs,
+                           int64_t group_size);
+// all_reduce_coalesced's tensors: dense, writable, not float8, on one
+// device. Returns whether they share one dtype (else the call passes through).
+bool check_all_reduce_coalesced(const char* op, const std::vector<at::Tensor>& tensors);
+// Whether all_to_all's lists hold one tensor per rank each way, all strided
+// and of the first input's device and dtype (else the call passes through).
+bool all_to_all_lists_alike(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
+                            int64_t group_size);
+
 at::Tensor contiguous_or_self(const at::Tensor& t);
 // Writes `result` back into the user's tensor when the algorithm worked on a copy.
 void write_back(const at::Tensor& user, const at::Tensor& result);

@@ -26,14 +26,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::broadcast(std::vector<at::Tensor
                  [&](c10d::Backend& inner) { return inner.broadcast(ts, opts); });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::reduce(std::vector<at::Tensor>& tensors,
-                                                       const c10d::ReduceOptions& opts) {
-  check_not_fp8_reduction(kReduce.name, tensors);
-  check_writable(kReduce.name, tensors, "a tensor");
-  return forward(kReduce, tensors.at(0).device(), bytes_of(tensors), tensors,
-                 [&](c10d::Backend& inner) { return inner.reduce(tensors, opts); });
-}
-
 c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                                     std::vector<at::Tensor>& inputs,
                                                                     const c10d::AllgatherOptions& opts) {

@@ -10,7 +10,7 @@ namespace fp8comm {
 
 enum class Passthrough : uint8_t {
   kCompressed,
-  kNoCompressedForm,   // broadcast, reduce, gather, scatter, send / recv, barrier, all_gather_coalesced
+  kNoCompressedForm,   // broadcast, gather, scatter, send / recv, barrier, all_gather_coalesced
   kNotInCompress,      // Options.compress does not name the op's algorithm
   kUncompressedBlock,  // fp8comm.uncompressed(group) is open
   kCoalescing,         // a coalescing block is open

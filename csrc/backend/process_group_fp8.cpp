@@ -140,6 +140,10 @@ Passthrough ProcessGroupFp8::passthrough(const Collective& c, const at::Tensor& 
                                          Passthrough call_rule) const {
   const Passthrough why = passthrough_but_size(c, t, call_rule);
   if (why != Passthrough::kCompressed) return why;
+  return size_rule(c, per_rank_numel);
+}
+
+Passthrough ProcessGroupFp8::size_rule(const Collective& c, int64_t per_rank_numel) const {
   if (per_rank_numel <= 0) return Passthrough::kEmpty;
   if (per_rank_numel < *options_->min_numel) {
     warn_small(c, per_rank_numel);
@@ -197,15 +201,14 @@ std::vector<int64_t> ProcessGroupFp8::node_of_rank() const {
 // Stats are recorded after a call has been issued (enqueued on CUDA, done on
 // the CPU): calls refused by a check, here or in the inner backend, and CPU
 // calls that fail in the transport are not counted.
-void ProcessGroupFp8::record_passthrough(const Collective& c, Passthrough why, int64_t payload,
+void ProcessGroupFp8::record_passthrough(const Collective& c, Passthrough why, const Payload& payload,
                                          const NodeBytes& also) {
-  const int64_t plain = c.plain_bytes_sent(payload, size_);
-  // The inner backend's ring spreads these bytes evenly over the peers.
-  const int64_t intra = size_ > 1 ? plain * (ranks_on_my_node_ - 1) / (size_ - 1) : 0;
-  stats_.record(c.name, why, NodeBytes{intra + also.intra_node, plain - intra + also.inter_node}, plain);
+  const NodeBytes plain = c.plain_node_bytes(payload, size_, ranks_on_my_node_);
+  stats_.record(c.name, why, NodeBytes{plain.intra_node + also.intra_node, plain.inter_node + also.inter_node},
+                c.plain_bytes_sent(payload, size_));
 }
 
-void ProcessGroupFp8::record_compressed(const Collective& c, int64_t payload, const NodeBytes& wire,
+void ProcessGroupFp8::record_compressed(const Collective& c, const Payload& payload, const NodeBytes& wire,
                                         const QuantizationError& error) {
   stats_.record(c.name, Passthrough::kCompressed, wire, c.plain_bytes_sent(payload, size_));
   if (*options_->track_error) stats_.record_error(c.name, error);

@@ -1,6 +1,6 @@
 #pragma once
 // ProcessGroupFp8: a c10d::Backend that compresses float all-reduce,
-// reduce-scatter, all-gather and (where named) all-to-all to FP8 blocks and forwards everything else,
+// reduce-scatter, all-gather and (where named) all-to-all and reduce to FP8 blocks and forwards everything else,
 // untouched, to an inner transport backend — torch's ProcessGroupNCCL for CUDA
 // tensors ("fp8nccl"), ProcessGroupGloo for CPU tensors ("fp8gloo").
 //
@@ -93,11 +93,15 @@ class ProcessGroupFp8 : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
                                           const c10::intrusive_ptr<c10d::Backend::Options>& opts) override;
 
-  // ---- compressed when the op, dtype and size allow; else exact passthrough (compressible_ops.cpp)
+  // ---- compressed when the op, dtype and size allow; else exact passthrough (compressible_ops.cpp,
+  // all_to_all_ops.cpp, coalesced_ops.cpp)
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts = {}) override;
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                      const c10d::AllreduceCoalescedOptions& opts = {}) override;
+  // Compressed only where Options.compress names reduce (compress="all" does not).
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts = {}) override;
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                       const c10d::ReduceScatterOptions& opts = {}) override;
   c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -135,8 +139,6 @@ class ProcessGroupFp8 : public c10d::Backend {
   // ---- always exact passthrough (exact_ops.cpp)
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts = {}) override;
-  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
-                                        const c10d::ReduceOptions& opts = {}) override;
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                      std::vector<at::Tensor>& inputs,
                                                      const c10d::AllgatherOptions& opts = {}) override;
@@ -167,9 +169,10 @@ class ProcessGroupFp8 : public c10d::Backend {
   // through for its size (warn_small).
   Passthrough passthrough(const Collective& c, const at::Tensor& t, int64_t per_rank_numel,
                           Passthrough call_rule = Passthrough::kCompressed) const;
-  // The same by every rule but the size.
+  // The same by every rule but the size; and by the size alone.
   Passthrough passthrough_but_size(const Collective& c, const at::Tensor& t,
                                    Passthrough call_rule = Passthrough::kCompressed) const;
+  Passthrough size_rule(const Collective& c, int64_t per_rank_numel) const;
   // The warning a call of `c` that Options.compress names gets, once per
   // op, when it passes through below min_numel (off: FP8COMM_WARN_PASSTHROUGH=0).
   void warn_small(const Collective& c, int64_t per_rank_numel) const;
@@ -184,29 +187,57 @@ class ProcessGroupFp8 : public c10d::Backend {
                                      std::chrono::milliseconds timeout, const std::vector<at::Tensor>& user_tensors,
                                      std::vector<at::Tensor> outputs, Body&& body);
   c10::Stream side_stream(const at::Device& device);
-  // The one compressed call of every entry point: runs (run()) body(algorithm)
-  // on the call's Route, where body does the collective's own part (its
-  // contiguous buffers, the write-back) and calls algorithm(CompressedArgs)
-  // once to run c's compressed algorithm (compressed_algorithms.h); then
-  // records it in stats with `payload` bytes (record_compressed) and the
-  // bytes it sent, `sent_before` (all_to_all's split sizes) included.
+  // One call of a collective that has a compressed algorithm, as its entry
+  // point describes it once its arguments are checked.
+  struct CallSpec {
+    at::Tensor like;              // what the dtype and layout rules read; its device is the call's
+    int64_t per_rank_numel = 0;   // what the size rule reads (the prepare step's, where the algorithm has one)
+    Passthrough rule = Passthrough::kCompressed;  // the entry point's verdict on what only it sees
+    Payload payload;              // for stats, as c's row counts it
+    bool async_op = false;
+    std::chrono::milliseconds timeout;
+    std::vector<at::Tensor> user_tensors;  // every tensor the compressed call reads or writes
+    std::vector<at::Tensor> outputs;       // what its Work returns
+    bool dense_outputs = false;   // the compressed call writes `outputs` as dense tensors: checked before it runs
+  };
+  // The one generic entry (run_compressed.h): decides (passthrough, after
+  // c's prepare step where its algorithm has one, run on every rank under
+  // the call lock with `shape()`, the call's sizes), then either passes the
+  // call through, exact() returning the inner backend's Work (or none, when
+  // it waited), or makes the compressed call, body(algorithm) as in
+  // compressed_call; and records it in stats, the bytes of the prepare step
+  // included.
+  template <typename Exact, typename Body, typename Shape>
+  c10::intrusive_ptr<c10d::Work> call(const Collective& c, const CallSpec& spec, Exact&& exact, Body&& body,
+                                      Shape&& shape);
+  template <typename Exact, typename Body>
+  c10::intrusive_ptr<c10d::Work> call(const Collective& c, const CallSpec& spec, Exact&& exact, Body&& body) {
+    return call(c, spec, std::forward<Exact>(exact), std::forward<Body>(body), [] { return CompressedArgs{}; });
+  }
+  // The compressed call: runs (run()) body(algorithm) on the call's Route,
+  // where body does the collective's own part (its contiguous buffers, the
+  // write-back) and calls algorithm(CompressedArgs) once to run c's
+  // compressed algorithm (compressed_algorithms.h); then records it in
+  // stats with `payload` (record_compressed) and the bytes it sent,
+  // `sent_before` (the prepare step's) included.
   template <typename Body>
   c10::intrusive_ptr<c10d::Work> compressed_call(const Collective& c, const at::Device& device, bool async_op,
                                                  std::chrono::milliseconds timeout,
                                                  const std::vector<at::Tensor>& user_tensors,
-                                                 std::vector<at::Tensor> outputs, int64_t payload, Body&& body,
+                                                 std::vector<at::Tensor> outputs, const Payload& payload, Body&& body,
                                                  const NodeBytes& sent_before = {});
 
   // A Work for the caller: `work` as the inner backend returned it, or, where
   // it returned none (a synchronous call, already ordered), a completed one.
   c10::intrusive_ptr<c10d::Work> passed_through(c10::intrusive_ptr<c10d::Work> work, const Collective& c,
                                         std::vector<at::Tensor> outputs) const;
-  // Stats: `payload` bytes as the collectives table counts them; a
-  // passthrough call passed through for `why`; a compressed call sent
-  // `wire` bytes instead of the plain volume, and measured `error` where the
-  // options track it. `also`: bytes the call sent besides (all_to_all's split sizes).
-  void record_passthrough(const Collective& c, Passthrough why, int64_t payload, const NodeBytes& also = {});
-  void record_compressed(const Collective& c, int64_t payload, const NodeBytes& wire, const QuantizationError& error);
+  // Stats: `payload` as the collectives table counts it; a passthrough
+  // call passed through for `why`; a compressed call sent `wire` bytes
+  // instead of the plain volume, and measured `error` where the options
+  // track it. `also`: bytes the call sent besides (a prepare step's).
+  void record_passthrough(const Collective& c, Passthrough why, const Payload& payload, const NodeBytes& also = {});
+  void record_compressed(const Collective& c, const Payload& payload, const NodeBytes& wire,
+                         const QuantizationError& error);
   // Where a compressed call adds its quantization error: `error` with
   // Options.track_error, else nowhere (null).
   QuantizationError* error_if_tracked(QuantizationError& error) const { return *options_->track_error ? &error : nullptr; }
@@ -215,13 +246,12 @@ class ProcessGroupFp8 : public c10d::Backend {
   template <typename Call>
   c10::intrusive_ptr<c10d::Work> forward(const Collective& c, const at::Device& device, int64_t payload,
                                          std::vector<at::Tensor> outputs, Call&& call);
-  // An exact all_reduce of `tensors` by call(tensors, opts) (the inner
+  // An exact all_reduce of `tensors` by inner(tensors, opts) (the inner
   // allreduce or allreduce_coalesced), with AVG / PREMUL_SUM emulated where
-  // `emulate`, counted in stats as passed through for `why`.
-  template <typename Opts, typename Call>
-  c10::intrusive_ptr<c10d::Work> all_reduce_exact(const Collective& c, Passthrough why,
-                                                  std::vector<at::Tensor>& tensors, const Opts& opts, bool emulate,
-                                                  Call&& call);
+  // `emulate`: the inner Work, or none where it waited.
+  template <typename Opts, typename Inner>
+  c10::intrusive_ptr<c10d::Work> all_reduce_exact(const Collective& c, std::vector<at::Tensor>& tensors,
+                                                  const Opts& opts, bool emulate, Inner&& inner);
 
   // A coalesced call as one collective per (output, input) pair, each
   // pair(output, input, opts) issued in order on this call's stream with its
@@ -240,20 +270,6 @@ class ProcessGroupFp8 : public c10d::Backend {
                                                         const c10d::AllgatherOptions& opts);
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_exact(const Collective& c, at::Tensor& output,
                                                              at::Tensor& input, const c10d::ReduceScatterOptions& opts);
-  // An all_to_all whose every rule but the size lets it be compressed
-  // (compressible_ops.cpp): the ranks gather their slice sizes (send_numels,
-  // recv_numels: elements to and from each rank) and check them, then decide
-  // on the group's mean input size, so that every rank takes the same path:
-  // exact() (the inner backend's call) or body(algorithm) as in
-  // compressed_call.
-  template <typename Exact, typename Body>
-  c10::intrusive_ptr<c10d::Work> all_to_all_checked(const Collective& c, const at::Tensor& input,
-                                                    const std::vector<int64_t>& send_numels,
-                                                    const std::vector<int64_t>& recv_numels,
-                                                    const c10d::AllToAllOptions& opts,
-                                                    const std::vector<at::Tensor>& user_tensors,
-                                                    std::vector<at::Tensor> outputs, Exact&& exact, Body&& body);
-
   // Every check of one (output, input) pair that can be made on this rank.
   void check_reduce_scatter_tensor(const Collective& c, const at::Tensor& output, const at::Tensor& input,
                                    const c10d::ReduceScatterOptions& opts);

@@ -1,15 +1,18 @@
 #pragma once
-// ProcessGroupFp8::compressed_call, the one compressed call of every entry
-// point, over ProcessGroupFp8::run: the stream and Work contract and the
-// one-call-at-a-time lock (recursive: coalesced calls run their parts through
-// run() again) of DESIGN.md, "Streams and Work".
+// ProcessGroupFp8::call, the one generic entry of every collective that has
+// a compressed algorithm, and its compressed_call over ProcessGroupFp8::run:
+// the stream and Work contract and the one-call-at-a-time lock (recursive:
+// coalesced calls run their parts through run() again) of DESIGN.md,
+// "Streams and Work".
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <algorithm>
+#include <mutex>
 
+#include "arguments.h"
 #include "fp8_work.h"
 #include "process_group_fp8.h"
 
@@ -79,7 +82,7 @@ template <typename Body>
 c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::compressed_call(const Collective& c, const at::Device& device,
                                                                 bool async_op, std::chrono::milliseconds timeout,
                                                                 const std::vector<at::Tensor>& user_tensors,
-                                                                std::vector<at::Tensor> outputs, int64_t payload,
+                                                                std::vector<at::Tensor> outputs, const Payload& payload,
                                                                 Body&& body, const NodeBytes& sent_before) {
   TORCH_INTERNAL_ASSERT(c.compressed, "fp8comm ", c.name, ": the collectives table names no compressed algorithm");
   const CompressedAlgorithm& algorithm = *c.compressed;
@@ -96,6 +99,37 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::compressed_call(const Collective
   });
   record_compressed(c, payload, sent, error);
   return work;
+}
+
+template <typename Exact, typename Body, typename Shape>
+c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::call(const Collective& c, const CallSpec& spec, Exact&& exact,
+                                                     Body&& body, Shape&& shape) {
+  TORCH_INTERNAL_ASSERT(c.compressed, "fp8comm ", c.name, ": the collectives table names no compressed algorithm");
+  const at::Device device = spec.like.device();
+  Passthrough why = passthrough_but_size(c, spec.like, spec.rule);
+  int64_t per_rank_numel = spec.per_rank_numel;
+  NodeBytes prepared;
+  // A prepare step's exchange and the call, one after the other on every rank.
+  std::unique_lock<std::recursive_mutex> lock(call_mutex_, std::defer_lock);
+  if (why == Passthrough::kCompressed && c.compressed->prepare) {
+    lock.lock();
+    Transport t(inner_for(device, c.name), traits_for(device.type()), rank_, size_, spec.timeout, c.name);
+    Route route{t, nullptr, ranks_on_my_node_, node_of_rank()};
+    const Prepared p = c.compressed->prepare(route, shape(), device);
+    per_rank_numel = p.per_rank_numel;
+    prepared = p.sent;
+  }
+  if (why == Passthrough::kCompressed) why = size_rule(c, per_rank_numel);
+  if (why != Passthrough::kCompressed) {
+    auto work = exact();
+    record_passthrough(c, why, spec.payload, prepared);
+    return passed_through(std::move(work), c, spec.outputs);
+  }
+  if (spec.dense_outputs) {
+    for (const at::Tensor& out : spec.outputs) check_dense(c.name, out);
+  }
+  return compressed_call(c, device, spec.async_op, spec.timeout, spec.user_tensors, spec.outputs, spec.payload,
+                         std::forward<Body>(body), prepared);
 }
 
 }  // namespace fp8comm

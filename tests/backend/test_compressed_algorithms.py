@@ -2,8 +2,8 @@
 is the one list of compressible ops: the names Options.compress accepts, the
 choices its error lists, the Options doc string, and the options tables of
 README.md and DESIGN.md all equal it; its phases are the segment headers'
-bytes; its in_all column is what compress="all" names (a row added later,
-all_to_all, compresses only where named)."""
+bytes; its in_all column is what compress="all" names (rows added later,
+all_to_all and reduce, compress only where named)."""
 import re
 
 import pytest
@@ -21,7 +21,7 @@ IN_ALL = [name for name, _, in_all in TABLE if in_all]
 def test_each_phase_belongs_to_one_algorithm_with_its_wire_value():
     # The phase values are bytes of the segment header: they never change.
     assert {name: phases for name, phases, _ in TABLE} == {"all_reduce": [1, 2], "reduce_scatter": [3],
-                                                           "all_gather": [4], "all_to_all": [5]}
+                                                           "all_gather": [4], "all_to_all": [5], "reduce": [6]}
 
 
 def test_all_names_the_collectives_it_named_before():
