@@ -18,6 +18,7 @@
 #include <torch/library.h>
 
 #include "../codec/codec_tensor.h"
+#include "../common/env.h"
 #include "cast.h"
 
 namespace fp8comm {
@@ -36,6 +37,12 @@ at::Tensor inv_of_amax(const at::Tensor& amax, Fp8Dtype fp8_dtype) {
   return (amax.clamp_min(1e-12).reciprocal() * fp8_max(fp8_dtype)).reciprocal();
 }
 
+}  // namespace
+
+bool tiled_cuda_cast() { return env::kCudaCast.as_choice({"legacy", "tiled"}) == "tiled"; }
+
+namespace {
+
 #ifdef FP8COMM_WITH_CUDA
 void launch_cuda(const CastArgs& args, const at::Device& device, const at::Tensor& like) {
   c10::DeviceGuard guard(device);
@@ -45,7 +52,7 @@ void launch_cuda(const CastArgs& args, const at::Device& device, const at::Tenso
       at::empty({cast_workspace_words(args.rows, args.cols, args.rowwise)}, like.options().dtype(at::kInt));
   CastArgs a = args;
   a.workspace = reinterpret_cast<uint32_t*>(workspace.data_ptr<int32_t>());
-  const int err = cast_fp8_cuda(a, stream);
+  const int err = tiled_cuda_cast() ? cast_fp8_cuda_tiled(a, stream) : cast_fp8_cuda(a, stream);
   TORCH_CHECK(err == 0, kOp, ": CUDA kernel failed to launch: ", cast_cuda_error_string(err));
 }
 #else

@@ -461,6 +461,19 @@ def test_fsdp_helper_uses_the_operator_bytes():
     assert fp8comm.nn.scaling.fused_cast_enabled(w.device)
 
 
+def test_cuda_cast_choice(monkeypatch):
+    """FP8COMM_CUDA_CAST names the CUDA cast kernel set, read at every call
+    (legacy by default, until a GPU has timed both); another value is an error
+    naming the two."""
+    monkeypatch.delenv("FP8COMM_CUDA_CAST", raising=False)
+    assert fp8comm._C.cuda_cast() == "legacy"
+    monkeypatch.setenv("FP8COMM_CUDA_CAST", "tiled")
+    assert fp8comm._C.cuda_cast() == "tiled"
+    monkeypatch.setenv("FP8COMM_CUDA_CAST", "fast")
+    with pytest.raises(ValueError, match="FP8COMM_CUDA_CAST must be 'legacy' or 'tiled', got 'fast'"):
+        fp8comm._C.cuda_cast()
+
+
 def test_cast_bench_quick(tmp_path):
     """bench/linear.py --casts-only runs and reports both timings per cast."""
     import json

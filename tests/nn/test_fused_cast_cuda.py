@@ -1,5 +1,6 @@
-"""The fused FP8 casts on CUDA (csrc/linear/cast_cuda.cu) equal their CPU twin
-bit for bit, and torch's eager cast on CUDA; Fp8Linear with the fused casts
+"""The fused FP8 casts on CUDA (csrc/linear/cast_cuda.cu, and the tiled set
+cast_cuda_tiled.cu: every test runs on both, FP8COMM_CUDA_CAST) equal their
+CPU twin bit for bit, and torch's eager cast on CUDA; Fp8Linear with the fused casts
 computes bitwise what it computes with the eager chain (FP8COMM_FUSED_CAST=0)
 (marked cuda; skipped without a GPU or without fp8comm's CUDA kernels). The
 CUDA default of FP8COMM_FUSED_CAST rests on this file (docs/fp8_linear.md)."""
@@ -29,6 +30,15 @@ SHAPES = [(1, 1), (1, 17), (3, 5), (16, 16), (7, 33), (64, 64), (65, 63), (100, 
           (4096, 1), (2048, 48), (48, 2048), (1000, 1000), (4096, 4112), (8192, 1024)]
 # every flag combination the operator takes
 MODES = [(True, False), (True, True), (False, True)]
+
+
+@pytest.fixture(autouse=True, params=["legacy", "tiled"])
+def cuda_cast(request, monkeypatch):
+    """Every test on both CUDA cast kernel sets (FP8COMM_CUDA_CAST, read at
+    every call): cast_cuda.cu's and cast_cuda_tiled.cu's, the same bytes."""
+    monkeypatch.setenv("FP8COMM_CUDA_CAST", request.param)
+    assert fp8comm._C.cuda_cast() == request.param
+    return request.param
 
 
 def op(x, fp8_dtype, rowwise, with_data, with_t, amax=None):
@@ -105,6 +115,16 @@ def test_many_rows_and_grid_stride():
         for with_data, with_t in MODES:
             assert_bitwise(op(x.cuda(), E4M3, rowwise, with_data, with_t),
                            op(x, E4M3, rowwise, with_data, with_t), rowwise)
+
+
+@pytest.mark.parametrize("dtype,cols", [(torch.bfloat16, 14336), (torch.float32, 20000), (torch.float32, 40000)])
+def test_long_rows(dtype, cols):
+    """Rowwise rows of Llama-3-8B's widest operand and longer: the tiled set
+    holds up to 1024 x 8 runs of 16 bytes a row in registers (4 or 8 runs a
+    thread) and hands longer rows to cast_cuda.cu's row kernel."""
+    x = wide((5, cols), dtype, seed=cols)
+    for with_data, with_t in MODES:
+        assert_bitwise(op(x.cuda(), E4M3, True, with_data, with_t), op(x, E4M3, True, with_data, with_t), cols)
 
 
 def test_runs_on_the_current_stream_and_device():
