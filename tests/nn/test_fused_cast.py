@@ -493,6 +493,19 @@ def test_cast_bench_quick(tmp_path):
     assert modes == {("tensorwise", "data"), ("tensorwise", "data+transpose"), ("rowwise", "data"),
                      ("rowwise", "data+transpose"), ("rowwise", "transpose")}
     for r in result["casts"]:
-        assert r["eager_s"] > 0 and r["fused_s"] > 0 and r["floor_gb_per_s"] > 0
+        assert r["eager_s"] > 0 and r["fused_s"] > 0 and r["floor_gb_per_s"] > 0 and r["cast_set"] is None
         # the bytes the kernels move: the input once per pass, the outputs once
         assert r["moved_gb_per_s"] > r["floor_gb_per_s"] and r["input_passes"] == 2
+
+
+def test_cast_bench_counts_the_passes_of_each_kernel_set():
+    """The bytes bench/linear.py counts per CUDA cast set: the tiled rowwise
+    cast without the transpose reads x once, every other cast twice."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_linear", REPO_ROOT / "bench" / "linear.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.input_passes("tiled", "rowwise", False) == 1
+    assert {bench.input_passes(s, r, t) for s in (None, "legacy", "tiled") for r in ("tensorwise", "rowwise")
+            for t in (False, True) if (s, r, t) != ("tiled", "rowwise", False)} == {2}
