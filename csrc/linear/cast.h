@@ -37,6 +37,13 @@ struct CastArgs {
   // device the cast runs on) instead of x's own: the FSDP2 FP8 all-gather casts
   // a shard with the amax of the whole weight.
   const float* amax = nullptr;
+  // Tensorwise only, the tiled CUDA kernels only (cast_fp8_cuda_tiled; the
+  // delayed recipe's cast): the scale to multiply by (one float in device
+  // memory, e.g. from an amax history) instead of one from an amax; inv_scale
+  // gets 1 / scale, and amax_out (one float) this x's amax, taken in the same
+  // pass (|x| as torch.amax gives it; NaN if x has one).
+  const float* scale = nullptr;
+  float* amax_out = nullptr;
   // CUDA only: cast_workspace_words() 32-bit words of device memory, any
   // contents (the amax reductions; the launcher clears what it uses).
   uint32_t* workspace = nullptr;

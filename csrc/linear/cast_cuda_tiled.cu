@@ -122,28 +122,55 @@ __device__ __forceinline__ void run_codes(const ElemRun<E>& run, float s, tile_i
   for (int q = 0; q < Geometry<E>::kVec / 4; ++q) out.w[q] = codes4<F>(run, 4 * q, s, s, s, s);
 }
 
-// ------------------------------------------------------------ the amax to scale with
-// Tensorwise: a given amax, or the max of the partial amaxes an amax pass
-// wrote (|x| bits, one word per block of that pass).
-struct AmaxIn {
-  const float* given;
+// ------------------------------------------------------------ the scale
+// Tensorwise: the scale of a given amax, or of the max of the partial amaxes
+// an amax pass wrote (|x| bits, one word per block of that pass), or a given
+// scale (the delayed recipe), in which case the cast pass writes its own
+// partial amaxes to `record` (count words, as amax_partials_kernel does).
+struct ScaleIn {
+  const float* amax;
   const uint32_t* partials;
   uint32_t count;
+  const float* scale;
+  uint32_t* record;
 };
 
-// Every thread of the block calls it (a block reduction).
-__device__ __forceinline__ float block_amax(const AmaxIn& in) {
-  if (in.given != nullptr) return *in.given;
+// Max of words[0, count) of the block, every thread of it calling.
+__device__ __forceinline__ uint32_t block_max_of(const uint32_t* words, uint32_t count) {
   __shared__ uint32_t part[kWarps];
   uint32_t m = 0;
-  for (uint32_t i = threadIdx.x; i < in.count; i += kThreads) m = max_u32(m, in.partials[i]);
+  for (uint32_t i = threadIdx.x; i < count; i += kThreads) m = max_u32(m, words[i]);
   m = warp_max(m);
   if (lane_id() == 0) part[threadIdx.x / 32] = m;
   __syncthreads();
   m = 0;
 #pragma unroll
   for (int w = 0; w < kWarps; ++w) m = max_u32(m, part[w]);
-  return bits_float(m);
+  return m;
+}
+
+template <Fp8Dtype F>
+__device__ __forceinline__ Scale block_scale(const ScaleIn& in) {
+  if (in.scale != nullptr) {
+    const float s = *in.scale;
+    return Scale{s, 1.0f / s};
+  }
+  return scale_of<F>(in.amax != nullptr ? *in.amax : bits_float(block_max_of(in.partials, in.count)));
+}
+
+// The block's max |x| bits m to record[blockIdx.x], the words of the blocks
+// a smaller grid did not start zeroed (see amax_partials_kernel).
+__device__ __forceinline__ void write_partial(uint32_t m, uint32_t* record, uint32_t count) {
+  __shared__ uint32_t part[kWarps];
+  m = warp_max(m);
+  if (lane_id() == 0) part[threadIdx.x / 32] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) m = max_u32(m, part[w]);
+    record[blockIdx.x] = m;
+    for (uint32_t b = blockIdx.x + gridDim.x; b < count; b += gridDim.x) record[b] = 0;
+  }
 }
 
 // ------------------------------------------------------------ tensorwise, flat
@@ -185,29 +212,32 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) amax_partials_kernel(c
 #pragma unroll
     for (int k = 0; k < G::kRows; ++k) m = max_u32(m, run_amax(run[k]));
   }
-  __shared__ uint32_t part[kWarps];
-  m = warp_max(m);
-  if (lane_id() == 0) part[threadIdx.x / 32] = m;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) m = max_u32(m, part[w]);
-    partials[blockIdx.x] = m;
-    for (uint32_t b = blockIdx.x + gridDim.x; b < count; b += gridDim.x) partials[b] = 0;
-  }
+  write_partial(m, partials, count);
+}
+
+// *amax = the max of partials[0, count) as a float (one block).
+__global__ void __launch_bounds__(kThreads) reduce_partials_kernel(const uint32_t* partials, uint32_t count,
+                                                                     float* amax) {
+  const uint32_t m = block_max_of(partials, count);
+  if (threadIdx.x == 0) *amax = bits_float(m);
 }
 
 // data = cast(x); block 0 writes the inverse scale.
 template <ElemType E, Fp8Dtype F>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) cast_flat_tiles_kernel(const Storage<E>* src, FlatGrid g,
-                                                                           AmaxIn amax, uint8_t* data, float* inv) {
+                                                                           ScaleIn in, uint8_t* data, float* inv) {
   using G = Geometry<E>;
-  const Scale s = scale_of<F>(block_amax(amax));
+  const Scale s = block_scale<F>(in);
   if (blockIdx.x == 0 && threadIdx.x == 0) *inv = s.inv;
+  uint32_t m = 0;
   for (uint32_t t = first_warp_item(); t < g.tiles; t += warp_item_stride()) {
     ElemRun<E> run[G::kRows];
     uint32_t end;
     load_flat_tile<E>(src, g, t, run, end);
+    if (in.record != nullptr) {
+#pragma unroll
+      for (int k = 0; k < G::kRows; ++k) m = max_u32(m, run_amax(run[k]));
+    }
     uint8_t* out = data + int64_t{t} * kTile;
 #pragma unroll
     for (int k = 0; k < G::kRows; ++k) {
@@ -217,6 +247,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) cast_flat_tiles_kernel
       codes.store(out + first, run_count<G::kVec>(first, end));
     }
   }
+  if (in.record != nullptr) write_partial(m, in.record, in.count);
 }
 
 // ------------------------------------------------------------ rowwise, rows only
@@ -382,7 +413,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) amax_rows_cols_kernel(
 // (columns); tensorwise by block 0.
 template <ElemType E, Fp8Dtype F, bool kRowwise>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) cast_transpose_tiles_kernel(const Storage<E>* src, TileGrid g,
-                                                                           AmaxIn amax, const uint32_t* row_amax,
+                                                                           ScaleIn in, const uint32_t* row_amax,
                                                                            const uint32_t* col_amax, uint8_t* data,
                                                                            float* inv, uint8_t* data_t, float* inv_t) {
   using S = TileShape<E>;
@@ -392,8 +423,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) cast_transpose_tiles_k
   __shared__ float col_scale[S::kCols];
   const TileThread th = tile_thread<E>();
   Scale s{0.0f, 0.0f};
+  uint32_t m = 0;  // a given scale: this x's amax, recorded
   if (!kRowwise) {
-    s = scale_of<F>(block_amax(amax));
+    s = block_scale<F>(in);
     if (blockIdx.x == 0 && threadIdx.x == 0) {
       if (inv != nullptr) *inv = s.inv;
       *inv_t = s.inv;
@@ -423,6 +455,10 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) cast_transpose_tiles_k
     ElemRun<E> run[4];
     int n;
     load_tile<E>(src, g, r0, c0, th, run, n);
+    if (!kRowwise && in.record != nullptr) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) m = max_u32(m, run_amax(run[k]));
+    }
     // codes[v][k]: row 4a + k, columns kVec b + 4 v + [0, 4), for data_t
     uint32_t codes[kV][4];
 #pragma unroll
@@ -475,6 +511,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) cast_transpose_tiles_k
     }
     __syncthreads();  // tile_t read before the next tile writes it
   }
+  if (!kRowwise && in.record != nullptr) write_partial(m, in.record, in.count);
 }
 
 // ------------------------------------------------------------ launch
@@ -507,7 +544,10 @@ bool covered(const CastArgs& a) {
 template <ElemType E, Fp8Dtype F>
 int launch(const CastArgs& a, cudaStream_t stream) {
   using S = TileShape<E>;
-  if (!covered<E>(a)) return cast_fp8_cuda(a, stream);
+  if (!covered<E>(a)) {
+    if (a.scale != nullptr) return static_cast<int>(cudaErrorInvalidValue);  // the legacy set has no given scale
+    return cast_fp8_cuda(a, stream);
+  }
   int device = 0, sms = 132;
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
@@ -519,17 +559,25 @@ int launch(const CastArgs& a, cudaStream_t stream) {
                    static_cast<uint32_t>(((a.rows + kTileRows - 1) / kTileRows) * tiles_c)};
   if (!a.rowwise) {
     const FlatGrid flat{static_cast<uint32_t>((a.rows * a.cols + kTile - 1) / kTile), a.rows * a.cols};
-    AmaxIn amax{a.amax, a.workspace, 0};
-    if (a.amax == nullptr) {
-      amax.count = grid_for(flat.tiles, kWarps, cap < kCastAmaxPartials ? cap : kCastAmaxPartials);
-      FP8C_LAUNCH(amax.count, kThreads, 0, stream, amax_partials_kernel<E>)(src, flat, a.workspace, amax.count);
+    const int64_t partials_cap = cap < kCastAmaxPartials ? cap : kCastAmaxPartials;
+    ScaleIn in{a.amax, a.workspace, 0, a.scale, nullptr};
+    if (a.scale != nullptr) {  // one pass: the cast records the amax
+      in.record = a.workspace;
+      in.count = a.data_t != nullptr ? grid_for(g.total, 1, partials_cap) : grid_for(flat.tiles, kWarps, partials_cap);
+    } else if (a.amax == nullptr) {
+      in.count = grid_for(flat.tiles, kWarps, partials_cap);
+      FP8C_LAUNCH(in.count, kThreads, 0, stream, amax_partials_kernel<E>)(src, flat, a.workspace, in.count);
     }
     if (a.data_t != nullptr) {
-      FP8C_LAUNCH(grid_for(g.total, 1, cap), kThreads, 0, stream, cast_transpose_tiles_kernel<E, F, false>)(
-          src, g, amax, nullptr, nullptr, a.data, a.inv_scale, a.data_t, a.inv_scale_t);
+      FP8C_LAUNCH(in.record != nullptr ? in.count : grid_for(g.total, 1, cap), kThreads, 0, stream,
+                  cast_transpose_tiles_kernel<E, F, false>)(src, g, in, nullptr, nullptr, a.data, a.inv_scale,
+                                                            a.data_t, a.inv_scale_t);
     } else {
-      FP8C_LAUNCH(grid_for(flat.tiles, kWarps, cap), kThreads, 0, stream, cast_flat_tiles_kernel<E, F>)(
-          src, flat, amax, a.data, a.inv_scale);
+      FP8C_LAUNCH(in.record != nullptr ? in.count : grid_for(flat.tiles, kWarps, cap), kThreads, 0, stream,
+                  cast_flat_tiles_kernel<E, F>)(src, flat, in, a.data, a.inv_scale);
+    }
+    if (in.record != nullptr && a.amax_out != nullptr) {
+      FP8C_LAUNCH(1, kThreads, 0, stream, reduce_partials_kernel)(in.record, in.count, a.amax_out);
     }
     return static_cast<int>(cudaGetLastError());
   }
@@ -552,14 +600,15 @@ int launch(const CastArgs& a, cudaStream_t stream) {
   FP8C_LAUNCH(grid_for(g.total, 1, cap), kThreads, 0, stream, amax_rows_cols_kernel<E>)(
       src, g, a.data != nullptr ? row_amax : nullptr, col_amax);
   FP8C_LAUNCH(grid_for(g.total, 1, cap), kThreads, 0, stream, cast_transpose_tiles_kernel<E, F, true>)(
-      src, g, AmaxIn{nullptr, nullptr, 0}, row_amax, col_amax, a.data, a.inv_scale, a.data_t, a.inv_scale_t);
+      src, g, ScaleIn{nullptr, nullptr, 0, nullptr, nullptr}, row_amax, col_amax, a.data, a.inv_scale, a.data_t, a.inv_scale_t);
   return static_cast<int>(cudaGetLastError());
 }
 
 }  // namespace
 
 int cast_fp8_cuda_tiled(const CastArgs& a, void* stream) {
-  if (a.rows <= 0 || a.cols <= 0 || (a.rowwise && a.amax != nullptr) || a.workspace == nullptr) {
+  if (a.rows <= 0 || a.cols <= 0 || (a.rowwise && (a.amax != nullptr || a.scale != nullptr)) ||
+      (a.scale != nullptr && a.amax != nullptr) || a.workspace == nullptr) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
   const auto s = static_cast<cudaStream_t>(stream);

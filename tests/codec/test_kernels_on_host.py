@@ -134,6 +134,7 @@ def lib(lib_path):
         "simt_dequant_sum_requantize": (ctypes.c_int, [codes, i64, p, i64, i64, f32, p, i64, codes]),
         "simt_cast": (ctypes.c_int, [p, i64, i64, i64, i64, i64, p, p, p, p, p, p]),
         "simt_tiled_cast": (ctypes.c_int, [p, i64, i64, i64, i64, i64, p, p, p, p, p, p]),
+        "simt_tiled_cast_scaled": (ctypes.c_int, [p, i64, i64, i64, i64, p, p, p, p, p, p, p]),
         "simt_cast_workspace_words": (i64, [i64, i64, i64]),
         "simt_selftest": (ctypes.c_int, [ctypes.c_char_p, p, p, p, p, i64]),
         "simt_take_launches": (ctypes.c_char_p, []),

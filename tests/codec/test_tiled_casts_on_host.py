@@ -5,14 +5,16 @@ launches (tensorwise: no clearing launch, one amax pass and one cast pass;
 the rows that go to cast_cuda.cu's kernels named), rows held in registers at
 every size class, grids that loop over tiles cut by the matrix's edges, and
 products that land on every rounding midpoint and on the saturation bound,
-all equal to the CPU twin bit for bit."""
+all equal to the CPU twin bit for bit; and the delayed recipe's one-pass
+cast (a given scale, this x's amax recorded in the same pass) equal to
+fp8comm/nn/delayed.py's torch ops."""
 import math
 
 import pytest
 import torch
 
 from tests.codec.test_kernels_on_host import (  # noqa: F401 (fixtures)
-    E4M3, E5M2, cast_both, kernels_launched, lib, lib_path, name, wide)
+    CAST_FORMAT, E4M3, E5M2, ELEM, cast_both, embed, kernels_launched, lib, lib_path, name, wide)
 
 TENSORWISE, ROWWISE = False, True
 ALL_MODES = [(True, False), (True, True), (False, True)]
@@ -121,3 +123,64 @@ def test_rowwise_scale_boundaries(lib, fp8):
     x = torch.stack(rows)
     for with_data, with_t in ALL_MODES:
         cast_both(lib, x, fp8, ROWWISE, with_data, with_t, 1, 0, cast_set="tiled")
+
+
+def scaled_cast(lib, x, fp8, scale, with_data, with_t):
+    """The tiled kernels' cast of x with a given scale: (data, inv, data_t,
+    inv_t, amax, kernels launched); outputs not asked for are None."""
+    M, K = x.shape
+    xs = embed(x.flatten(), 1)
+    data = torch.full((M * K,), 0xA5, dtype=torch.uint8) if with_data else None
+    data_t = torch.full((M * K,), 0xA5, dtype=torch.uint8) if with_t else None
+    inv, inv_t, amax = (torch.full((1,), math.pi) for _ in range(3))
+    scale_t = torch.tensor([scale], dtype=torch.float32)
+    workspace = torch.randint(-(1 << 31), 1 << 31, (lib.simt_cast_workspace_words(M, K, 0),), dtype=torch.int32)
+    lib.simt_take_launches()
+    rc = lib.simt_tiled_cast_scaled(xs.data_ptr(), ELEM[x.dtype], M, K, CAST_FORMAT[fp8],
+                                    data.data_ptr() if with_data else None, inv.data_ptr() if with_data else None,
+                                    data_t.data_ptr() if with_t else None, inv_t.data_ptr() if with_t else None,
+                                    scale_t.data_ptr(), amax.data_ptr(), workspace.data_ptr())
+    assert rc == 0
+    return data, inv, data_t, inv_t, amax, kernels_launched(lib)
+
+
+def canonical_codes(codes):
+    """FP8 codes with every NaN as 0x7F (what both our paths write; torch's
+    eager cast on the CPU keeps the NaN's sign)."""
+    return torch.where(codes.float().isnan(), torch.tensor(0x7F, dtype=torch.uint8), codes.view(torch.uint8))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=name)
+@pytest.mark.parametrize("fp8", [E4M3, E5M2], ids=name)
+@pytest.mark.parametrize("special", ["finite", "inf", "nan"])
+def test_delayed_cast_records_the_amax_in_the_same_pass(lib, dtype, fp8, special):
+    """A given scale (from an amax history: smaller than the tensor's own, so
+    that it saturates; larger; a power of two; 0) gives delayed.py's
+    cast_with_scale bytes, 1 / scale, and this x's amax, NaN included, from
+    one pass over x (the cast kernel and a one-block reduction of its
+    partials), with and without the transpose."""
+    from fp8comm.nn.delayed import cast_with_scale
+
+    gen = torch.Generator().manual_seed(11)
+    x = wide((130, 200), dtype, gen)
+    if special != "finite":
+        x[7, 9] = math.inf if special == "inf" else math.nan
+    own = x.float().abs().amax()
+    fp8_max = torch.finfo(fp8).max
+    for k, scale in enumerate([fp8_max / own.item() * 4, fp8_max / own.item() / 3, 2.0 ** -7, 0.0]):
+        scale = torch.tensor(scale, dtype=torch.float32)
+        want, want_inv, want_amax, _ = cast_with_scale(x, fp8, scale)
+        for with_data, with_t in ALL_MODES:
+            data, inv, data_t, inv_t, amax, launched = scaled_cast(lib, x, fp8, scale.item(), with_data, with_t)
+            assert launched == ["cast_transpose_tiles_kernel" if with_t else "cast_flat_tiles_kernel",
+                                "reduce_partials_kernel"]
+            if with_data:
+                assert torch.equal(data, canonical_codes(want).flatten()), (k, "data")
+                assert torch.equal(inv.view(torch.int32), want_inv.reshape(1).view(torch.int32)), (k, "inv")
+            if with_t:
+                assert torch.equal(data_t, canonical_codes(want).t().contiguous().flatten()), (k, "data_t")
+                assert torch.equal(inv_t.view(torch.int32), want_inv.reshape(1).view(torch.int32)), (k, "inv_t")
+            if special == "nan":
+                assert amax.isnan().all(), k
+            else:
+                assert torch.equal(amax.view(torch.int32), want_amax.reshape(1).view(torch.int32)), (k, "amax")
