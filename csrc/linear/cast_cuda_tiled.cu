@@ -1,7 +1,7 @@
 // The fused casts of Fp8Linear on CUDA, tiled for the memory bound: the same
 // entry point contract and the same bytes as cast_cuda.cu (the CPU twin's, bit
 // for bit). FP8COMM_CUDA_CAST chooses between the two (cast_ops.cpp);
-// DESIGN.md, "Fused casts", describes both.
+// DESIGN.md, "The CUDA cast kernel sets", describes both.
 //
 // - Conversion: saturate(x * scale) to FP8 is one FP32 multiply and the
 //   hardware conversion of sm_89+ (cvt.rn.satfinite, fp8_convert_cuda.cuh; its
@@ -10,9 +10,11 @@
 //   (Inf included), -0 stays -0, and a NaN product is the code 0x7F.
 // - Tensorwise: an amax pass in which every block writes its partial amax to
 //   its own word (no clearing launch), then one cast pass whose blocks reduce
-//   those partials first; with a given amax, the cast pass alone. The data +
-//   transpose pass converts each element once and writes both layouts from
-//   the same codes.
+//   those partials first; with a given amax, the cast pass alone; with a
+//   given scale (the delayed recipe), the cast pass records the partial
+//   amaxes itself and a one-block kernel reduces them. The data + transpose
+//   pass converts each element once and writes both layouts from the same
+//   codes.
 // - Rowwise, data only: one block per row, the row held in registers (read
 //   once), its amax a block reduction, then its codes.
 // - Rowwise with the transpose: the row and column amaxes in one pass
@@ -29,7 +31,8 @@
 //
 // What it does not cover goes to cast_fp8_cuda (cast_cuda.cu), explicitly:
 // rows, columns or tile counts that do not fit 31 bits, and rowwise rows
-// longer than one block holds in registers (kMaxRowRuns runs of 16 bytes).
+// longer than one block holds in registers (kRowThreads x kMaxRowRuns runs of
+// 16 bytes). A given scale there is an error (cast_cuda.cu has no such cast).
 #include <cuda_runtime.h>
 #include <stdint.h>
 
