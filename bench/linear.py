@@ -269,7 +269,7 @@ def main(argv=None):
             add(f"{base_name}-compiled", lambda: compiled(base, x, grad))
         for recipe in recipes:
             ours = Fp8Linear.from_linear(copy.deepcopy(base), recipe=recipe)
-            # the delayed recipe casts with torch ops (fp8comm/nn/delayed.py): no kernel set to compare
+            # the delayed recipe's fused cast (cast_fp8_scaled) is the tiled kernels' whatever the set: no pair
             modes = [m for m in cast_modes if not (RECIPES[recipe].delayed and m[0].startswith("fused-"))]
             variants += [(f"{recipe}-{mode}", ours, env) for mode, env in modes]
             if compile_:

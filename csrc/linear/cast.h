@@ -37,11 +37,13 @@ struct CastArgs {
   // device the cast runs on) instead of x's own: the FSDP2 FP8 all-gather casts
   // a shard with the amax of the whole weight.
   const float* amax = nullptr;
-  // Tensorwise only, the tiled CUDA kernels only (cast_fp8_cuda_tiled; the
-  // delayed recipe's cast): the scale to multiply by (one float in device
-  // memory, e.g. from an amax history) instead of one from an amax; inv_scale
-  // gets 1 / scale, and amax_out (one float) this x's amax, taken in the same
-  // pass (|x| as torch.amax gives it; NaN if x has one).
+  // Tensorwise only, the CPU twin and the tiled CUDA kernels only
+  // (cast_fp8_cuda_tiled; the delayed recipe's cast, the operator
+  // cast_fp8_scaled): the scale to multiply by (one float in the memory of
+  // the device the cast runs on, from an amax history) instead of one from an
+  // amax; inv_scale gets 1 / scale, and amax_out (one float, there too) this
+  // x's amax, taken in the same pass on CUDA (|x| as torch.amax gives it;
+  // NaN if x has one). amax must be null with it.
   const float* scale = nullptr;
   float* amax_out = nullptr;
   // CUDA only: cast_workspace_words() 32-bit words of device memory, any

@@ -461,6 +461,47 @@ def test_fsdp_helper_uses_the_operator_bytes():
     assert fp8comm.nn.scaling.fused_cast_enabled(w.device)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("fp8", [E4M3, E5M2])
+def test_scaled_cast_is_the_delayed_recipes_chain(dtype, fp8):
+    """cast_fp8_scaled (the delayed recipe's one-pass cast, fp8comm/nn/delayed.py)
+    gives cast_with_scale's torch chain: the bytes (NaN canonical), 1 / scale
+    and x's amax, for special inputs and scales that saturate, are exact
+    powers of two or 0; the transpose holds the same bytes."""
+    from fp8comm.nn.delayed import cast_with_scale
+
+    limit = torch.finfo(fp8).max
+    for what, x in special_tensors(dtype).items():
+        x = x.to(dtype)
+        own = x.float().abs().amax().item()
+        finite_own = own if math.isfinite(own) and own > 0 else 1.0
+        for scale in (limit / finite_own * 4, limit / finite_own / 3, 2.0 ** -5, 0.0):
+            scale = torch.tensor(scale, dtype=torch.float32)
+            data, inv, data_t, inv_t, amax = torch.ops.fp8comm.cast_fp8_scaled(x, fp8, scale, True, True)
+            want, want_inv, want_amax, _ = cast_with_scale(x, fp8, scale)
+            assert same_bits(data, want, NAN_CODE), (what, scale)
+            assert same_bits(data_t, want.t().contiguous(), NAN_CODE), (what, scale)
+            assert torch.equal(bits(inv), bits(want_inv)) and torch.equal(bits(inv_t), bits(want_inv)), what
+            assert same_bits(amax, want_amax, NAN_SCALE) or (amax.isnan() and want_amax.isnan()), (what, amax)
+        only_t = torch.ops.fp8comm.cast_fp8_scaled(x, fp8, torch.tensor(0.5), False, True)
+        assert only_t[0].numel() == 0 and only_t[1].numel() == 0, what
+        assert same_bits(only_t[2], cast_with_scale(x, fp8, torch.tensor(0.5))[0].t().contiguous(), NAN_CODE), what
+
+
+def test_scaled_cast_errors_and_empty_inputs():
+    x = torch.randn(4, 6)
+    with pytest.raises(RuntimeError, match="scale must be one float32 element"):
+        torch.ops.fp8comm.cast_fp8_scaled(x, E4M3, torch.tensor([1.0, 2.0]), True, False)
+    with pytest.raises(RuntimeError, match="scale must be one float32 element"):
+        torch.ops.fp8comm.cast_fp8_scaled(x, E4M3, torch.tensor(1.0, dtype=torch.float64), True, False)
+    with pytest.raises(RuntimeError, match="nothing to do"):
+        torch.ops.fp8comm.cast_fp8_scaled(x, E4M3, torch.tensor(1.0), False, False)
+    data, inv, data_t, inv_t, amax = torch.ops.fp8comm.cast_fp8_scaled(torch.empty(0, 5), E4M3, torch.tensor(4.0),
+                                                                      True, True)
+    assert data.shape == (0, 5) and data_t.shape == (5, 0) and inv.item() == inv_t.item() == 0.25
+    assert amax.item() == 0.0
+
+
 def test_cuda_cast_choice(monkeypatch):
     """FP8COMM_CUDA_CAST names the CUDA cast kernel set, read at every call
     (legacy by default, until a GPU has timed both); another value is an error

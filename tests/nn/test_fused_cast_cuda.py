@@ -127,6 +127,26 @@ def test_long_rows(dtype, cols):
         assert_bitwise(op(x.cuda(), E4M3, True, with_data, with_t), op(x, E4M3, True, with_data, with_t), cols)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fp8_dtype", FP8)
+def test_scaled_cast_equals_the_cpu_twin(dtype, fp8_dtype):
+    """The delayed recipe's cast (cast_fp8_scaled: a given scale, the amax
+    recorded in the same pass; always the tiled kernels): the CPU twin's bytes,
+    inverse scales and amax, special values included, with the transpose."""
+    limit = torch.finfo(fp8_dtype).max
+    for what, x in list(special_tensors(dtype).items()) + [("wide", wide((300, 517), dtype, seed=9))]:
+        x = x.to(dtype)
+        own = x.float().abs().amax().item()
+        own = own if math.isfinite(own) and own > 0 else 1.0
+        for scale in (limit / own * 4, limit / own / 3, 2.0 ** -5, 0.0):
+            s = torch.tensor(scale, dtype=torch.float32)
+            for with_data, with_t in MODES:
+                cpu = torch.ops.fp8comm.cast_fp8_scaled(x, fp8_dtype, s, with_data, with_t)
+                gpu = torch.ops.fp8comm.cast_fp8_scaled(x.cuda(), fp8_dtype, s.cuda(), with_data, with_t)
+                assert_bitwise(gpu[:4], cpu[:4], (what, scale))
+                assert torch.equal(bits(gpu[4].cpu()), bits(cpu[4])) or (gpu[4].isnan() and cpu[4].isnan()), what
+
+
 def test_runs_on_the_current_stream_and_device():
     x = wide((512, 768), torch.bfloat16, seed=6).cuda()
     ref = op(x, E4M3, True, True, True)
