@@ -16,6 +16,7 @@
 #include "codec/codec.h"
 #include "codec/codec_tensor.h"
 #include "codec/cpu_threads.h"
+#include "linear/cast.h"
 #include "testing/ncclsim_transport.h"
 
 namespace {
@@ -161,6 +162,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "cuda_codec", [] { return fp8comm::tiled_cuda_codec() ? "tiled" : "legacy"; },
       "The CUDA codec's kernel set, as FP8COMM_CUDA_CODEC names it now: 'legacy' (codec_cuda.cu) or 'tiled' "
       "(codec_cuda_tiled.cu); ValueError for another value.");
+  m.def(
+      "cuda_cast", [] { return fp8comm::cast::tiled_cuda_cast() ? "tiled" : "legacy"; },
+      "Fp8Linear's CUDA cast kernel set, as FP8COMM_CUDA_CAST names it now: 'legacy' (cast_cuda.cu) or 'tiled' "
+      "(cast_cuda_tiled.cu); ValueError for another value.");
   m.def(
       "env_flag", [](const std::string& name) { return env_var(name).as_flag(); }, py::arg("name"),
       "An FP8COMM_* switch as csrc/common/env.h reads it: its value, else its default, 0 or 1 "

@@ -13,7 +13,9 @@ The session in order of evidence per second, each step under its cap:
                        time), Fp8Linear, fp8nccl against nccl, the model, and
                        a ~1B training run (a hook: its script comes with issue 45)
 The codec steps run both CUDA codec kernel sets (FP8COMM_CUDA_CODEC) side by
-side, each in its own process (side_by_side.py).
+side, each in its own process (side_by_side.py); the linear bench both CUDA
+cast kernel sets (FP8COMM_CUDA_CAST, the same two names), interleaved in one
+process.
 """
 from __future__ import annotations
 
@@ -100,11 +102,12 @@ SESSION = (
     Step("enqueue", 15, (PY, "bench/enqueue.py", "--json", CLUSTER_JSON), kind="bench", drop=6,
          results=("cluster-1gpu.json",), table=(30, "."),
          what="host enqueue time against GPU time per compressed call, eager and in a CUDA graph"),
-    Step("linear-bench", 70, (PY, "bench/linear.py", "--reps", "10", "--recipes", "tensorwise,rowwise,delayed",
-                               "--casts", "--compile-shapes", "16384x4096x14336", "--json", "{out}/linear.json"),
+    Step("linear-bench", 75, (PY, "bench/linear.py", "--reps", "10", "--recipes", "tensorwise,rowwise,delayed",
+                               "--casts", "--cast-sets", ",".join(KERNEL_SETS), "--compile-shapes",
+                               "16384x4096x14336", "--json", "{out}/linear.json"),
          kind="bench", drop=7, results=("linear.json",), table=(40, "."),
-         what="Llama-3-8B shapes: BF16, FP8 (tensorwise, rowwise, delayed) eager and fused casts; compiled BF16, "
-              "Fp8Linear and torchao at one shape"),
+         what="Llama-3-8B shapes: BF16, FP8 (tensorwise, rowwise, delayed) eager and fused casts, both CUDA cast "
+              "kernel sets (FP8COMM_CUDA_CAST) side by side; compiled BF16, Fp8Linear and torchao at one shape"),
     Step("comm-bench", 15, ("torchrun", "--nproc_per_node=1", "-m", "fp8comm.bench.comm", "--max-bytes", "256M",
                             "--reps", "10", "--json", "{out}/comm-1rank.json"),
          kind="bench", drop=3, results=("comm-1rank.json",), table=(50, "."),

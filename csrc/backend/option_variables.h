@@ -30,7 +30,7 @@ static_assert(std::string_view(kCpuThreads.name) == of_option::cpu_threads.name 
 // Every variable: the knobs' in their rows' order, then the others.
 #define FP8C_OPTION_VAR_REF(name, type, values, variable, unset, share, doc) &of_option::name,
 inline constexpr const EnvVar* kAll[] = {FP8C_OPTIONS(FP8C_OPTION_VAR_REF) &kFp8Dtype, &kLocalSize, &kCpuSimd,
-                                         &kFusedCast, &kWarnPassthrough, &kCudaCodec};
+                                         &kFusedCast, &kWarnPassthrough, &kCudaCodec, &kCudaCast};
 #undef FP8C_OPTION_VAR_REF
 
 }  // namespace env

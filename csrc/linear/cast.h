@@ -37,13 +37,26 @@ struct CastArgs {
   // device the cast runs on) instead of x's own: the FSDP2 FP8 all-gather casts
   // a shard with the amax of the whole weight.
   const float* amax = nullptr;
+  // Tensorwise only, the CPU twin and the tiled CUDA kernels only
+  // (cast_fp8_cuda_tiled; the delayed recipe's cast, the operator
+  // cast_fp8_scaled): the scale to multiply by (one float in the memory of
+  // the device the cast runs on, from an amax history) instead of one from an
+  // amax; inv_scale gets 1 / scale, and amax_out (one float, there too) this
+  // x's amax, taken in the same pass on CUDA (|x| as torch.amax gives it;
+  // NaN if x has one). amax must be null with it.
+  const float* scale = nullptr;
+  float* amax_out = nullptr;
   // CUDA only: cast_workspace_words() 32-bit words of device memory, any
   // contents (the amax reductions; the launcher clears what it uses).
   uint32_t* workspace = nullptr;
 };
 
+// The most blocks a tiled tensorwise amax pass writes a partial amax for (one
+// word each, no clearing: cast_cuda_tiled.cu).
+constexpr int64_t kCastAmaxPartials = 1024;
+
 inline int64_t cast_workspace_words(int64_t rows, int64_t cols, bool rowwise) {
-  return rowwise ? rows + cols : 1;
+  return rowwise ? rows + cols : kCastAmaxPartials;
 }
 
 // rows * cols > 0 for both (the operator handles empty tensors).
@@ -52,6 +65,12 @@ void cast_fp8_cpu(const CastArgs& args);
 // Launches on `stream` (a cudaStream_t), asynchronous to the host; returns a
 // CUDA error code (0 on success) instead of throwing, to stay torch-free.
 int cast_fp8_cuda(const CastArgs& args, void* stream);
+// The same casts, the same bytes, by the tiled kernels (cast_cuda_tiled.cu),
+// which hand what they do not cover to cast_fp8_cuda's.
+int cast_fp8_cuda_tiled(const CastArgs& args, void* stream);
+// Whether FP8COMM_CUDA_CAST names the tiled kernels now (read at every call;
+// std::invalid_argument for a value that is neither legacy nor tiled).
+bool tiled_cuda_cast();
 const char* cast_cuda_error_string(int error);
 
 }  // namespace cast

@@ -122,14 +122,15 @@ void cast_tensorwise(const CastArgs& a) {
   float amax;
   if (a.amax != nullptr) {
     amax = *a.amax;
-  } else {
+  } else {  // x's own (also recorded when the scale is given)
     const uint32_t bits = at::parallel_reduce(
         0, n, kGrainElems, uint32_t{0},
         [&](int64_t b, int64_t e, uint32_t m) { return std::max(m, amax_run<E>(src + b, e - b)); },
         [](uint32_t x, uint32_t y) { return std::max(x, y); });
     amax = bits_float(bits);
   }
-  const Scale s = scale_of<F>(amax);
+  const Scale s = a.scale != nullptr ? Scale{*a.scale, 1.0f / *a.scale} : scale_of<F>(amax);
+  if (a.amax_out != nullptr) *a.amax_out = amax;
   if (a.data != nullptr) {
     at::parallel_for(0, n, kGrainElems, [&](int64_t b, int64_t e) {
       cast_run<E, F>(src + b, e - b, s.scale, a.data + b);
@@ -184,7 +185,9 @@ void cast_rowwise(const CastArgs& a) {
 
 void cast_fp8_cpu(const CastArgs& a) {
   TORCH_CHECK(a.rows > 0 && a.cols > 0, "fp8comm cast: empty tensors are handled by the operator");
-  TORCH_CHECK(!(a.rowwise && a.amax != nullptr), "fp8comm cast: a given amax is for the tensorwise cast");
+  TORCH_CHECK(!(a.rowwise && (a.amax != nullptr || a.scale != nullptr)),
+              "fp8comm cast: a given amax or scale is for the tensorwise cast");
+  TORCH_CHECK(a.amax == nullptr || a.scale == nullptr, "fp8comm cast: give an amax or a scale, not both");
   with_cast_types(a.type, a.fp8_dtype, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
     constexpr Fp8Dtype F = decltype(f)::value;

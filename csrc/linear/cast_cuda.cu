@@ -298,7 +298,8 @@ int launch(const CastArgs& a, cudaStream_t stream) {
 }  // namespace
 
 int cast_fp8_cuda(const CastArgs& a, void* stream) {
-  if (a.rows <= 0 || a.cols <= 0 || (a.rowwise && a.amax != nullptr) || a.workspace == nullptr) {
+  if (a.rows <= 0 || a.cols <= 0 || (a.rowwise && a.amax != nullptr) || a.scale != nullptr ||
+      a.workspace == nullptr) {  // a given scale: the tiled set's (cast_cuda_tiled.cu)
     return static_cast<int>(cudaErrorInvalidValue);
   }
   const auto s = static_cast<cudaStream_t>(stream);

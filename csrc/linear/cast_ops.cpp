@@ -12,12 +12,22 @@
 // rowwise; inv_scale_t [] or [K, 1]. An output not asked for is an empty [0]
 // tensor. `amax` (tensorwise only, one float32 element on x's device) replaces
 // x's own amax.
+//
+//   cast_fp8_scaled(x, fp8_dtype, scale, with_data=True, with_transpose=False)
+//     -> (data, inv_scale, data_t, inv_scale_t, amax)
+//
+// The delayed recipe's cast (fp8comm/nn/delayed.py): tensorwise with a given
+// scale (one float32 element on x's device, from an amax history), inv_scale
+// 1 / scale, and amax the max |x| of this x ([], NaN if x has one), taken in
+// the same pass on CUDA. CUDA always runs the tiled kernels
+// (cast_cuda_tiled.cu; the legacy set has no such cast).
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/library.h>
 
 #include "../codec/codec_tensor.h"
+#include "../common/env.h"
 #include "cast.h"
 
 namespace fp8comm {
@@ -36,8 +46,15 @@ at::Tensor inv_of_amax(const at::Tensor& amax, Fp8Dtype fp8_dtype) {
   return (amax.clamp_min(1e-12).reciprocal() * fp8_max(fp8_dtype)).reciprocal();
 }
 
+}  // namespace
+
+bool tiled_cuda_cast() { return env::kCudaCast.as_choice({"legacy", "tiled"}) == "tiled"; }
+
+namespace {
+
 #ifdef FP8COMM_WITH_CUDA
 void launch_cuda(const CastArgs& args, const at::Device& device, const at::Tensor& like) {
+  // (a given scale: the tiled set's alone)
   c10::DeviceGuard guard(device);
   c10::impl::VirtualGuardImpl impl(device.type());
   void* stream = impl.getStream(device).native_handle();
@@ -45,7 +62,8 @@ void launch_cuda(const CastArgs& args, const at::Device& device, const at::Tenso
       at::empty({cast_workspace_words(args.rows, args.cols, args.rowwise)}, like.options().dtype(at::kInt));
   CastArgs a = args;
   a.workspace = reinterpret_cast<uint32_t*>(workspace.data_ptr<int32_t>());
-  const int err = cast_fp8_cuda(a, stream);
+  const int err =
+      a.scale != nullptr || tiled_cuda_cast() ? cast_fp8_cuda_tiled(a, stream) : cast_fp8_cuda(a, stream);
   TORCH_CHECK(err == 0, kOp, ": CUDA kernel failed to launch: ", cast_cuda_error_string(err));
 }
 #else
@@ -110,16 +128,76 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cast_fp8(const at::Te
   return {data, inv, data_t, inv_t};
 }
 
+constexpr const char* kScaledOp = "fp8comm.cast_fp8_scaled";
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> cast_fp8_scaled(
+    const at::Tensor& x, at::ScalarType fp8_scalar_type, const at::Tensor& scale, bool with_data,
+    bool with_transpose) {
+  TORCH_CHECK(x.dim() == 2, kScaledOp, ": x must be 2-D ([rows, cols]), got ", x.dim(), "-D of shape ", x.sizes());
+  const ElemType type = elem_type_of(x.scalar_type(), "fp8comm.cast_fp8_scaled x");
+  const Fp8Dtype fp8_dtype = fp8_dtype_of(fp8_scalar_type, kScaledOp);
+  TORCH_CHECK(with_data || with_transpose, kScaledOp, ": nothing to do (with_data and with_transpose are both False)");
+  const at::Device device = x.device();
+  TORCH_CHECK(device.is_cpu() || device.is_cuda(), kScaledOp, ": supports CPU and CUDA tensors, got ", device);
+  TORCH_CHECK(scale.numel() == 1 && scale.scalar_type() == at::kFloat && scale.device() == device, kScaledOp,
+              ": scale must be one float32 element on ", device, ", got ", scale.scalar_type(), " with ",
+              scale.numel(), " elements on ", scale.device());
+  const at::Tensor scale_t = scale.reshape({}).contiguous();
+  const at::Tensor src = x.contiguous();
+  const int64_t M = src.size(0), K = src.size(1);
+  const auto f32 = src.options().dtype(at::kFloat);
+  const auto f8 = src.options().dtype(fp8_scalar_type);
+  at::Tensor data = with_data ? at::empty({M, K}, f8) : at::empty({0}, f8);
+  at::Tensor data_t = with_transpose ? at::empty({K, M}, f8) : at::empty({0}, f8);
+  at::Tensor inv = with_data ? at::empty({}, f32) : at::empty({0}, f32);
+  at::Tensor inv_t = with_transpose ? at::empty({}, f32) : at::empty({0}, f32);
+  at::Tensor amax = at::empty({}, f32);
+  if (M == 0 || K == 0) {  // nothing to cast: amax 0
+    amax.zero_();
+    if (with_data) inv.copy_(scale_t.reciprocal());
+    if (with_transpose) inv_t.copy_(scale_t.reciprocal());
+    return {data, inv, data_t, inv_t, amax};
+  }
+  CastArgs args;
+  args.src = src.data_ptr();
+  args.type = type;
+  args.rows = M;
+  args.cols = K;
+  args.fp8_dtype = fp8_dtype;
+  args.data = with_data ? static_cast<uint8_t*>(data.data_ptr()) : nullptr;
+  args.inv_scale = with_data ? inv.data_ptr<float>() : nullptr;
+  args.data_t = with_transpose ? static_cast<uint8_t*>(data_t.data_ptr()) : nullptr;
+  args.inv_scale_t = with_transpose ? inv_t.data_ptr<float>() : nullptr;
+  args.scale = scale_t.data_ptr<float>();
+  args.amax_out = amax.data_ptr<float>();
+  if (device.is_cpu()) {
+    cast_fp8_cpu(args);
+  } else {
+    launch_cuda(args, device, src);
+  }
+  return {data, inv, data_t, inv_t, amax};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(fp8comm, m) {
   m.def(
       "cast_fp8(Tensor x, ScalarType fp8_dtype, bool rowwise, bool with_data=True, bool with_transpose=False, "
       "Tensor? amax=None) -> (Tensor data, Tensor inv_scale, Tensor data_t, Tensor inv_scale_t)");
+  m.def(
+      "cast_fp8_scaled(Tensor x, ScalarType fp8_dtype, Tensor scale, bool with_data=True, "
+      "bool with_transpose=False) -> (Tensor data, Tensor inv_scale, Tensor data_t, Tensor inv_scale_t, "
+      "Tensor amax)");
 }
 
-TORCH_LIBRARY_IMPL(fp8comm, CPU, m) { m.impl("cast_fp8", &cast_fp8); }
-TORCH_LIBRARY_IMPL(fp8comm, CUDA, m) { m.impl("cast_fp8", &cast_fp8); }
+TORCH_LIBRARY_IMPL(fp8comm, CPU, m) {
+  m.impl("cast_fp8", &cast_fp8);
+  m.impl("cast_fp8_scaled", &cast_fp8_scaled);
+}
+TORCH_LIBRARY_IMPL(fp8comm, CUDA, m) {
+  m.impl("cast_fp8", &cast_fp8);
+  m.impl("cast_fp8_scaled", &cast_fp8_scaled);
+}
 
 }  // namespace cast
 }  // namespace fp8comm

@@ -9,10 +9,14 @@ and a checkpoint resumes bit for bit):
     fp8_scale         float32 [3]: the scale each operand's next cast uses
     fp8_amax_count    int64 [3]: how many amaxes each operand has recorded
 
-One cast (:func:`cast_delayed`): data = saturate(x * scale) in FP8 with the
-operand's scale from the history, and this step's amax of x read in the same
-pass (torch ops: an elementwise cast and a max-reduction that does not wait
-for it; no fused kernel). An element beyond fp8_max / scale saturates to
+One cast (:meth:`DelayedState.cast`): data = saturate(x * scale) in FP8 with
+the operand's scale from the history, and this step's amax of x read in the
+same pass: the fused operator ``torch.ops.fp8comm.cast_fp8_scaled`` where the
+casts run fused (scaling.fused_cast_enabled: the CPU twin, and on CUDA the
+tiled kernels, one pass over x that records its amax, with the transpose
+from the same codes), else :func:`cast_with_scale`'s torch ops (an
+elementwise cast and a max-reduction that does not wait for it). The same
+bytes (NaN codes aside: the operator writes 0x7F, as every fused cast does). An element beyond fp8_max / scale saturates to
 +-fp8_max; a cast in which one would not have rounded to fp8_max anyway
 (:func:`saturation_threshold`) is counted in ``linear_stats()["saturated_casts"]``.
 
@@ -42,7 +46,7 @@ import torch.distributed as dist
 
 from ..codec import fp8_max
 from .config import Recipe
-from .scaling import EPS
+from .scaling import EPS, fused_cast_enabled
 
 INPUT, WEIGHT, GRAD_OUTPUT = 0, 1, 2
 OPERANDS = ("input", "weight", "grad_output")
@@ -99,9 +103,12 @@ def cast_with_scale(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor):
     limit = fp8_max(dtype)
     data = (x32 * scale).clamp(-limit, limit).to(dtype)
     amax = x32.abs().amax()
-    # an Inf saturates too; a NaN does not compare
-    saturated = (amax * scale > saturation_threshold(dtype)).to(torch.int64)
-    return data, scale.reciprocal(), amax, saturated
+    return data, scale.reciprocal(), amax, saturated_of(amax, scale, dtype)
+
+
+def saturated_of(amax: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Whether amax * scale saturated (an Inf too; a NaN does not compare), as a 0/1 int64 tensor."""
+    return (amax * scale > saturation_threshold(dtype)).to(torch.int64)
 
 
 class DelayedState:
@@ -128,11 +135,17 @@ class DelayedState:
         else:  # nothing recorded yet: the operand's own amax (one more pass, once)
             amax = x.detach().abs().amax().float()
             scale = self._scaled_max(dtype) / amax.clamp(min=EPS)
-        data, inv, amax, saturated = cast_with_scale(x, dtype, scale)
+        if fused_cast_enabled(x.device):
+            data, inv, data_t, _, amax = torch.ops.fp8comm.cast_fp8_scaled(
+                x.detach(), dtype, scale.reshape(()).to(torch.float32), True, with_transpose)
+            saturated = saturated_of(amax, scale, dtype)
+            data_t = data_t if with_transpose else None
+        else:
+            data, inv, amax, saturated = cast_with_scale(x, dtype, scale)
+            data_t = data.t().contiguous() if with_transpose else None  # a tensorwise cast's transpose: same bytes
         _casts["casts"] += 1
         key = str(x.device)
         _saturated[key] = _saturated[key] + saturated if key in _saturated else saturated
-        data_t = data.t().contiguous() if with_transpose else None  # a tensorwise cast's transpose: same bytes
         return data, inv, data_t, amax
 
     def _scaled_max(self, dtype: torch.dtype) -> float:

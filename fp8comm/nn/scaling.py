@@ -155,3 +155,24 @@ def _cast_fp8_fake(x, fp8_dtype, rowwise, with_data=True, with_transpose=False, 
     data_t = x.new_empty((k, m) if with_transpose else (0,), dtype=fp8_dtype)
     inv_t = x.new_empty(((k, 1) if rowwise else ()) if with_transpose else (0,), dtype=f32)
     return data, inv, data_t, inv_t
+
+
+@torch.library.register_fake("fp8comm::cast_fp8_scaled")
+def _cast_fp8_scaled_fake(x, fp8_dtype, scale, with_data=True, with_transpose=False):
+    torch._check(x.dim() == 2, lambda: f"fp8comm.cast_fp8_scaled: x must be 2-D ([rows, cols]), got {x.dim()}-D")
+    torch._check(
+        x.dtype in CODEC_DTYPES,
+        lambda: f"fp8comm.cast_fp8_scaled x: expected a float32, bfloat16 or float16 tensor, got {x.dtype}",
+    )
+    torch._check(
+        fp8_dtype in FP8_DTYPES,
+        lambda: f"fp8comm.cast_fp8_scaled: fp8_dtype must be {fp8_dtype_choices()}, got {fp8_dtype}",
+    )
+    torch._check(with_data or with_transpose, lambda: "fp8comm.cast_fp8_scaled: nothing to do")
+    m, k = x.shape
+    f32 = torch.float32
+    data = x.new_empty((m, k) if with_data else (0,), dtype=fp8_dtype)
+    inv = x.new_empty(() if with_data else (0,), dtype=f32)
+    data_t = x.new_empty((k, m) if with_transpose else (0,), dtype=fp8_dtype)
+    inv_t = x.new_empty(() if with_transpose else (0,), dtype=f32)
+    return data, inv, data_t, inv_t, x.new_empty((), dtype=f32)

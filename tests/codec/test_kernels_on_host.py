@@ -31,7 +31,7 @@ from tests.support import REPO_ROOT
 
 ROOT = REPO_ROOT
 SIMT = ROOT / "tests" / "support" / "simt"
-UNITS = ("codec_host.cpp", "codec_tiled_host.cpp", "cast_host.cpp", "selftest_host.cpp")
+UNITS = ("codec_host.cpp", "codec_tiled_host.cpp", "cast_host.cpp", "cast_tiled_host.cpp", "selftest_host.cpp")
 # -ffp-contract=off as in setup.py: the bytes must not depend on FMA contraction.
 FLAGS = ["-std=c++17", "-O2", "-fPIC", "-ffp-contract=off", "-fno-trapping-math", "-Wall", "-Wno-unknown-pragmas",
          "-Wno-class-memaccess", f"-I{SIMT}", f"-I{ROOT / 'csrc'}"]
@@ -133,6 +133,8 @@ def lib(lib_path):
         "simt_dequant_sum": (ctypes.c_int, [codes, i64, p, i64, i64, f32, p, i64, p, i64, i64]),
         "simt_dequant_sum_requantize": (ctypes.c_int, [codes, i64, p, i64, i64, f32, p, i64, codes]),
         "simt_cast": (ctypes.c_int, [p, i64, i64, i64, i64, i64, p, p, p, p, p, p]),
+        "simt_tiled_cast": (ctypes.c_int, [p, i64, i64, i64, i64, i64, p, p, p, p, p, p]),
+        "simt_tiled_cast_scaled": (ctypes.c_int, [p, i64, i64, i64, i64, p, p, p, p, p, p, p]),
         "simt_cast_workspace_words": (i64, [i64, i64, i64]),
         "simt_selftest": (ctypes.c_int, [ctypes.c_char_p, p, p, p, p, i64]),
         "simt_take_launches": (ctypes.c_char_p, []),
@@ -535,19 +537,24 @@ def wide(shape, dtype, gen):
 def cast_cases():
     rng = random.Random("cast")
     cases = []
-    for i, (rowwise, shape) in enumerate(itertools.product([False, True], SHAPES)):
+    for i, (rowwise, shape, cast_set) in enumerate(itertools.product([False, True], SHAPES, CAST_SETS)):
         dtype, fp8 = TYPES[i % len(TYPES)]
         special = ["none", "inf", "nan"][i % 3] if shape[0] * shape[1] > 4 else "none"
         c = dict(rowwise=rowwise, shape=shape, dtype=dtype, fp8=fp8, special=special, seed=rng.randrange(1 << 30),
-                 src_off=rng.randint(0, 3), dst_off=rng.randint(0, 3))
-        cases.append(pytest.param(c, id=f"{'rowwise' if rowwise else 'tensorwise'}-{shape[0]}x{shape[1]}-"
+                 src_off=rng.randint(0, 3), dst_off=rng.randint(0, 3), cast_set=cast_set)
+        cases.append(pytest.param(c, id=f"{cast_set}-{'rowwise' if rowwise else 'tensorwise'}-{shape[0]}x{shape[1]}-"
                                         f"{name(dtype)}-{name(fp8)}-{special}"))
     return cases
 
 
-def cast_both(lib, x, fp8, rowwise, with_data, with_t, src_off, dst_off, amax=None):
-    """The CPU twin's four outputs, and the emulated kernels' written at odd
-    offsets into filled buffers, compared bit for bit, fill included."""
+# The CUDA cast kernel sets (FP8COMM_CUDA_CAST): cast_cuda.cu's launcher and cast_cuda_tiled.cu's.
+CAST_SETS = {"legacy": "simt_cast", "tiled": "simt_tiled_cast"}
+
+
+def cast_both(lib, x, fp8, rowwise, with_data, with_t, src_off, dst_off, amax=None, cast_set="legacy"):
+    """The CPU twin's four outputs, and the emulated kernels' (of `cast_set`)
+    written at odd offsets into filled buffers, compared bit for bit, fill
+    included."""
     M, K = x.shape
     cpu = torch.ops.fp8comm.cast_fp8(x, fp8, rowwise, with_data, with_t, amax)
     xs = embed(x.flatten(), src_off)
@@ -558,8 +565,8 @@ def cast_both(lib, x, fp8, rowwise, with_data, with_t, src_off, dst_off, amax=No
     words = lib.simt_cast_workspace_words(M, K, rowwise)
     workspace = torch.randint(-(1 << 31), 1 << 31, (words,), dtype=torch.int32)  # any contents
     ptrs = [view.data_ptr() if n else None for (_, view), n in zip(bufs, sizes)]
-    rc = lib.simt_cast(xs.data_ptr(), ELEM[x.dtype], M, K, CAST_FORMAT[fp8], rowwise, *ptrs,
-                       amax.data_ptr() if amax is not None else None, workspace.data_ptr())
+    rc = getattr(lib, CAST_SETS[cast_set])(xs.data_ptr(), ELEM[x.dtype], M, K, CAST_FORMAT[fp8], rowwise, *ptrs,
+                                           amax.data_ptr() if amax is not None else None, workspace.data_ptr())
     assert rc == 0
     for k, (name, (outer, _), n, kind) in enumerate(zip(("data", "inv_scale", "data_t", "inv_scale_t"), bufs, sizes,
                                                         kinds)):
@@ -577,18 +584,21 @@ def test_cast(lib, c):
         flat_x[at[0]], flat_x[at[1]] = -0.0, torch.finfo(c["dtype"]).tiny / 4
         flat_x[at[2]] = math.inf if c["special"] == "inf" else math.nan
     for with_data, with_t in MODES:
-        cast_both(lib, x, c["fp8"], c["rowwise"], with_data, with_t, c["src_off"], c["dst_off"])
+        cast_both(lib, x, c["fp8"], c["rowwise"], with_data, with_t, c["src_off"], c["dst_off"],
+                  cast_set=c["cast_set"])
 
 
+@pytest.mark.parametrize("cast_set", CAST_SETS)
 @pytest.mark.parametrize("fp8", FP8, ids=name)
-def test_cast_with_given_amax(lib, fp8):
+def test_cast_with_given_amax(lib, fp8, cast_set):
     gen = torch.Generator().manual_seed(7)
     x = wide((37, 70), torch.float32, gen)
     top = x.abs().amax()
     for k, amax in enumerate([3 * top, top / 2, torch.tensor(0.0), torch.tensor(math.inf), torch.tensor(1e-30),
                               torch.tensor(3.3e38), torch.tensor(math.nan)]):
         for with_data, with_t in MODES:
-            cast_both(lib, x, fp8, False, with_data, with_t, k % 4, (k + 1) % 4, amax.reshape(1).float())
+            cast_both(lib, x, fp8, False, with_data, with_t, k % 4, (k + 1) % 4, amax.reshape(1).float(),
+                      cast_set=cast_set)
 
 
 # ------------------------------------------------------------------ the emulator itself

@@ -461,6 +461,60 @@ def test_fsdp_helper_uses_the_operator_bytes():
     assert fp8comm.nn.scaling.fused_cast_enabled(w.device)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("fp8", [E4M3, E5M2])
+def test_scaled_cast_is_the_delayed_recipes_chain(dtype, fp8):
+    """cast_fp8_scaled (the delayed recipe's one-pass cast, fp8comm/nn/delayed.py)
+    gives cast_with_scale's torch chain: the bytes (NaN canonical), 1 / scale
+    and x's amax, for special inputs and scales that saturate, are exact
+    powers of two or 0; the transpose holds the same bytes."""
+    from fp8comm.nn.delayed import cast_with_scale
+
+    limit = torch.finfo(fp8).max
+    for what, x in special_tensors(dtype).items():
+        x = x.to(dtype)
+        own = x.float().abs().amax().item()
+        finite_own = own if math.isfinite(own) and own > 0 else 1.0
+        for scale in (limit / finite_own * 4, limit / finite_own / 3, 2.0 ** -5, 0.0):
+            scale = torch.tensor(scale, dtype=torch.float32)
+            data, inv, data_t, inv_t, amax = torch.ops.fp8comm.cast_fp8_scaled(x, fp8, scale, True, True)
+            want, want_inv, want_amax, _ = cast_with_scale(x, fp8, scale)
+            assert same_bits(data, want, NAN_CODE), (what, scale)
+            assert same_bits(data_t, want.t().contiguous(), NAN_CODE), (what, scale)
+            assert torch.equal(bits(inv), bits(want_inv)) and torch.equal(bits(inv_t), bits(want_inv)), what
+            assert same_bits(amax, want_amax, NAN_SCALE) or (amax.isnan() and want_amax.isnan()), (what, amax)
+        only_t = torch.ops.fp8comm.cast_fp8_scaled(x, fp8, torch.tensor(0.5), False, True)
+        assert only_t[0].numel() == 0 and only_t[1].numel() == 0, what
+        assert same_bits(only_t[2], cast_with_scale(x, fp8, torch.tensor(0.5))[0].t().contiguous(), NAN_CODE), what
+
+
+def test_scaled_cast_errors_and_empty_inputs():
+    x = torch.randn(4, 6)
+    with pytest.raises(RuntimeError, match="scale must be one float32 element"):
+        torch.ops.fp8comm.cast_fp8_scaled(x, E4M3, torch.tensor([1.0, 2.0]), True, False)
+    with pytest.raises(RuntimeError, match="scale must be one float32 element"):
+        torch.ops.fp8comm.cast_fp8_scaled(x, E4M3, torch.tensor(1.0, dtype=torch.float64), True, False)
+    with pytest.raises(RuntimeError, match="nothing to do"):
+        torch.ops.fp8comm.cast_fp8_scaled(x, E4M3, torch.tensor(1.0), False, False)
+    data, inv, data_t, inv_t, amax = torch.ops.fp8comm.cast_fp8_scaled(torch.empty(0, 5), E4M3, torch.tensor(4.0),
+                                                                      True, True)
+    assert data.shape == (0, 5) and data_t.shape == (5, 0) and inv.item() == inv_t.item() == 0.25
+    assert amax.item() == 0.0
+
+
+def test_cuda_cast_choice(monkeypatch):
+    """FP8COMM_CUDA_CAST names the CUDA cast kernel set, read at every call
+    (legacy by default, until a GPU has timed both); another value is an error
+    naming the two."""
+    monkeypatch.delenv("FP8COMM_CUDA_CAST", raising=False)
+    assert fp8comm._C.cuda_cast() == "legacy"
+    monkeypatch.setenv("FP8COMM_CUDA_CAST", "tiled")
+    assert fp8comm._C.cuda_cast() == "tiled"
+    monkeypatch.setenv("FP8COMM_CUDA_CAST", "fast")
+    with pytest.raises(ValueError, match="FP8COMM_CUDA_CAST must be 'legacy' or 'tiled', got 'fast'"):
+        fp8comm._C.cuda_cast()
+
+
 def test_cast_bench_quick(tmp_path):
     """bench/linear.py --casts-only runs and reports both timings per cast."""
     import json
@@ -480,6 +534,19 @@ def test_cast_bench_quick(tmp_path):
     assert modes == {("tensorwise", "data"), ("tensorwise", "data+transpose"), ("rowwise", "data"),
                      ("rowwise", "data+transpose"), ("rowwise", "transpose")}
     for r in result["casts"]:
-        assert r["eager_s"] > 0 and r["fused_s"] > 0 and r["floor_gb_per_s"] > 0
+        assert r["eager_s"] > 0 and r["fused_s"] > 0 and r["floor_gb_per_s"] > 0 and r["cast_set"] is None
         # the bytes the kernels move: the input once per pass, the outputs once
         assert r["moved_gb_per_s"] > r["floor_gb_per_s"] and r["input_passes"] == 2
+
+
+def test_cast_bench_counts_the_passes_of_each_kernel_set():
+    """The bytes bench/linear.py counts per CUDA cast set: the tiled rowwise
+    cast without the transpose reads x once, every other cast twice."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_linear", REPO_ROOT / "bench" / "linear.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.input_passes("tiled", "rowwise", False) == 1
+    assert {bench.input_passes(s, r, t) for s in (None, "legacy", "tiled") for r in ("tensorwise", "rowwise")
+            for t in (False, True) if (s, r, t) != ("tiled", "rowwise", False)} == {2}

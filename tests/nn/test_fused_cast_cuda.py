@@ -1,5 +1,6 @@
-"""The fused FP8 casts on CUDA (csrc/linear/cast_cuda.cu) equal their CPU twin
-bit for bit, and torch's eager cast on CUDA; Fp8Linear with the fused casts
+"""The fused FP8 casts on CUDA (csrc/linear/cast_cuda.cu, and the tiled set
+cast_cuda_tiled.cu: every test runs on both, FP8COMM_CUDA_CAST) equal their
+CPU twin bit for bit, and torch's eager cast on CUDA; Fp8Linear with the fused casts
 computes bitwise what it computes with the eager chain (FP8COMM_FUSED_CAST=0)
 (marked cuda; skipped without a GPU or without fp8comm's CUDA kernels). The
 CUDA default of FP8COMM_FUSED_CAST rests on this file (docs/fp8_linear.md)."""
@@ -29,6 +30,15 @@ SHAPES = [(1, 1), (1, 17), (3, 5), (16, 16), (7, 33), (64, 64), (65, 63), (100, 
           (4096, 1), (2048, 48), (48, 2048), (1000, 1000), (4096, 4112), (8192, 1024)]
 # every flag combination the operator takes
 MODES = [(True, False), (True, True), (False, True)]
+
+
+@pytest.fixture(autouse=True, params=["legacy", "tiled"])
+def cuda_cast(request, monkeypatch):
+    """Every test on both CUDA cast kernel sets (FP8COMM_CUDA_CAST, read at
+    every call): cast_cuda.cu's and cast_cuda_tiled.cu's, the same bytes."""
+    monkeypatch.setenv("FP8COMM_CUDA_CAST", request.param)
+    assert fp8comm._C.cuda_cast() == request.param
+    return request.param
 
 
 def op(x, fp8_dtype, rowwise, with_data, with_t, amax=None):
@@ -105,6 +115,36 @@ def test_many_rows_and_grid_stride():
         for with_data, with_t in MODES:
             assert_bitwise(op(x.cuda(), E4M3, rowwise, with_data, with_t),
                            op(x, E4M3, rowwise, with_data, with_t), rowwise)
+
+
+@pytest.mark.parametrize("dtype,cols", [(torch.bfloat16, 14336), (torch.float32, 20000), (torch.float32, 40000)])
+def test_long_rows(dtype, cols):
+    """Rowwise rows of Llama-3-8B's widest operand and longer: the tiled set
+    holds up to 1024 x 8 runs of 16 bytes a row in registers (4 or 8 runs a
+    thread) and hands longer rows to cast_cuda.cu's row kernel."""
+    x = wide((5, cols), dtype, seed=cols)
+    for with_data, with_t in MODES:
+        assert_bitwise(op(x.cuda(), E4M3, True, with_data, with_t), op(x, E4M3, True, with_data, with_t), cols)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fp8_dtype", FP8)
+def test_scaled_cast_equals_the_cpu_twin(dtype, fp8_dtype):
+    """The delayed recipe's cast (cast_fp8_scaled: a given scale, the amax
+    recorded in the same pass; always the tiled kernels): the CPU twin's bytes,
+    inverse scales and amax, special values included, with the transpose."""
+    limit = torch.finfo(fp8_dtype).max
+    for what, x in list(special_tensors(dtype).items()) + [("wide", wide((300, 517), dtype, seed=9))]:
+        x = x.to(dtype)
+        own = x.float().abs().amax().item()
+        own = own if math.isfinite(own) and own > 0 else 1.0
+        for scale in (limit / own * 4, limit / own / 3, 2.0 ** -5, 0.0):
+            s = torch.tensor(scale, dtype=torch.float32)
+            for with_data, with_t in MODES:
+                cpu = torch.ops.fp8comm.cast_fp8_scaled(x, fp8_dtype, s, with_data, with_t)
+                gpu = torch.ops.fp8comm.cast_fp8_scaled(x.cuda(), fp8_dtype, s.cuda(), with_data, with_t)
+                assert_bitwise(gpu[:4], cpu[:4], (what, scale))
+                assert torch.equal(bits(gpu[4].cpu()), bits(cpu[4])) or (gpu[4].isnan() and cpu[4].isnan()), what
 
 
 def test_runs_on_the_current_stream_and_device():

@@ -15,7 +15,10 @@ CSRC = REPO_ROOT / "csrc"
 
 def test_the_kernels_are_torch_free_and_the_backend_is_not():
     # DESIGN.md: the x86 kernels and the CUDA kernels compile without torch's headers.
-    for unit in ("codec/codec_cpu_avx2.cpp", "codec/codec_cpu_avx512.cpp", "codec/codec_cuda.cu", "linear/cast_cuda.cu"):
+    cuda = sorted(str(p.relative_to(CSRC)) for p in CSRC.rglob("*.cu"))
+    assert {"codec/codec_cuda.cu", "codec/codec_cuda_tiled.cu", "linear/cast_cuda.cu",
+            "linear/cast_cuda_tiled.cu"} <= set(cuda), cuda
+    for unit in ("codec/codec_cpu_avx2.cpp", "codec/codec_cpu_avx512.cpp", *cuda):
         assert not bs.includes_torch(str(CSRC / unit)), unit
     for unit in ("bindings.cpp", "backend/process_group_fp8.cpp", "codec/codec_ops.cpp"):
         assert bs.includes_torch(str(CSRC / unit)), unit

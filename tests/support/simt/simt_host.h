@@ -394,6 +394,14 @@ inline unsigned atomicMax(unsigned* p, unsigned v) {
   return old;
 }
 
+// prmt: byte n of the result is byte (s >> 4n) & 7 of y:x (selectors 0-7 only).
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+  const uint64_t v = (static_cast<uint64_t>(y) << 32) | x;
+  unsigned r = 0;
+  for (int n = 0; n < 4; ++n) r |= static_cast<unsigned>((v >> (8 * ((s >> (4 * n)) & 7u))) & 0xFFu) << (8 * n);
+  return r;
+}
+
 template <class T>
 inline T __ldg(const T* p) {  // 16 bytes for uint4: a vector load
   simt::check_aligned(p, sizeof(T), "load (__ldg)");

@@ -4,8 +4,9 @@ kernel. Each rule names what it found and the fix.
 
 - no call to the toolkit's 64-bit integer division / remainder subroutines
   (index math within a segment fits 32 bits);
-- a codec kernel (csrc/codec/) uses at most 64 registers (occupancy: loads in
-  flight hide the memory latency);
+- a codec kernel (csrc/codec/) or a tiled cast kernel
+  (csrc/linear/cast_cuda_tiled.cu) uses at most 64 registers (occupancy:
+  loads in flight hide the memory latency);
 - no stack frame and no spills (local memory is far slower than registers);
 - a kernel that reads FP32 / BF16 / F16 elements has a 128-bit (or wider)
   global load, one that writes them a 128-bit global store: narrower element
@@ -17,8 +18,9 @@ import re
 
 from tests.tools.sass.parse import Function
 
-# Register ceiling by source folder: the codec's kernels (the collectives' hot path).
-REGISTER_LIMITS = {"csrc/codec/": 64}
+# Register ceiling by source folder or file: the codec's kernels (the collectives'
+# hot path) and the tiled casts of Fp8Linear.
+REGISTER_LIMITS = {"csrc/codec/": 64, "csrc/linear/cast_cuda_tiled.cu": 64}
 
 # Which kernels move elements, by the kernel's unqualified name; the first
 # match decides: (pattern, reads elements, writes elements). A kernel that
@@ -31,6 +33,7 @@ ELEMENT_PATHS = (
 )
 
 LEGACY_REASON = "legacy set, kept selectable until a GPU measures both: issue 44"
+# (cast_cuda.cu's kernels: FP8COMM_CUDA_CAST=legacy; cast_cuda_tiled.cu's are held to the rules.)
 
 # Today's kernels, reported but not failed: (file, kernel name) -> reason.
 # A kernel of another name, in these files or any other, is held to the rules.
@@ -69,7 +72,7 @@ def violations(source: str, name: str, fn: Function) -> list[tuple[str, str]]:
                      "(keep index math within a segment in 32 bits, or divide by a power of two)"))
     limit = register_limit(source)
     if fn.entry and limit is not None and fn.registers is not None and fn.registers > limit:
-        found.append(("registers", f"{fn.registers} registers, above the {limit} a codec kernel may use "
+        found.append(("registers", f"{fn.registers} registers, above the {limit} a kernel of {source} may use "
                      "(fewer live values, or __launch_bounds__ with a minimum of blocks)"))
     if fn.stack_frame or fn.spill_stores or fn.spill_loads:
         found.append(("local-memory", f"{fn.stack_frame} bytes stack frame, {fn.spill_stores} bytes spill stores, "
