@@ -7,6 +7,7 @@
 #include "../algorithms/residual.h"
 #include "arguments.h"
 #include "emulated_reduce.h"
+#include "held_works.h"
 #include "process_group_fp8.h"
 #include "run_compressed.h"
 #include "wait_for.h"
@@ -50,10 +51,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::all_reduce_exact(const Collectiv
     Opts sum = opts;
     sum.reduceOp = c10d::ReduceOp::SUM;
     emulate_reduce(c.name, opts.reduceOp, size_, tensors, tensors, /*in_place=*/true,
-                   [&](std::vector<at::Tensor>& copies, std::vector<at::Tensor>&) { wait_for(call(copies, sum)); });
-    work = passed_through({}, c, tensors);
+                   [&](std::vector<at::Tensor>& copies, std::vector<at::Tensor>&) {
+                     wait_for(hold_inner_work(call(copies, sum), tensors[0].device().type()));
+                   });
+    work = passed_through({}, tensors[0].device().type(), c, tensors);
   } else {
-    work = passed_through(call(tensors, opts), c, tensors);
+    work = passed_through(call(tensors, opts), tensors[0].device().type(), c, tensors);
   }
   record_passthrough(c, why, bytes_of(tensors));
   return work;
@@ -153,15 +156,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::reduce_scatter_tensor_exact(cons
                                                                            const c10d::ReduceScatterOptions& opts) {
   auto inner = inner_for(input.device(), c.name);
   if (!needs_emulation(opts.reduceOp, input, traits_for(input.device().type()))) {
-    return passed_through(inner->_reduce_scatter_base(output, input, opts), c, {output});
+    return passed_through(inner->_reduce_scatter_base(output, input, opts), input.device().type(), c, {output});
   }
   c10d::ReduceScatterOptions sum = opts;
   sum.reduceOp = c10d::ReduceOp::SUM;
   emulate_reduce(c.name, opts.reduceOp, size_, {input}, {output}, /*in_place=*/false,
                  [&](std::vector<at::Tensor>& ins, std::vector<at::Tensor>& results) {
-                   wait_for(inner->_reduce_scatter_base(results[0], ins[0], sum));
+                   wait_for(hold_inner_work(inner->_reduce_scatter_base(results[0], ins[0], sum), input.device().type()));
                  });
-  return passed_through({}, c, {output});
+  return passed_through({}, input.device().type(), c, {output});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
@@ -228,9 +231,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::reduce_scatter(std::vector<at::T
       for (const auto& in : inputs[0]) flat_inputs.push_back(in.reshape({-1}));
       at::Tensor flat = at::cat(flat_inputs);
       wait_for(reduce_scatter_tensor_exact(c, output, flat, opts));
-      work = passed_through({}, c, outputs);
+      work = passed_through({}, output.device().type(), c, outputs);
     } else {
-      work = passed_through(inner->reduce_scatter(outputs, inputs, opts), c, outputs);
+      work = passed_through(inner->reduce_scatter(outputs, inputs, opts), output.device().type(), c, outputs);
     }
     record_passthrough(c, why, bytes_of(output));
     return work;
@@ -271,7 +274,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::reduce_scatter_tensor_coalesced(
   if (!any && !emulate) {
     auto work = inner->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
     for (size_t i = 0; i < outputs.size(); ++i) record_passthrough(c, whys[i], bytes_of(outputs[i]));
-    return passed_through(std::move(work), c, outputs);
+    return passed_through(std::move(work), inputs[0].device().type(), c, outputs);
   }
   return run_pairs(c, outputs, inputs, opts, with_factor(pair_tensors(inputs, outputs), opts.reduceOp, red),
                    [&](at::Tensor& out, at::Tensor& in, const c10d::ReduceScatterOptions& one) {
@@ -303,7 +306,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::all_gather_into_tensor(const Col
     at::Tensor in = as_bytes_if_fp8(input);
     auto work = inner->_allgather_base(out, in, opts);
     record_passthrough(c, why, bytes_of(input));
-    return passed_through(std::move(work), c, {output});
+    return passed_through(std::move(work), input.device().type(), c, {output});
   }
   check_dense(c.name, output);
   return compressed_call(c, input.device(), opts.asyncOp, opts.timeout, {input, output}, {output}, bytes_of(input),
@@ -336,7 +339,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::allgather(std::vector<std::vecto
     auto ins = as_bytes_if_fp8(inputs);
     auto work = inner->allgather(outs, ins, opts);
     record_passthrough(c, why, bytes_of(input));
-    return passed_through(std::move(work), c, outputs[0]);
+    return passed_through(std::move(work), input.device().type(), c, outputs[0]);
   }
   std::vector<at::Tensor> user = outputs[0];
   user.push_back(input);
@@ -372,7 +375,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::allgather_into_tensor_coalesced(
     auto ins = as_bytes_if_fp8(inputs);
     auto work = inner->allgather_into_tensor_coalesced(outs, ins, opts);
     for (size_t i = 0; i < inputs.size(); ++i) record_passthrough(c, whys[i], bytes_of(inputs[i]));
-    return passed_through(std::move(work), c, outputs);
+    return passed_through(std::move(work), inputs[0].device().type(), c, outputs);
   }
   return run_pairs(c, outputs, inputs, opts, pair_tensors(inputs, outputs),
                    [&](at::Tensor& out, at::Tensor& in, const c10d::AllgatherOptions& one) {
@@ -398,6 +401,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::all_to_all_checked(const Collect
   Transport t(inner_for(input.device(), c.name), traits_for(input.device().type()), rank_, size_, opts.timeout,
               c.name);
   const SplitTable table = gather_splits(t, send_numels, recv_numels, input.device());
+  hold_inner_works(t.take_works(), input.device().type());
   check_splits(table, c.name);
   // The sizes' all_gather sends every peer the same bytes.
   const int64_t checked = t.bytes_sent();
@@ -410,7 +414,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::all_to_all_checked(const Collect
   if (why != Passthrough::kCompressed) {
     auto work = exact();
     record_passthrough(c, why, payload, sent);
-    return passed_through(std::move(work), c, std::move(outputs));
+    return passed_through(std::move(work), input.device().type(), c, std::move(outputs));
   }
   return compressed_call(c, input.device(), opts.asyncOp, opts.timeout, user_tensors, std::move(outputs), payload,
                          std::forward<Body>(body), sent);
@@ -436,7 +440,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::alltoall_base(at::Tensor& output
                             ? bytes_of(input) / size_
                             : input_split_sizes.at(rank_) * (input.size(0) ? bytes_of(input) / input.size(0) : 0);
     record_passthrough(c, why, bytes_of(input) - own);
-    return passed_through(std::move(work), c, {output});
+    return passed_through(std::move(work), input.device().type(), c, {output});
   }
   const auto send = slice_numels(input, input_split_sizes, size_, c.name, "input");
   const auto recv = slice_numels(output, output_split_sizes, size_, c.name, "output");
@@ -475,7 +479,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::alltoall(std::vector<at::Tensor>
     auto work = exact();
     record_passthrough(c, why,
                        bytes_of(inputs) - (static_cast<int64_t>(inputs.size()) == size_ ? bytes_of(inputs[rank_]) : 0));
-    return passed_through(std::move(work), c, outputs);
+    return passed_through(std::move(work), inputs.at(0).device().type(), c, outputs);
   }
   std::vector<int64_t> send, recv;
   for (int64_t r = 0; r < size_; ++r) {

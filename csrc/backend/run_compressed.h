@@ -11,6 +11,7 @@
 #include <algorithm>
 
 #include "fp8_work.h"
+#include "held_works.h"
 #include "process_group_fp8.h"
 
 namespace fp8comm {
@@ -36,12 +37,21 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::run(const Collective& c, const a
                                  node_group_ranks_, options_->node_wire_format->format, &node_workspace_});
   }
   Route route{transport, nodes ? &*nodes : nullptr, ranks_on_my_node_, node_of_rank()};
+  // The phases' inner Works, held past this call on a CPU device (held_works.h).
+  auto hold_phases = [&] {
+    hold_inner_works(transport.take_works(), device.type());
+    if (nodes) {
+      hold_inner_works(nodes->intra.take_works(), device.type());
+      hold_inner_works(nodes->inter.take_works(), device.type());
+    }
+  };
   auto run_body = [&] {
     try {
       body(route);
     } catch (...) {
       workspace_.release();
       node_workspace_.release();
+      hold_phases();
       throw;
     }
     if (nodes) {
@@ -51,6 +61,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::run(const Collective& c, const a
   };
   if (device.is_cpu()) {
     run_body();  // every phase waited for on the host: any error has been raised
+    hold_phases();
     return c10::make_intrusive<Fp8Work>(rank_, c.type, c.name, std::move(outputs));
   }
   c10::impl::VirtualGuardImpl impl(device.type());
