@@ -162,7 +162,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::reduce_scatter_tensor_exact(cons
   sum.reduceOp = c10d::ReduceOp::SUM;
   emulate_reduce(c.name, opts.reduceOp, size_, {input}, {output}, /*in_place=*/false,
                  [&](std::vector<at::Tensor>& ins, std::vector<at::Tensor>& results) {
-                   wait_for(hold_inner_work(inner->_reduce_scatter_base(results[0], ins[0], sum), input.device().type()));
+                   auto work = inner->_reduce_scatter_base(results[0], ins[0], sum);
+                   wait_for(hold_inner_work(work, input.device().type()));
                  });
   return passed_through({}, input.device().type(), c, {output});
 }
