@@ -8,6 +8,7 @@
 
 #include "backend/exact_scope.h"
 #include "backend/fp8_work.h"
+#include "backend/held_works.h"
 #include "backend/option_variables.h"
 #include "backend/registry.h"
 #include "backend/split.h"
@@ -136,6 +137,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Opens an exact scope on this thread: its calls on every fp8 group pass through (csrc/backend/exact_scope.h).");
   m.def("leave_exact_scope", &fp8comm::exact_scope::leave, "Closes this thread's innermost exact scope.");
   m.def("exact_scope_depth", [] { return fp8comm::exact_scope::depth; }, "This thread's open exact scopes.");
+  m.def("held_inner_works", &fp8comm::held_inner_works,
+        "Inner Works of CPU transports fp8comm holds until no one else does (csrc/backend/held_works.h).");
+  m.def("release_unshared_inner_works", &fp8comm::release_unshared_inner_works,
+        py::call_guard<py::gil_scoped_release>(),
+        "Lets go of the held inner Works no one else holds (csrc/backend/held_works.h).");
   m.def("cpu_threads", &fp8comm::cpu_threads, "Threads one CPU codec call may use (csrc/codec/cpu_threads.h).");
   m.def("set_cpu_threads", &fp8comm::set_cpu_threads, py::arg("n"),
         "Sets the CPU codec's threads per process (n >= 1); returns the previous count.");

@@ -54,7 +54,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::reduce_scatter_tensor_coalesced(
   if (!any && !emulate) {
     auto work = inner->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
     for (size_t i = 0; i < outputs.size(); ++i) record_passthrough(c, whys[i], bytes_of(outputs[i]));
-    return passed_through(std::move(work), c, outputs);
+    return passed_through(std::move(work), inputs[0].device().type(), c, outputs);
   }
   return run_pairs(c, outputs, inputs, opts, with_factor(pair_tensors(inputs, outputs), opts.reduceOp, red),
                    [&](at::Tensor& out, at::Tensor& in, const c10d::ReduceScatterOptions& one) {
@@ -84,7 +84,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::allgather_into_tensor_coalesced(
     auto ins = as_bytes_if_fp8(inputs);
     auto work = inner->allgather_into_tensor_coalesced(outs, ins, opts);
     for (size_t i = 0; i < inputs.size(); ++i) record_passthrough(c, whys[i], bytes_of(inputs[i]));
-    return passed_through(std::move(work), c, outputs);
+    return passed_through(std::move(work), inputs[0].device().type(), c, outputs);
   }
   return run_pairs(c, outputs, inputs, opts, pair_tensors(inputs, outputs),
                    [&](at::Tensor& out, at::Tensor& in, const c10d::AllgatherOptions& one) {

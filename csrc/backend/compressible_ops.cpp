@@ -31,7 +31,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::all_reduce_exact(const Collectiv
   Opts sum = opts;
   sum.reduceOp = c10d::ReduceOp::SUM;
   emulate_reduce(c.name, opts.reduceOp, size_, tensors, tensors, /*in_place=*/true,
-                 [&](std::vector<at::Tensor>& copies, std::vector<at::Tensor>&) { wait_for(inner(copies, sum)); });
+                 [&](std::vector<at::Tensor>& copies, std::vector<at::Tensor>&) {
+                   wait_for(hold_inner_work(inner(copies, sum), tensors[0].device().type()));
+                 });
   return {};
 }
 
@@ -150,7 +152,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::reduce_scatter_tensor_exact(cons
   sum.reduceOp = c10d::ReduceOp::SUM;
   emulate_reduce(c.name, opts.reduceOp, size_, {input}, {output}, /*in_place=*/false,
                  [&](std::vector<at::Tensor>& ins, std::vector<at::Tensor>& results) {
-                   wait_for(inner->_reduce_scatter_base(results[0], ins[0], sum));
+                   auto work = inner->_reduce_scatter_base(results[0], ins[0], sum);
+                   wait_for(hold_inner_work(work, input.device().type()));
                  });
   return {};
 }

@@ -15,7 +15,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::forward(const Collective& collec
                                                         Call&& call) {
   auto work = call(*inner_for(device, collective.name));
   record_passthrough(collective, Passthrough::kNoCompressedForm, payload);
-  return passed_through(std::move(work), collective, std::move(outputs));
+  return passed_through(std::move(work), device.type(), collective, std::move(outputs));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::broadcast(std::vector<at::Tensor>& tensors,
@@ -101,7 +101,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::barrier(const c10d::BarrierOptio
   forwarded.device_ids = barrier_device_ids(opts, *inner, device_type);
   auto work = inner->barrier(forwarded);
   record_passthrough(kBarrier, Passthrough::kNoCompressedForm, 0);
-  return passed_through(std::move(work), kBarrier, {});
+  return passed_through(std::move(work), device_type, kBarrier, {});
 }
 
 void ProcessGroupFp8::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {

@@ -10,6 +10,7 @@
 #include "../common/env.h"
 #include "exact_scope.h"
 #include "fp8_work.h"
+#include "held_works.h"
 
 namespace fp8comm {
 
@@ -23,6 +24,8 @@ ProcessGroupFp8::ProcessGroupFp8(int rank, int size, c10::intrusive_ptr<fp8comm:
               "fp8comm: ProcessGroupFp8 needs resolved options (fp8comm.Options(...).resolved())");
   check_block_size(*options_->block_size, "fp8comm.Options");
 }
+
+ProcessGroupFp8::~ProcessGroupFp8() { release_unshared_inner_works(); }
 
 void ProcessGroupFp8::add_transport(c10::DeviceType device_type, c10::intrusive_ptr<c10d::Backend> inner) {
   TORCH_CHECK(inner, "fp8comm: the inner backend for ", device_type, " is null");
@@ -96,9 +99,10 @@ WireLayout ProcessGroupFp8::wire_layout(c10::DeviceType device_type) const {
                     *options_->rounding);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::passed_through(c10::intrusive_ptr<c10d::Work> work, const Collective& c,
-                                                       std::vector<at::Tensor> outputs) const {
-  if (work) return work;
+c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::passed_through(c10::intrusive_ptr<c10d::Work> work,
+                                                               c10::DeviceType device_type, const Collective& c,
+                                                               std::vector<at::Tensor> outputs) const {
+  if (work) return hold_inner_work(work, device_type);
   return c10::make_intrusive<Fp8Work>(rank_, c.type, c.name, std::move(outputs));
 }
 
@@ -317,6 +321,7 @@ void ProcessGroupFp8::abort() {
 
 void ProcessGroupFp8::shutdown() {
   for (auto& inner : all_transports()) inner->shutdown();
+  release_unshared_inner_works();
 }
 
 void ProcessGroupFp8::setGroupUid(const std::string& pg_uid) {

@@ -75,6 +75,9 @@ class ProcessGroupFp8 : public c10d::Backend {
   void leave_uncompressed(bool together, std::optional<std::chrono::milliseconds> timeout);
   int uncompressed_depth() const { return uncompressed_.depth(); }
 
+  // Lets go of the inner Works it holds that no one else does (held_works.h).
+  ~ProcessGroupFp8() override;
+
   const std::string getBackendName() const override;
   bool supportsCoalescing() const override;
   void startCoalescing() override;
@@ -227,10 +230,11 @@ class ProcessGroupFp8 : public c10d::Backend {
                                                  std::vector<at::Tensor> outputs, const Payload& payload, Body&& body,
                                                  const NodeBytes& sent_before = {});
 
-  // A Work for the caller: `work` as the inner backend returned it, or, where
+  // A Work for the caller: `work` as the transport for `device_type`
+  // returned it, held until no one else holds it (held_works.h), or, where
   // it returned none (a synchronous call, already ordered), a completed one.
-  c10::intrusive_ptr<c10d::Work> passed_through(c10::intrusive_ptr<c10d::Work> work, const Collective& c,
-                                        std::vector<at::Tensor> outputs) const;
+  c10::intrusive_ptr<c10d::Work> passed_through(c10::intrusive_ptr<c10d::Work> work, c10::DeviceType device_type,
+                                                const Collective& c, std::vector<at::Tensor> outputs) const;
   // Stats: `payload` as the collectives table counts it; a passthrough
   // call passed through for `why`; a compressed call sent `wire` bytes
   // instead of the plain volume, and measured `error` where the options

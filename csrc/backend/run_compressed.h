@@ -14,6 +14,7 @@
 
 #include "arguments.h"
 #include "fp8_work.h"
+#include "held_works.h"
 #include "process_group_fp8.h"
 
 namespace fp8comm {
@@ -39,12 +40,21 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::run(const Collective& c, const a
                                  node_group_ranks_, options_->node_wire_format->format, &node_workspace_});
   }
   Route route{transport, nodes ? &*nodes : nullptr, ranks_on_my_node_, node_of_rank()};
+  // The phases' inner Works, held past this call on a CPU device (held_works.h).
+  auto hold_phases = [&] {
+    hold_inner_works(transport.take_works(), device.type());
+    if (nodes) {
+      hold_inner_works(nodes->intra.take_works(), device.type());
+      hold_inner_works(nodes->inter.take_works(), device.type());
+    }
+  };
   auto run_body = [&] {
     try {
       body(route);
     } catch (...) {
       workspace_.release();
       node_workspace_.release();
+      hold_phases();
       throw;
     }
     if (nodes) {
@@ -54,6 +64,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::run(const Collective& c, const a
   };
   if (device.is_cpu()) {
     run_body();  // every phase waited for on the host: any error has been raised
+    hold_phases();
     return c10::make_intrusive<Fp8Work>(rank_, c.type, c.name, std::move(outputs));
   }
   c10::impl::VirtualGuardImpl impl(device.type());
@@ -115,7 +126,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::call(const Collective& c, const 
     lock.lock();
     Transport t(inner_for(device, c.name), traits_for(device.type()), rank_, size_, spec.timeout, c.name);
     Route route{t, nullptr, ranks_on_my_node_, node_of_rank()};
-    const Prepared p = c.compressed->prepare(route, shape(), device);
+    // Its exchange's Works held past the call, raised or not (held_works.h).
+    Prepared p;
+    try {
+      p = c.compressed->prepare(route, shape(), device);
+    } catch (...) {
+      hold_inner_works(t.take_works(), device.type());
+      throw;
+    }
+    hold_inner_works(t.take_works(), device.type());
     per_rank_numel = p.per_rank_numel;
     prepared = p.sent;
   }
@@ -123,7 +142,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::call(const Collective& c, const 
   if (why != Passthrough::kCompressed) {
     auto work = exact();
     record_passthrough(c, why, spec.payload, prepared);
-    return passed_through(std::move(work), c, spec.outputs);
+    return passed_through(std::move(work), device.type(), c, spec.outputs);
   }
   if (spec.dense_outputs) {
     for (const at::Tensor& out : spec.outputs) check_dense(c.name, out);

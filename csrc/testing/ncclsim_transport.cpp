@@ -2,6 +2,7 @@
 
 #include "../backend/emulated_reduce.h"
 #include "../backend/fp8_work.h"
+#include "../backend/held_works.h"
 #include "../backend/wait_for.h"
 #include "../common/torch_compat.h"
 
@@ -15,6 +16,12 @@ Opts as_sum(const Opts& opts) {
   sum.reduceOp = c10d::ReduceOp::SUM;
   sum.asyncOp = true;
   return sum;
+}
+
+// gloo's Work, held until no one else holds it (held_works.h): this
+// transport waits for some of them itself and lets go of them.
+const c10::intrusive_ptr<c10d::Work>& held(const c10::intrusive_ptr<c10d::Work>& work) {
+  return hold_inner_work(work, c10::DeviceType::CPU);
 }
 
 }  // namespace
@@ -32,7 +39,7 @@ void NcclSimTransport::setGroupUid(const std::string& pg_uid) {
 
 c10::intrusive_ptr<c10d::Work> NcclSimTransport::returned(c10::intrusive_ptr<c10d::Work> work, bool async_op) const {
   if (async_op) return work;
-  wait_for(work);
+  wait_for(held(work));
   return {};
 }
 
@@ -50,7 +57,7 @@ c10::intrusive_ptr<c10d::Work> NcclSimTransport::allreduce(std::vector<at::Tenso
   if (!is_avg_or_premul(opts.reduceOp)) return returned(gloo_->allreduce(tensors, opts), opts.asyncOp);
   emulate_reduce("all_reduce", opts.reduceOp, size_, tensors, tensors, /*in_place=*/true,
                  [&](std::vector<at::Tensor>& copies, std::vector<at::Tensor>&) {
-                   wait_for(gloo_->allreduce(copies, as_sum(opts)));
+                   wait_for(held(gloo_->allreduce(copies, as_sum(opts))));
                  });
   return done(opts.asyncOp, c10d::OpType::ALLREDUCE, tensors);
 }
@@ -60,7 +67,7 @@ c10::intrusive_ptr<c10d::Work> NcclSimTransport::allreduce_coalesced(std::vector
   if (!is_avg_or_premul(opts.reduceOp)) return returned(gloo_->allreduce_coalesced(tensors, opts), opts.asyncOp);
   emulate_reduce("all_reduce_coalesced", opts.reduceOp, size_, tensors, tensors, /*in_place=*/true,
                  [&](std::vector<at::Tensor>& copies, std::vector<at::Tensor>&) {
-                   wait_for(gloo_->allreduce_coalesced(copies, as_sum(opts)));
+                   wait_for(held(gloo_->allreduce_coalesced(copies, as_sum(opts))));
                  });
   return done(opts.asyncOp, c10d::OpType::ALLREDUCE_COALESCED, tensors);
 }
@@ -72,7 +79,7 @@ c10::intrusive_ptr<c10d::Work> NcclSimTransport::reduce(std::vector<at::Tensor>&
   const std::vector<at::Tensor> written = rank_ == opts.rootRank ? tensors : std::vector<at::Tensor>{};
   emulate_reduce("reduce", opts.reduceOp, size_, tensors, written, /*in_place=*/true,
                  [&](std::vector<at::Tensor>& copies, std::vector<at::Tensor>&) {
-                   wait_for(gloo_->reduce(copies, as_sum(opts)));
+                   wait_for(held(gloo_->reduce(copies, as_sum(opts))));
                  });
   return done(opts.asyncOp, c10d::OpType::REDUCE, tensors);
 }
@@ -82,7 +89,7 @@ c10::intrusive_ptr<c10d::Work> NcclSimTransport::_reduce_scatter_base(at::Tensor
   if (!is_avg_or_premul(opts.reduceOp)) return returned(gloo_->_reduce_scatter_base(output, input, opts), opts.asyncOp);
   emulate_reduce("reduce_scatter_tensor", opts.reduceOp, size_, {input}, {output}, /*in_place=*/false,
                  [&](std::vector<at::Tensor>& ins, std::vector<at::Tensor>& results) {
-                   wait_for(gloo_->_reduce_scatter_base(results[0], ins[0], as_sum(opts)));
+                   wait_for(held(gloo_->_reduce_scatter_base(results[0], ins[0], as_sum(opts))));
                  });
   return done(opts.asyncOp, c10d::OpType::_REDUCE_SCATTER_BASE, {output});
 }
@@ -99,7 +106,7 @@ c10::intrusive_ptr<c10d::Work> NcclSimTransport::reduce_scatter(std::vector<at::
   for (const auto& in : inputs[0]) flat_inputs.push_back(in.reshape({-1}));
   emulate_reduce("reduce_scatter", opts.reduceOp, size_, {at::cat(flat_inputs)}, outputs, /*in_place=*/false,
                  [&](std::vector<at::Tensor>& ins, std::vector<at::Tensor>& results) {
-                   wait_for(gloo_->_reduce_scatter_base(results[0], ins[0], as_sum(opts)));
+                   wait_for(held(gloo_->_reduce_scatter_base(results[0], ins[0], as_sum(opts))));
                  });
   return done(opts.asyncOp, c10d::OpType::REDUCE_SCATTER, outputs);
 }
@@ -111,7 +118,7 @@ c10::intrusive_ptr<c10d::Work> NcclSimTransport::reduce_scatter_tensor_coalesced
   }
   emulate_reduce("reduce_scatter_tensor_coalesced", opts.reduceOp, size_, inputs, outputs, /*in_place=*/false,
                  [&](std::vector<at::Tensor>& ins, std::vector<at::Tensor>& results) {
-                   wait_for(gloo_->reduce_scatter_tensor_coalesced(results, ins, as_sum(opts)));
+                   wait_for(held(gloo_->reduce_scatter_tensor_coalesced(results, ins, as_sum(opts))));
                  });
   return done(opts.asyncOp, compat::reduce_scatter_tensor_coalesced_op(), outputs);
 }

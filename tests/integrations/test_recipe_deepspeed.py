@@ -21,8 +21,15 @@ TIMEOUT_S = 600  # the first run compiles DeepSpeed's shm comm op
 
 def _run(tmp_path, code, *args):
     doc_snippets.require("deepspeed", install=INSTALL)
-    out = doc_snippets.run_torchrun(code, tmp_path, "deepspeed_zero", args=args, timeout_s=TIMEOUT_S,
-                                    DS_ACCELERATOR="cpu")
+
+    def run():
+        return doc_snippets.run_torchrun(code, tmp_path, "deepspeed_zero", args=args, timeout_s=TIMEOUT_S,
+                                         DS_ACCELERATOR="cpu")
+
+    out = run()
+    if args == ("gloo",) and out.returncode != 0 and doc_snippets.aborted_at_exit(out) and \
+            set(_losses(out.stdout)) == {1, 2, 3}:
+        out = run()  # once more: torch's race over plain gloo (2 of 12 runs here), not the recipe, failed it
     assert out.returncode == 0, doc_snippets.log(out)
     return out.stdout
 

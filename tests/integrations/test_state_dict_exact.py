@@ -161,7 +161,6 @@ def test_full_state_dict_is_bitwise_the_plain_backends(pool, tmp_path, scenario)
 
 
 DEEPSPEED_ZERO3_SAVE = """
-import os, sys
 import torch, torch.distributed as dist
 import fp8comm
 dist.init_process_group("fp8gloo", pg_options=fp8comm.Options(min_numel=0, compress="all"))
@@ -183,12 +182,7 @@ got = engine._zero3_consolidated_16bit_state_dict()  # what save_16bit_model wri
 if dist.get_rank() == 0:
     print("COMPRESSED_GATHERS", gathers)
     print("DIFFERING", sorted(k for k in ref if not torch.equal(ref[k], got[k])), len(ref))
-dist.destroy_process_group()
-# One exit in a few of DeepSpeed ZeRO-3 over fp8gloo aborts in a C++ destructor
-# ("terminate called without an active exception") after all of the above: the
-# state dict is what this test judges, so the process leaves without them.
-sys.stdout.flush()
-os._exit(0)
+# Exits normally: fp8comm holds gloo's Works, so none aborts the exit (DESIGN.md, "Exit").
 """
 
 
