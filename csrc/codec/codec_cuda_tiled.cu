@@ -721,8 +721,10 @@ int launch_segment_scaled(const Source& source, const BlockCodes& dst, const Til
   const uint32_t slice_items = segments * amaxes.slices;
   FP8C_LAUNCH(slice_items < cap ? slice_items : cap, kThreads, 0, stream, segment_amax_tiled_kernel<Source>)(
       source, dst, grid, amaxes);
-  FP8C_LAUNCH(grid_for(grid.items), kThreads, 0, stream, quantize_tiled_kernel<Source, F, kB>)(source, dst, grid,
-                                                                                              amaxes);
+  TileGrid tiles = grid;
+  if (tiles.items == 0) tiles.items = segments;  // empty segments: one empty tile each, for the header's g = 1
+  FP8C_LAUNCH(grid_for(tiles.items), kThreads, 0, stream, quantize_tiled_kernel<Source, F, kB>)(source, dst, tiles,
+                                                                                               amaxes);
   return static_cast<int>(cudaGetLastError());
 }
 

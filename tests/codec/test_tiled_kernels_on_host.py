@@ -133,6 +133,26 @@ def test_nvfp4_launches(lib, kernels, m, launches, dtype):
 
 
 @pytest.mark.fast
+@pytest.mark.parametrize("P", [3, 4])
+def test_nvfp4_empty_segments_get_their_header(lib, kernels, P):
+    """Segments of no elements still get their header (g = 1), from the
+    quantize and from the sum + re-quantize of a piece count with kernels of
+    its own (4: one launch) and without (3: two launches)."""
+    B, m = 16, 0
+    S = fp8comm.segment_bytes(m, B, wire_format="nvfp4")
+    x = torch.zeros(0)
+    emu, cpu = quantize_both(lib, kernels, x, P, m, B, "nvfp4")
+    assert_same_bits(emu, cpu, "wire segments")
+    pieces = torch.empty(P * S, dtype=torch.uint8)
+    fp8comm.quantize_segments(x, pieces, P, m, block_size=B, wire_format="nvfp4")
+    req_cpu, req_cpu_view, req_emu, req_emu_view = outers(S, torch.uint8, 1)
+    fp8comm.dequant_sum_requantize(pieces, req_cpu_view, P, m, block_size=B, wire_format="nvfp4")
+    assert kernels.dequant_sum_requantize(ctypes.byref(wire(lib, pieces, P, m, B, "nvfp4")), 0, None, ELEM[x.dtype],
+                                          0, 1.0, None, 1, ctypes.byref(wire(lib, req_emu_view, 1, m, B, "nvfp4"))) == 0
+    assert_same_bits(req_emu, req_cpu, "re-quantized segment")
+
+
+@pytest.mark.fast
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2", "mxfp4", "nvfp4"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_grid_stride_over_many_tiles(lib, kernels, fmt, dtype):
