@@ -143,15 +143,21 @@ const char* cuda_error_string(int error);
 
 // The tiled CUDA kernels (csrc/codec/codec_cuda_tiled.cu): the same
 // launchers, the same bytes, a layout for the memory bound; what they do not
-// cover they hand to the launchers above.
+// cover they hand to the launchers above. Quantizing into long segments of a
+// format with a segment scale (NVFP4) takes a workspace of
+// *_workspace_words() 32-bit words of device memory on the device of the
+// launch, any contents, not used by another stream meanwhile; without one
+// (null) it goes to the launchers above.
 namespace tiled {
+int64_t quantize_workspace_words(const BlockCodes& dst);
+int64_t dequant_sum_requantize_workspace_words(const BlockCodes& pieces, const BlockCodes& out);
 int quantize_cuda(const void* src, ElemType type, int64_t numel, float premul,
-                  const float* premul_device, const BlockCodes& dst, void* stream);
+                  const float* premul_device, const BlockCodes& dst, uint32_t* workspace, void* stream);
 int dequantize_cuda(const BlockCodes& src, void* dst, ElemType type, int64_t numel, void* stream);
 int dequant_sum_cuda(const BlockCodes& pieces, const OwnAddend& own, int post_div, void* dst, ElemType type,
                      int64_t numel, void* stream);
 int dequant_sum_requantize_cuda(const BlockCodes& pieces, const OwnAddend& own, int post_div, const BlockCodes& out,
-                                void* stream);
+                                uint32_t* workspace, void* stream);
 }  // namespace tiled
 
 }  // namespace fp8comm

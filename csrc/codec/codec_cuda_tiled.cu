@@ -21,13 +21,16 @@
 //   largest code; every other element takes fp8_block_math.h's software
 //   encode. Decode always may.
 //
-// - A format with a segment scale (NVFP4) reads its source twice, the
-//   minimum ("segment scales" below): an amax pass, then the quantize.
+// - A format with a segment scale (NVFP4; "segment scales" below): segments
+//   of at most one block of tiles in one launch that reads the source once,
+//   the amax in the block; longer ones in two launches that read it twice,
+//   the minimum: an amax pass writing one partial amax per slice of a
+//   segment to a workspace, then the quantize, whose warps reduce them to g.
 //
 // What it does not cover goes to codec_cuda.cu's kernels, explicitly (the
 // launchers at the end): a block size that is not a power of two or exceeds
-// the tile; quantizing into segment-scaled segments whose headers are not
-// 4-byte aligned; sizes whose tile numbers do not fit 31 bits.
+// the tile; quantizing into long segment-scaled segments without a
+// workspace; sizes whose tile numbers do not fit 31 bits.
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -247,6 +250,18 @@ struct SumSource {
   }
 };
 
+// Whether a source's short segment-scaled segments take the one-launch
+// kernel ("segment scales"): all but the generic piece count's sum, whose
+// one-launch kernel would exceed 64 registers (it takes the two launches).
+template <class Source>
+struct OnePass {
+  static constexpr bool value = true;
+};
+template <ElemType E, WireFormat F, int kMaxBatch>
+struct OnePass<SumSource<E, F, 0, kMaxBatch>> {
+  static constexpr bool value = false;
+};
+
 // ------------------------------------------------------------- quantizing
 // Max (or or) over the lanes of a block: a butterfly over lanes_per_block
 // adjacent lanes (a power of two; the same for every lane of the warp).
@@ -302,14 +317,32 @@ __device__ __forceinline__ void encode_run(const float* v, int n, const BlockEnc
   }
 }
 
-// One warp a tile at a time: each block's amax (in-lane over its rows, then a
-// butterfly over its lanes), its scale byte written by the lane holding its
-// first element, its codes by every lane; zero codes from valid_end to the
-// capacity, then scale_padding zero bytes after the segment's last scale.
-template <class Source, WireFormat F, int kB>
-__global__ void __launch_bounds__(kThreads, kBlocksPerSm) quantize_tiled_kernel(Source source, BlockCodes dst,
-                                                                                TileGrid grid) {
-  constexpr ElemType E = Source::kType;
+// The finite amax of a lane's values of tile i0 below end.
+template <ElemType E>
+__device__ __forceinline__ uint32_t lane_amax(const float (&v)[kLaneElems], uint32_t i0, uint32_t end) {
+  using G = Geometry<E>;
+  const uint32_t lane = lane_id();
+  uint32_t amax = 0;
+#pragma unroll
+  for (int k = 0; k < G::kRows; ++k) {
+    const int n = run_count<G::kVec>(run_first<E>(i0, k, lane), end);
+#pragma unroll
+    for (int j = 0; j < G::kVec; ++j) {
+      const uint32_t a = j < n ? finite_abs_bits(v[k * G::kVec + j]) : 0u;
+      amax = a > amax ? a : amax;
+    }
+  }
+  return amax;
+}
+
+// One warp's tile of segment it.r, its values in v (valid below end), under
+// segment scale g (1 without one): each block's amax (in-lane over its rows,
+// then a butterfly over its lanes), its scale byte written by the lane
+// holding its first element, its codes by every lane; zero codes from end to
+// the capacity, then scale_padding zero bytes after the segment's last scale.
+template <ElemType E, WireFormat F, int kB>
+__device__ __forceinline__ void quantize_tile(const BlockCodes& dst, const TileGrid& grid, Item it, uint32_t end,
+                                              const float (&v)[kLaneElems], float g) {
   using G = Geometry<E>;
   const uint32_t lane = lane_id();
   const uint32_t lb = log2_block<kB>(grid);
@@ -318,64 +351,112 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) quantize_tiled_kernel(
   const uint32_t blocks_per_segment = (capacity + block_mask) >> lb;
   const uint32_t lanes_per_block = (1u << lb) / G::kVec;    // > 32: whole rows
   const uint32_t rows_per_block = (1u << lb) / G::kRowElems;  // 0: part of a row
+  uint32_t amax[G::kRows], nonfinite[G::kRows];
+  bool finite_run[G::kRows];
+#pragma unroll
+  for (int k = 0; k < G::kRows; ++k) {
+    const int n = run_count<G::kVec>(run_first<E>(it.i0, k, lane), end);
+    amax[k] = 0;
+    nonfinite[k] = 0;
+#pragma unroll
+    for (int j = 0; j < G::kVec; ++j) {
+      const uint32_t a = j < n ? finite_abs_bits(v[k * G::kVec + j]) : 0u;
+      amax[k] = a > amax[k] ? a : amax[k];
+      nonfinite[k] |= j < n ? nonfinite_bit(v[k * G::kVec + j]) : 0u;
+    }
+    finite_run[k] = nonfinite[k] == 0;
+  }
+  // Blocks of whole rows: rows k and k ^ s share a block for s < rows_per_block.
+#pragma unroll
+  for (int s = 1; s < G::kRows; s *= 2) {
+    if (static_cast<uint32_t>(s) < rows_per_block) {
+#pragma unroll
+      for (int k = 0; k < G::kRows; ++k) {
+        amax[k] = amax[k ^ s] > amax[k] ? amax[k ^ s] : amax[k];
+        nonfinite[k] |= nonfinite[k ^ s];
+      }
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < G::kRows; ++k) {
+    amax[k] = block_max(amax[k], lanes_per_block);
+    if constexpr (!WireTraits<F>::kHasNanCode) nonfinite[k] = block_or(nonfinite[k], lanes_per_block);
+  }
+  uint8_t* scales = dst.scales + int64_t{it.r} * dst.stride;
+  uint8_t* codes = dst.codes + int64_t{it.r} * dst.stride;
+  const StochasticRun sr = dst.rounding == Rounding::kStochastic ? dst.stochastic_run(it.r, 0) : StochasticRun{};
+#pragma unroll
+  for (int k = 0; k < G::kRows; ++k) {
+    const uint32_t first = run_first<E>(it.i0, k, lane);
+    if (first >= capacity) continue;
+    const uint8_t sb = block_scale_byte<F>(amax[k], g);
+    const BlockEncoding enc = block_encoding<F>(sb, g);
+    const bool hardware = finite_run[k] && enc.limit == WireTraits<F>::kMaxCode;
+    CodeRun<F, G::kVec> c;
+    encode_run<F, G::kVec>(v + k * G::kVec, run_count<G::kVec>(first, end), enc, hardware, dst, sr, first, c);
+    c.store(codes + code_bytes<F>(first), run_count<G::kVec>(first, capacity));
+    if ((first & block_mask) == 0) {
+      const uint32_t j = first >> lb;
+      scales[j] = stored_scale_byte<F>(sb, nonfinite[k]);
+      if (j == blocks_per_segment - 1) {
+        for (int64_t q = 1; q <= dst.scale_padding; ++q) scales[j + q] = 0;
+      }
+    }
+  }
+}
+
+// A segment-scaled format's partial amaxes (`segment scales` below): the
+// amax of slice s of segment r at partials[r * slices + s], slice s being
+// tiles [s * tiles_per_slice, (s + 1) * tiles_per_slice) of the segment.
+// Unused (null) for the other formats.
+struct SegmentAmaxes {
+  uint32_t* partials;
+  uint32_t slices;
+  uint32_t tiles_per_slice;
+};
+
+// Segment r's g from its slices' partial amaxes (the warp's lanes together;
+// a max, so the same g whatever order the slices were written in).
+template <WireFormat F>
+__device__ __forceinline__ float segment_scale_of(const SegmentAmaxes& amaxes, uint32_t r) {
+  const uint32_t* p = amaxes.partials + r * amaxes.slices;  // < 2^31 words: the host checks
+  uint32_t amax = 0;
+  for (uint32_t s = lane_id(); s < amaxes.slices; s += 32) amax = p[s] > amax ? p[s] : amax;
+  return segment_scale<F>(block_max(amax, 32));
+}
+
+// One warp a tile at a time; a segment-scaled format's g from `amaxes`,
+// reduced when the warp reaches a segment and kept in shared memory (every
+// lane writes the same values there; registers are at the 64 limit), its
+// header stored by the warp of the segment's first tile.
+template <class Source, WireFormat F, int kB>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm) quantize_tiled_kernel(Source source, BlockCodes dst,
+                                                                                TileGrid grid,
+                                                                                SegmentAmaxes amaxes) {
+  constexpr ElemType E = Source::kType;
+  constexpr bool kSegmentScaled = WireTraits<F>::kSegmentScaleBytes != 0;
+  __shared__ uint32_t warp_segment[kSegmentScaled ? kWarps : 1];  // the segment whose g warp_g holds
+  __shared__ float warp_g[kSegmentScaled ? kWarps : 1];
+  const uint32_t warp = kSegmentScaled ? threadIdx.x / 32 : 0;
+  if constexpr (kSegmentScaled) warp_segment[warp] = 0xFFFFFFFFu;
+  (void)warp_segment;  // (unused without a segment scale)
+  const uint32_t capacity = static_cast<uint32_t>(dst.capacity);
   for (uint32_t w = first_item(); w < grid.items; w += item_stride()) {
     const Item it = item_of(w, grid);
+    if constexpr (kSegmentScaled) {
+      const bool reached = warp_segment[warp] != it.r;
+      __syncwarp();  // every lane has read warp_segment before any writes it
+      if (reached) {  // the same for every lane of the warp
+        const float g = segment_scale_of<F>(amaxes, it.r);
+        warp_g[warp] = g;
+        warp_segment[warp] = it.r;
+        if (it.i0 == 0 && lane_id() == 0) store_segment_scale<F>(dst.scales + int64_t{it.r} * dst.stride, g);
+      }
+    }
     const uint32_t end = source.valid_end(it.r, capacity);
     float v[kLaneElems];
     source.load(it.r, it.i0, end, v);
-    uint32_t amax[G::kRows], nonfinite[G::kRows];
-    bool finite_run[G::kRows];
-#pragma unroll
-    for (int k = 0; k < G::kRows; ++k) {
-      const int n = run_count<G::kVec>(run_first<E>(it.i0, k, lane), end);
-      amax[k] = 0;
-      nonfinite[k] = 0;
-#pragma unroll
-      for (int j = 0; j < G::kVec; ++j) {
-        const uint32_t a = j < n ? finite_abs_bits(v[k * G::kVec + j]) : 0u;
-        amax[k] = a > amax[k] ? a : amax[k];
-        nonfinite[k] |= j < n ? nonfinite_bit(v[k * G::kVec + j]) : 0u;
-      }
-      finite_run[k] = nonfinite[k] == 0;
-    }
-    // Blocks of whole rows: rows k and k ^ s share a block for s < rows_per_block.
-#pragma unroll
-    for (int s = 1; s < G::kRows; s *= 2) {
-      if (static_cast<uint32_t>(s) < rows_per_block) {
-#pragma unroll
-        for (int k = 0; k < G::kRows; ++k) {
-          amax[k] = amax[k ^ s] > amax[k] ? amax[k ^ s] : amax[k];
-          nonfinite[k] |= nonfinite[k ^ s];
-        }
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < G::kRows; ++k) {
-      amax[k] = block_max(amax[k], lanes_per_block);
-      if constexpr (!WireTraits<F>::kHasNanCode) nonfinite[k] = block_or(nonfinite[k], lanes_per_block);
-    }
-    uint8_t* scales = dst.scales + int64_t{it.r} * dst.stride;
-    const float g = load_segment_scale<F>(scales);  // 1 without a segment scale
-    uint8_t* codes = dst.codes + int64_t{it.r} * dst.stride;
-    const StochasticRun sr = dst.rounding == Rounding::kStochastic ? dst.stochastic_run(it.r, 0) : StochasticRun{};
-#pragma unroll
-    for (int k = 0; k < G::kRows; ++k) {
-      const uint32_t first = run_first<E>(it.i0, k, lane);
-      if (first >= capacity) continue;
-      const uint8_t sb = block_scale_byte<F>(amax[k], g);
-      const BlockEncoding enc = block_encoding<F>(sb, g);
-      const bool hardware = finite_run[k] && enc.limit == WireTraits<F>::kMaxCode;
-      CodeRun<F, G::kVec> c;
-      encode_run<F, G::kVec>(v + k * G::kVec, run_count<G::kVec>(first, end), enc, hardware, dst, sr, first, c);
-      c.store(codes + code_bytes<F>(first), run_count<G::kVec>(first, capacity));
-      if ((first & block_mask) == 0) {
-        const uint32_t j = first >> lb;
-        scales[j] = stored_scale_byte<F>(sb, nonfinite[k]);
-        if (j == blocks_per_segment - 1) {
-          for (int64_t q = 1; q <= dst.scale_padding; ++q) scales[j + q] = 0;
-        }
-      }
-    }
+    quantize_tile<E, F, kB>(dst, grid, it, end, v, kSegmentScaled ? warp_g[warp] : 1.0f);
   }
 }
 
@@ -495,109 +576,196 @@ decltype(auto) with_pieces(int64_t pieces, Fn&& fn) {
 }
 
 // ------------------------------------------------------------- segment scales
-// A format with a segment scale (NVFP4; codec_cuda.cu, "segment scales"):
-// every block scale depends on the segment's g, which depends on the finite
-// amax of all the quantize encodes, so the source is read twice, the
-// minimum: a tiled pass whose warps atomicMax their amax into each
-// segment's header word (finite amaxes order as their bits; the word
-// cleared first), then the quantize, which reads g from the header. Between
-// them, one thread a segment turns its amax into g. The atomics need the
-// headers 4-byte aligned; other layouts take codec_cuda.cu's kernels.
-template <WireFormat F>
-__device__ __forceinline__ uint32_t* segment_word(const BlockCodes& dst, uint32_t r) {
-  return reinterpret_cast<uint32_t*>(dst.scales + int64_t{r} * dst.stride - WireTraits<F>::kSegmentScaleBytes);
-}
+// A format with a segment scale (NVFP4): every block scale of a segment
+// depends on its g, which depends on the finite amax of all the quantize
+// encodes into it. Two ways, both without atomics, so g never depends on the
+// order blocks run in:
+//
+// - Short segments (at most kWarps tiles): one launch, one read. A block's
+//   warps hold a segment's tiles in registers, their amaxes meet in shared
+//   memory, and every warp turns the max into g and quantizes.
+// - Longer ones: two launches, two reads, the minimum when the amax spans
+//   blocks. The amax pass gives each block a slice of a segment (enough
+//   slices for the device's blocks, up to kMaxSlices) and writes its amax
+//   to the workspace, every word of it each time (no clear); the quantize's
+//   warps reduce a segment's slices when they reach it (a max: the same g in
+//   any order) and the warp of its first tile stores g in its header.
+constexpr uint32_t kMaxSlices = 1024;
 
-template <WireFormat F>
-__global__ void __launch_bounds__(kThreads) clear_segment_amax_tiled_kernel(BlockCodes dst, uint32_t segments) {
-  for (uint32_t r = blockIdx.x * kThreads + threadIdx.x; r < segments; r += gridDim.x * kThreads) {
-    *segment_word<F>(dst, r) = 0;
+// Short segments: a block a segment, warp k its tile k.
+template <class Source, WireFormat F, int kB>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm) quantize_short_segments_tiled_kernel(Source source,
+                                                                                               BlockCodes dst,
+                                                                                               TileGrid grid) {
+  constexpr ElemType E = Source::kType;
+  __shared__ uint32_t warp_amax[kWarps];
+  const uint32_t warp = threadIdx.x / 32;
+  const uint32_t capacity = static_cast<uint32_t>(dst.capacity);
+  // The same trip count for every thread of the block (its __syncthreads).
+  for (uint32_t r = blockIdx.x; r < static_cast<uint32_t>(dst.num_segments); r += gridDim.x) {
+    const Item it{r, warp * static_cast<uint32_t>(kTile)};
+    const bool active = warp < grid.tiles_per_segment;  // the same for every lane of the warp
+    const uint32_t end = active ? source.valid_end(r, capacity) : 0u;
+    float v[kLaneElems];
+    if (active) {
+      source.load(r, it.i0, end, v);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kLaneElems; ++j) v[j] = 0.0f;
+    }
+    const uint32_t amax = block_max(lane_amax<E>(v, it.i0, end), 32);
+    if (lane_id() == 0) warp_amax[warp] = amax;
+    __syncthreads();
+    uint32_t segment_amax = 0;
+#pragma unroll
+    for (int k = 0; k < kWarps; ++k) segment_amax = warp_amax[k] > segment_amax ? warp_amax[k] : segment_amax;
+    __syncthreads();  // every warp has read warp_amax before the next segment writes it
+    if (active) {
+      const float g = segment_scale<F>(segment_amax);
+      if (warp == 0 && lane_id() == 0) store_segment_scale<F>(dst.scales + int64_t{r} * dst.stride, g);
+      quantize_tile<E, F, kB>(dst, grid, it, end, v, g);
+    }
   }
 }
 
-template <class Source, WireFormat F>
+// Longer segments' amax pass: a block a slice (segment r, slice s) at a
+// time, its warps striding over the slice's tiles; the block's amax, through
+// shared memory, to partials[r * slices + s].
+template <class Source>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) segment_amax_tiled_kernel(Source source, BlockCodes dst,
-                                                                                    TileGrid grid) {
+                                                                                    TileGrid grid,
+                                                                                    SegmentAmaxes amaxes) {
   constexpr ElemType E = Source::kType;
-  using G = Geometry<E>;
-  const uint32_t lane = lane_id();
+  __shared__ uint32_t warp_amax[kWarps];
+  const uint32_t warp = threadIdx.x / 32;
   const uint32_t capacity = static_cast<uint32_t>(dst.capacity);
-  for (uint32_t w = first_item(); w < grid.items; w += item_stride()) {
-    const Item it = item_of(w, grid);
-    const uint32_t end = source.valid_end(it.r, capacity);
-    float v[kLaneElems];
-    source.load(it.r, it.i0, end, v);
+  const uint32_t slice_items = static_cast<uint32_t>(dst.num_segments) * amaxes.slices;  // < 2^31: the host checks
+  // The same trip count for every thread of the block (its __syncthreads).
+  for (uint32_t q = blockIdx.x; q < slice_items; q += gridDim.x) {
+    const uint32_t r = q / amaxes.slices;
+    const uint32_t t0 = (q - r * amaxes.slices) * amaxes.tiles_per_slice;
+    const uint32_t t1 = t0 + amaxes.tiles_per_slice < grid.tiles_per_segment ? t0 + amaxes.tiles_per_slice
+                                                                              : grid.tiles_per_segment;
+    const uint32_t end = source.valid_end(r, capacity);
     uint32_t amax = 0;
-#pragma unroll
-    for (int k = 0; k < G::kRows; ++k) {
-      const int n = run_count<G::kVec>(run_first<E>(it.i0, k, lane), end);
-#pragma unroll
-      for (int j = 0; j < G::kVec; ++j) {
-        const uint32_t a = j < n ? finite_abs_bits(v[k * G::kVec + j]) : 0u;
-        amax = a > amax ? a : amax;
-      }
+    for (uint32_t t = t0 + warp; t < t1; t += kWarps) {
+      const uint32_t i0 = t * static_cast<uint32_t>(kTile);
+      float v[kLaneElems];
+      source.load(r, i0, end, v);
+      const uint32_t a = lane_amax<E>(v, i0, end);
+      amax = a > amax ? a : amax;
     }
     amax = block_max(amax, 32);
-    if (lane == 0 && amax != 0) atomicMax(segment_word<F>(dst, it.r), amax);
+    if (lane_id() == 0) warp_amax[warp] = amax;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      uint32_t m = 0;
+      for (int k = 0; k < kWarps; ++k) m = warp_amax[k] > m ? warp_amax[k] : m;
+      amaxes.partials[q] = m;
+    }
+    __syncthreads();  // warp_amax is read before the next slice writes it
   }
 }
 
-// Each segment's header word: its amax -> its g.
-template <WireFormat F>
-__global__ void __launch_bounds__(kThreads) segment_scale_tiled_kernel(BlockCodes dst, uint32_t segments) {
-  for (uint32_t r = blockIdx.x * kThreads + threadIdx.x; r < segments; r += gridDim.x * kThreads) {
-    const uint32_t amax = *segment_word<F>(dst, r);
-    store_segment_scale<F>(dst.scales + int64_t{r} * dst.stride, segment_scale<F>(amax));
-  }
+// How the launches of a quantize into `segments` segment-scaled segments of
+// grid.tiles_per_segment tiles split them: none (short segments, where
+// `one_pass`), else slices of enough blocks for the device, at most
+// kMaxSlices a segment and at least kWarps tiles a slice where the segment
+// has them.
+SegmentAmaxes slices_of(uint32_t segments, const TileGrid& grid, bool one_pass) {
+  const uint32_t tiles = grid.tiles_per_segment;
+  if ((one_pass && tiles <= static_cast<uint32_t>(kWarps)) || segments == 0) return SegmentAmaxes{nullptr, 0, 0};
+  const uint32_t blocks = static_cast<uint32_t>(sm_count()) * kBlocksPerSm;
+  uint32_t slices = (blocks + segments - 1) / segments;
+  const uint32_t most = (tiles + kWarps - 1) / kWarps;
+  slices = slices < most ? slices : most;
+  slices = slices < kMaxSlices ? slices : kMaxSlices;
+  slices = slices < 1 ? 1 : slices;
+  const uint32_t per_slice = (tiles + slices - 1) / slices;
+  return SegmentAmaxes{nullptr, (tiles + per_slice - 1) / per_slice, per_slice};  // no empty slice
 }
 
-// Whether a layout's segment headers take the atomics (4-byte aligned).
-bool headers_aligned(const BlockCodes& dst) {
-  const uintptr_t header = reinterpret_cast<uintptr_t>(dst.scales) - segment_scale_bytes(dst.format);
-  return (header & 3u) == 0 && (dst.stride & 3) == 0;
+// The tile grid of a quantize into `segments` of dst's segments (false:
+// codec_cuda.cu's kernels). A format of one block size (NVFP4) has kernels
+// for that one.
+bool quantize_grid(const BlockCodes& dst, int64_t segments, TileGrid& grid) {
+  const int required = required_block_size(dst.format);
+  return covers_block(dst.block_size) && (required == 0 || dst.block_size == required) &&
+         tile_grid(segments, dst.capacity, dst.block_size, grid) && dst.segment_numel <= kMaxExtent;
 }
 
-template <class Source, WireFormat F>
-int launch_segment_scales(const Source& source, const BlockCodes& dst, const TileGrid& grid, cudaStream_t stream) {
+// The workspace words a quantize into `segments` of dst's segments needs.
+int64_t workspace_words(const BlockCodes& dst, int64_t segments, bool one_pass) {
+  TileGrid grid;
+  if (segment_scale_bytes(dst.format) == 0 || !quantize_grid(dst, segments, grid)) return 0;
+  return int64_t{slices_of(static_cast<uint32_t>(segments), grid, one_pass).slices} * segments;
+}
+
+// Whether a sum + re-quantize of `pieces` pieces has kernels of its own (with_pieces).
+bool own_piece_kernels(int64_t pieces) { return pieces == 2 || pieces == 4 || pieces == 8 || pieces == 16; }
+
+template <class Source, WireFormat F, int kB>
+int launch_segment_scaled(const Source& source, const BlockCodes& dst, const TileGrid& grid, uint32_t* workspace,
+                          cudaStream_t stream) {
   const uint32_t segments = static_cast<uint32_t>(dst.num_segments);
-  const uint32_t blocks = (segments + kThreads - 1) / kThreads;
-  FP8C_LAUNCH(blocks, kThreads, 0, stream, clear_segment_amax_tiled_kernel<F>)(dst, segments);
-  if (grid.items > 0) {
-    FP8C_LAUNCH(grid_for(grid.items), kThreads, 0, stream, segment_amax_tiled_kernel<Source, F>)(source, dst, grid);
+  SegmentAmaxes amaxes = slices_of(segments, grid, OnePass<Source>::value);
+  const uint32_t cap = static_cast<uint32_t>(sm_count()) * kBlocksPerSm;
+  if constexpr (OnePass<Source>::value) {
+    if (amaxes.slices == 0) {
+      FP8C_LAUNCH(segments < cap ? segments : cap, kThreads, 0, stream,
+                  quantize_short_segments_tiled_kernel<Source, F, kB>)(source, dst, grid);
+      return static_cast<int>(cudaGetLastError());
+    }
   }
-  FP8C_LAUNCH(blocks, kThreads, 0, stream, segment_scale_tiled_kernel<F>)(dst, segments);
+  amaxes.partials = workspace;
+  const uint32_t slice_items = segments * amaxes.slices;
+  FP8C_LAUNCH(slice_items < cap ? slice_items : cap, kThreads, 0, stream, segment_amax_tiled_kernel<Source>)(
+      source, dst, grid, amaxes);
+  TileGrid tiles = grid;
+  if (tiles.items == 0) tiles.items = segments;  // empty segments: one empty tile each, for the header's g = 1
+  FP8C_LAUNCH(grid_for(tiles.items), kThreads, 0, stream, quantize_tiled_kernel<Source, F, kB>)(source, dst, tiles,
+                                                                                               amaxes);
   return static_cast<int>(cudaGetLastError());
 }
 
 template <class Source, WireFormat F>
-int launch_quantize(const Source& source, const BlockCodes& dst, const TileGrid& grid, cudaStream_t stream) {
+int launch_quantize(const Source& source, const BlockCodes& dst, const TileGrid& grid, uint32_t* workspace,
+                    cudaStream_t stream) {
   if constexpr (WireTraits<F>::kSegmentScaleBytes != 0) {
+    static_assert(WireTraits<F>::kBlockSize > 0, "a segment-scaled format has one block size (quantize_grid)");
     if (dst.num_segments == 0) return 0;
-    const int error = launch_segment_scales<Source, F>(source, dst, grid, stream);
-    if (error != 0) return error;
+    return launch_segment_scaled<Source, F, WireTraits<F>::kBlockSize>(source, dst, grid, workspace, stream);
+  } else {
+    if (grid.items == 0) return 0;
+    return with_block(dst.block_size, [&](auto b) {
+      constexpr int kB = decltype(b)::value;
+      FP8C_LAUNCH(grid_for(grid.items), kThreads, 0, stream, quantize_tiled_kernel<Source, F, kB>)(
+          source, dst, grid, SegmentAmaxes{nullptr, 0, 0});
+      return static_cast<int>(cudaGetLastError());
+    });
   }
-  if (grid.items == 0) return 0;
-  return with_block(dst.block_size, [&](auto b) {
-    constexpr int kB = decltype(b)::value;
-    FP8C_LAUNCH(grid_for(grid.items), kThreads, 0, stream, quantize_tiled_kernel<Source, F, kB>)(source, dst, grid);
-    return static_cast<int>(cudaGetLastError());
-  });
 }
 
 }  // namespace
 
+int64_t quantize_workspace_words(const BlockCodes& dst) { return workspace_words(dst, dst.num_segments, true); }
+
+int64_t dequant_sum_requantize_workspace_words(const BlockCodes& pieces, const BlockCodes& out) {
+  return workspace_words(out, 1, own_piece_kernels(pieces.num_segments));
+}
+
 int quantize_cuda(const void* src, ElemType type, int64_t numel, float premul, const float* premul_device,
-                  const BlockCodes& dst, void* stream) {
+                  const BlockCodes& dst, uint32_t* workspace, void* stream) {
   TileGrid grid;
-  if ((segment_scale_bytes(dst.format) != 0 && !headers_aligned(dst)) || !covers_block(dst.block_size) ||
-      !tile_grid(dst.num_segments, dst.capacity, dst.block_size, grid) || dst.segment_numel > kMaxExtent) {
+  if (!quantize_grid(dst, dst.num_segments, grid) ||
+      (workspace == nullptr && quantize_workspace_words(dst) > 0)) {
     return fp8comm::quantize_cuda(src, type, numel, premul, premul_device, dst, stream);
   }
   return with_codec_types(type, dst.format, [&](auto e, auto f) {
     constexpr ElemType E = decltype(e)::value;
     constexpr WireFormat F = decltype(f)::value;
     TensorSource<E> source{static_cast<const Storage<E>*>(src), numel, dst.segment_numel, premul, premul_device};
-    return launch_quantize<TensorSource<E>, F>(source, dst, grid, static_cast<cudaStream_t>(stream));
+    return launch_quantize<TensorSource<E>, F>(source, dst, grid, workspace, static_cast<cudaStream_t>(stream));
   });
 }
 
@@ -642,10 +810,10 @@ int dequant_sum_cuda(const BlockCodes& pieces, const OwnAddend& own, int post_di
 }
 
 int dequant_sum_requantize_cuda(const BlockCodes& pieces, const OwnAddend& own, int post_div, const BlockCodes& out,
-                                void* stream) {
+                                uint32_t* workspace, void* stream) {
   TileGrid grid;
-  if ((segment_scale_bytes(out.format) != 0 && !headers_aligned(out)) || !covers_block(out.block_size) ||
-      !tile_grid(1, out.capacity, out.block_size, grid)) {
+  if (!quantize_grid(out, 1, grid) ||
+      (workspace == nullptr && dequant_sum_requantize_workspace_words(pieces, out) > 0)) {
     return fp8comm::dequant_sum_requantize_cuda(pieces, own, post_div, out, stream);
   }
   return with_codec_types(own.type, pieces.format, [&](auto e, auto f) {
@@ -653,7 +821,9 @@ int dequant_sum_requantize_cuda(const BlockCodes& pieces, const OwnAddend& own, 
     constexpr WireFormat F = decltype(f)::value;
     return with_pieces(pieces.num_segments, [&](auto p) {
       using Source = SumSource<E, F, decltype(p)::value, RequantizeBatch<F>::value>;
-      return launch_quantize<Source, F>(Source{pieces, own, post_div, grid.log2_block}, out, grid,
+      BlockCodes one = out;  // the sum is one segment
+      one.num_segments = 1;
+      return launch_quantize<Source, F>(Source{pieces, own, post_div, grid.log2_block}, one, grid, workspace,
                                         static_cast<cudaStream_t>(stream));
     });
   });

@@ -73,6 +73,21 @@ bool on_cuda(const at::Device& device, const char* op) {
 #define FP8C_CUDA_CALL(expr) 0
 #endif
 
+namespace {
+
+// A tiled launch's workspace (codec.h): `words` 32-bit words from the caching
+// allocator on the current stream of `device` (the launch's), or none.
+struct TiledWorkspace {
+  TiledWorkspace(int64_t words, const at::Device& device)
+      : tensor(words > 0 ? at::empty({words}, at::TensorOptions().dtype(at::kInt).device(device)) : at::Tensor()) {}
+  uint32_t* words() const {
+    return tensor.defined() ? reinterpret_cast<uint32_t*>(tensor.data_ptr<int32_t>()) : nullptr;
+  }
+  at::Tensor tensor;
+};
+
+}  // namespace
+
 void quantize_into(const at::Tensor& src, float premul, const std::optional<at::Tensor>& premul_tensor,
                    const BlockCodes& dst) {
   const ElemType type = elem_type_of(src.scalar_type(), "fp8comm quantize input");
@@ -83,11 +98,16 @@ void quantize_into(const at::Tensor& src, float premul, const std::optional<at::
   }
   CudaLaunch launch(src.device());
   const float* premul_device = premul_tensor ? premul_tensor->data_ptr<float>() : nullptr;
-  check_cuda(FP8C_CUDA_CALL(tiled_cuda_codec() ? tiled::quantize_cuda(src.data_ptr(), type, src.numel(), premul,
-                                                                      premul_device, dst, launch.stream)
-                                              : quantize_cuda(src.data_ptr(), type, src.numel(), premul,
-                                                              premul_device, dst, launch.stream)),
-             "quantize");
+  if (tiled_cuda_codec()) {
+    const TiledWorkspace workspace(FP8C_CUDA_CALL(tiled::quantize_workspace_words(dst)), src.device());
+    check_cuda(FP8C_CUDA_CALL(tiled::quantize_cuda(src.data_ptr(), type, src.numel(), premul, premul_device, dst,
+                                                   workspace.words(), launch.stream)),
+               "quantize");
+  } else {
+    check_cuda(FP8C_CUDA_CALL(quantize_cuda(src.data_ptr(), type, src.numel(), premul, premul_device, dst,
+                                            launch.stream)),
+               "quantize");
+  }
 }
 
 void dequantize_into(const BlockCodes& src, const at::Tensor& dst, int64_t whole_output_bytes) {
@@ -148,10 +168,16 @@ void dequant_sum_requantize_into(const BlockCodes& pieces, const OwnAddendTensor
   }
   CudaLaunch launch(device);
   const OwnAddend addend = addend_of(own, true);
-  check_cuda(FP8C_CUDA_CALL(tiled_cuda_codec()
-                                ? tiled::dequant_sum_requantize_cuda(pieces, addend, post_div, out, launch.stream)
-                                : dequant_sum_requantize_cuda(pieces, addend, post_div, out, launch.stream)),
-             "dequant_sum_requantize");
+  if (tiled_cuda_codec()) {
+    const TiledWorkspace workspace(FP8C_CUDA_CALL(tiled::dequant_sum_requantize_workspace_words(pieces, out)),
+                                   device);
+    check_cuda(FP8C_CUDA_CALL(tiled::dequant_sum_requantize_cuda(pieces, addend, post_div, out, workspace.words(),
+                                                                 launch.stream)),
+               "dequant_sum_requantize");
+  } else {
+    check_cuda(FP8C_CUDA_CALL(dequant_sum_requantize_cuda(pieces, addend, post_div, out, launch.stream)),
+               "dequant_sum_requantize");
+  }
 }
 
 }  // namespace fp8comm

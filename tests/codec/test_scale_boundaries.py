@@ -9,7 +9,8 @@ chance, and where code that every path shares agrees with itself.
   amaxes) and its top (amaxes near FLT_MAX) included.
 - NVFP4's segment scale g, the smallest power of two with segment amax <=
   6 * 448 * g: segment amaxes 2688 * 2^k, k across g's range [2^-117, 2^117]
-  and past its lower clamp.
+  and past its lower clamp, in short segments and (a few k) in segments
+  longer than one block of the tiled CUDA kernels holds.
 - NVFP4's E4M3 block scale c under a fixed g: block amaxes 6 * value(c) * g
   (the block maximum lands on E2M1's 6), 6 * g times the midpoint of two
   codes (ties to the even code) and 7 * value(c) * g (one code higher above
@@ -18,8 +19,8 @@ chance, and where code that every path shares agrees with itself.
 Each input runs through the CPU codec against the independent references of
 tests/support (reference.py, mxfp4_reference.py, nvfp4_reference.py), through
 every CPU kernel level this machine runs against the scalar loops, and
-through the CUDA kernels under the host SIMT emulator (test_kernels_on_host's
-library) against the CPU codec; a quantize and a sum + re-quantize whose
+through both CUDA kernel sets under the host SIMT emulator
+(test_kernels_on_host's library) against the CPU codec; a quantize and a sum + re-quantize whose
 only addend is the input, which must give the quantize's bytes. The decoded
 block maximum never saturates: it is finite and within half a step of the
 input. tests/tools/plant_bugs.py holds the boundary bugs this file must catch.
@@ -62,6 +63,10 @@ SEGMENT_EXPS = sorted({*range(-160, 117, 6), -119, -118, -117, -116, -115, -1, 0
 # The segment scales under which every E4M3 block-scale boundary is tried (those the dtype holds).
 BLOCK_SCALE_G_EXPS = [-117, -60, -10, 0, 4, 50, 116]
 NV_SEGMENT_BLOCKS = 8  # blocks per NVFP4 segment-boundary segment: a whole group for the SIMD kernels
+# Long NVFP4 segment-boundary segments: more tiles than one block of the tiled CUDA kernels holds
+# (8 of 512 elements), so blocks share the segment's amax; theirs sits in the second half.
+NV_LONG_SEGMENT_EXPS = [-118, -117, -1, 0, 1, 116]
+NV_LONG_SEGMENT_BLOCKS = 9 * 512 // 16 + 5
 
 
 def name(dtype):
@@ -138,6 +143,13 @@ def boundary_inputs(fmt, dtype):
         0.5, 12, generator=gen))
     amax[torch.arange(P), torch.randint(0, NV_SEGMENT_BLOCKS, (P,), generator=gen)] = top.double()
     inputs = [(blocks_with_amax(amax.to(dtype).reshape(-1), B, gen), NV_SEGMENT_BLOCKS * B, P)]
+    # long segments whose amax sits at a segment-scale boundary in a random block of their second half
+    top = with_neighbours(representable([SEGMENT_LIMIT * 2.0**k for k in NV_LONG_SEGMENT_EXPS], dtype))
+    P, nb = top.numel(), NV_LONG_SEGMENT_BLOCKS
+    below = torch.empty(P, nb, dtype=torch.float64).uniform_(0.5, 12, generator=gen)
+    amax = top.double()[:, None] * torch.exp2(-below)
+    amax[torch.arange(P), torch.randint(nb // 2, nb, (P,), generator=gen)] = top.double()
+    inputs.append((blocks_with_amax(amax.to(dtype).reshape(-1), B, gen), nb * B, P))
     # a segment of every E4M3 block-scale boundary under a g set by its first block, at 2688 g
     for e in BLOCK_SCALE_G_EXPS:
         g = 2.0**e
@@ -320,26 +332,30 @@ def test_simd_kernels_equal_the_scalar_loops(fmt, dtype):
 
 
 # ------------------------------------------------------------------ the CUDA kernels, emulated on the host
+@pytest.mark.parametrize("kernels", ["legacy", "tiled"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=name)
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_emulated_cuda_kernels_equal_the_cpu_codec(lib, fmt, dtype):
-    """The quantize kernels (NVFP4: and its segment-scale passes, one warp per
-    segment for the short segments, several sharing one through atomics for
-    the long ones), and the sum + re-quantize of a few segments, against the
-    CPU codec."""
+def test_emulated_cuda_kernels_equal_the_cpu_codec(lib, fmt, dtype, kernels):
+    """The quantize kernels of both CUDA kernel sets, and the sum + re-quantize
+    of a few segments, against the CPU codec. NVFP4's segment scale: legacy,
+    one warp per segment for the short segments, several sharing one through
+    atomics for the long ones; tiled, one block per short segment (its amax
+    in shared memory), several sharing a long one through per-slice amaxes
+    (the long inputs: their amax in a later slice than the first)."""
     B = BLOCK[fmt]
+    run = host.Launchers(lib, "simt_" if kernels == "legacy" else "simt_tiled_")
     for x, m, P in boundary_inputs(fmt, dtype):
         cpu = quantize(x, m, P, fmt)
         emu = torch.full_like(cpu, 0xA5)
         layout = host.wire(lib, emu, P, m, B, fmt)
-        assert lib.simt_quantize(x.data_ptr(), host.ELEM[dtype], x.numel(), 1.0, None, ctypes.byref(layout)) == 0
+        assert run.quantize(x.data_ptr(), host.ELEM[dtype], x.numel(), 1.0, None, ctypes.byref(layout)) == 0
         assert torch.equal(emu, cpu), where_bytes_differ(emu, cpu, x, m, fmt, "emulated quantize")
         S = fp8comm.segment_bytes(m, B, wire_format=fmt)
         none = torch.zeros(16, dtype=torch.uint8)
         for r in sorted({0, P // 2, P - 1}):
             own = x[r * m:(r + 1) * m]
             out = torch.full((S,), 0xA5, dtype=torch.uint8)
-            assert lib.simt_dequant_sum_requantize(ctypes.byref(host.wire(lib, none, 0, m, B, fmt)), 1,
+            assert run.dequant_sum_requantize(ctypes.byref(host.wire(lib, none, 0, m, B, fmt)), 1,
                                                    own.data_ptr(), host.ELEM[dtype], m, 1.0, None, 1,
                                                    ctypes.byref(host.wire(lib, out, 1, m, B, fmt))) == 0
             want = cpu[r * S:(r + 1) * S]

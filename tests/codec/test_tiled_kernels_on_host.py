@@ -3,8 +3,8 @@ under the SIMT emulator: every codec case of test_kernels_on_host.py (every
 format, both dtypes and float16, stochastic rounding, unaligned views, odd
 sizes, non-finite blocks, random codes and scales) through the tiled
 launchers, equal to the CPU codec bit for bit; the kernels it hands to
-codec_cuda.cu's (NVFP4's quantize, block sizes it has no kernels for) named;
-grids that loop; every scale boundary; and the software semantics of the
+codec_cuda.cu's (block sizes it has no kernels for) named, and NVFP4's
+launches; grids that loop; every scale boundary; and the software semantics of the
 hardware FP8 conversions (fp8_convert_cuda.cuh) against torch's own casts.
 
 The shared tests are imported, so pytest runs them here with this module's
@@ -51,13 +51,13 @@ def quantize_both(lib, kernels, x, P, m, B, fmt, premul=1.0, rounding=None, offs
     ("mxfp4", 64, torch.float16, 1, True), ("e4m3", 512, torch.bfloat16, 1, True),
     ("e4m3", 256, torch.float32, 1, True), ("e4m3", 48, torch.float32, 1, False),
     ("e5m2", 1024, torch.bfloat16, 1, False), ("nvfp4", 16, torch.float32, 0, True),
-    ("nvfp4", 16, torch.bfloat16, 1, False)])
+    ("nvfp4", 16, torch.bfloat16, 1, True)])
 def test_which_kernels_run(lib, kernels, fmt, B, dtype, offset, tiled):
     """The tiled kernels take every format with a power-of-two block up to
-    their 512-element tile (NVFP4: headers 4-byte aligned for its amax
-    atomics); the rest go to codec_cuda.cu's kernels, and the bytes are the
-    CPU codec's either way. NVFP4's quantize: a clear, the amax pass, the
-    g kernel, the quantize."""
+    their 512-element tile, at any address; the rest go to codec_cuda.cu's
+    kernels, and the bytes are the CPU codec's either way. NVFP4's quantize
+    and re-quantize (one launch each for these short segments) are tested
+    for launches in test_nvfp4_launches."""
     gen = torch.Generator().manual_seed(B)
     P, m = 3, 700
     x = embed(nasty(P * m - 9, dtype, gen, finite=fmt == "nvfp4"), 2)
@@ -65,9 +65,6 @@ def test_which_kernels_run(lib, kernels, fmt, B, dtype, offset, tiled):
     emu, cpu = quantize_both(lib, kernels, x, P, m, B, fmt, offset=offset)
     names = kernels_launched(lib)
     assert all(("tiled" in n) == tiled for n in names), names
-    if fmt == "nvfp4" and tiled:
-        assert names == ["clear_segment_amax_tiled_kernel", "segment_amax_tiled_kernel",
-                         "segment_scale_tiled_kernel", "quantize_tiled_kernel"], names
     assert_same_bits(emu, cpu, "wire segments")
     S = fp8comm.segment_bytes(m, B, wire_format=fmt)
     pieces = torch.empty(P * S, dtype=torch.uint8)
@@ -83,6 +80,75 @@ def test_which_kernels_run(lib, kernels, fmt, B, dtype, offset, tiled):
     assert kernels.dequant_sum_requantize(ctypes.byref(wire(lib, pieces, P, m, B, fmt)), 0, None, ELEM[dtype], 0,
                                           1.0, None, 2, ctypes.byref(wire(lib, req_emu_view, 1, m, B, fmt))) == 0
     assert all(("tiled" in n) == tiled for n in kernels_launched(lib))
+    assert_same_bits(req_emu, req_cpu, "re-quantized segment")
+
+
+def nvfp4_segments(P, m, dtype, gen):
+    """P segments of m elements (the last 5 short), each of its own magnitude
+    (a segment scale apart) with its amax in its last 100 elements (the last
+    tile or slice), one of zeros (g = 1)."""
+    x = torch.randn(P * m - 5, generator=gen, dtype=torch.float64)
+    for r in range(P):
+        x[r * m + m - 100] = 50.0
+        x[r * m:(r + 1) * m] *= 2.0 ** (7 * r - 9)
+    x[m:2 * m] = 0
+    return embed(x.to(dtype), 1)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("m,launches", [
+    (700, ["quantize_short_segments_tiled_kernel"]),
+    (4096, ["quantize_short_segments_tiled_kernel"]),
+    (4097, ["segment_amax_tiled_kernel", "quantize_tiled_kernel"]),
+    (9 * 4096 + 100, ["segment_amax_tiled_kernel", "quantize_tiled_kernel"])])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_nvfp4_launches(lib, kernels, m, launches, dtype):
+    """NVFP4's quantize and sum + re-quantize: segments of at most one
+    block's 8 tiles (4096 elements) in one launch that reads the source once;
+    longer ones in two (the amax pass, then the quantize), whose blocks share
+    a segment through per-slice amaxes in a poisoned workspace, on the
+    emulator's 3 blocks, so both grids loop. Bytes equal to the CPU codec's
+    for segments a scale apart, one of zeros, the last one short, at an
+    address whose headers are not 4-byte aligned."""
+    gen = torch.Generator().manual_seed(m)
+    P, B = 4, 16
+    x = nvfp4_segments(P, m, dtype, gen)
+    lib.simt_take_launches()
+    emu, cpu = quantize_both(lib, kernels, x, P, m, B, "nvfp4", premul=3.0, offset=1)
+    assert kernels_launched(lib) == launches
+    assert_same_bits(emu, cpu, "wire segments")
+    S = fp8comm.segment_bytes(m, B, wire_format="nvfp4")
+    pieces = torch.empty(P * S, dtype=torch.uint8)
+    fp8comm.quantize_segments(x, pieces, P, m, block_size=B, wire_format="nvfp4")
+    own = embed(torch.randn(m - 2, generator=gen).to(dtype), 3)
+    own_c = (1, own.data_ptr(), ELEM[dtype], own.numel(), -2.0, None)
+    req_cpu, req_cpu_view, req_emu, req_emu_view = outers(S, torch.uint8, 1)
+    fp8comm.dequant_sum_requantize(pieces, req_cpu_view, P, m, block_size=B, wire_format="nvfp4", post_div=P,
+                                   own=own, own_premul=-2.0)
+    lib.simt_take_launches()
+    assert kernels.dequant_sum_requantize(ctypes.byref(wire(lib, pieces, P, m, B, "nvfp4")), *own_c, P,
+                                          ctypes.byref(wire(lib, req_emu_view, 1, m, B, "nvfp4"))) == 0
+    assert kernels_launched(lib) == launches
+    assert_same_bits(req_emu, req_cpu, "re-quantized segment")
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("P", [3, 4])
+def test_nvfp4_empty_segments_get_their_header(lib, kernels, P):
+    """Segments of no elements still get their header (g = 1), from the
+    quantize and from the sum + re-quantize of a piece count with kernels of
+    its own (4: one launch) and without (3: two launches)."""
+    B, m = 16, 0
+    S = fp8comm.segment_bytes(m, B, wire_format="nvfp4")
+    x = torch.zeros(0)
+    emu, cpu = quantize_both(lib, kernels, x, P, m, B, "nvfp4")
+    assert_same_bits(emu, cpu, "wire segments")
+    pieces = torch.empty(P * S, dtype=torch.uint8)
+    fp8comm.quantize_segments(x, pieces, P, m, block_size=B, wire_format="nvfp4")
+    req_cpu, req_cpu_view, req_emu, req_emu_view = outers(S, torch.uint8, 1)
+    fp8comm.dequant_sum_requantize(pieces, req_cpu_view, P, m, block_size=B, wire_format="nvfp4")
+    assert kernels.dequant_sum_requantize(ctypes.byref(wire(lib, pieces, P, m, B, "nvfp4")), 0, None, ELEM[x.dtype],
+                                          0, 1.0, None, 1, ctypes.byref(wire(lib, req_emu_view, 1, m, B, "nvfp4"))) == 0
     assert_same_bits(req_emu, req_cpu, "re-quantized segment")
 
 

@@ -5,14 +5,26 @@
 // compiles into the same library.
 #include "codec/codec_cuda_tiled.cu"
 
+#include <vector>
+
 #include "codec_host_args.h"
+
+namespace {
+
+// A launch's workspace (codec.h, tiled): the words it asks for, poisoned,
+// since the kernels must not read anything they did not write.
+std::vector<uint32_t> poisoned_words(int64_t words) { return std::vector<uint32_t>(words, 0xA5A5A5A5u); }
+
+}  // namespace
 
 extern "C" {
 
 int simt_tiled_quantize(const void* src, int64_t type, int64_t numel, float premul, const float* premul_device,
                         const HostCodes* dst) {
+  const fp8comm::BlockCodes codes = to_codes(*dst);
+  std::vector<uint32_t> workspace = poisoned_words(fp8comm::tiled::quantize_workspace_words(codes));
   return fp8comm::tiled::quantize_cuda(src, static_cast<fp8comm::ElemType>(type), numel, premul, premul_device,
-                                       to_codes(*dst), nullptr);
+                                       codes, workspace.empty() ? nullptr : workspace.data(), nullptr);
 }
 
 int simt_tiled_dequantize(const HostCodes* src, void* dst, int64_t type, int64_t numel) {
@@ -30,9 +42,12 @@ int simt_tiled_dequant_sum(const HostCodes* pieces, int64_t own_present, const v
 int simt_tiled_dequant_sum_requantize(const HostCodes* pieces, int64_t own_present, const void* own,
                                       int64_t own_type, int64_t own_numel, float own_premul,
                                       const float* own_premul_device, int64_t post_div, const HostCodes* out) {
+  const fp8comm::BlockCodes codes = to_codes(*out);
+  const fp8comm::BlockCodes in = to_codes(*pieces);
+  std::vector<uint32_t> workspace = poisoned_words(fp8comm::tiled::dequant_sum_requantize_workspace_words(in, codes));
   return fp8comm::tiled::dequant_sum_requantize_cuda(
-      to_codes(*pieces), to_own(own_present, own, own_type, own_numel, own_premul, own_premul_device),
-      static_cast<int>(post_div), to_codes(*out), nullptr);
+      in, to_own(own_present, own, own_type, own_numel, own_premul, own_premul_device),
+      static_cast<int>(post_div), codes, workspace.empty() ? nullptr : workspace.data(), nullptr);
 }
 
 // fp8_convert_cuda.cuh's software semantics of the hardware conversions:

@@ -3,10 +3,10 @@
 // machines without a GPU execute them (tests/codec/test_kernels_on_host.py).
 //
 // Every CUDA thread is a fiber (ucontext); the fibers of one block run round
-// robin in the calling OS thread, one block after the other. Warp shuffles and
-// __syncthreads are barriers: a shuffle waits for all 32 lanes of its warp at
-// the same shuffle, __syncthreads for every thread of the block at the same
-// __syncthreads. A barrier that can never complete (a lane has exited, or waits
+// robin in the calling OS thread, one block after the other. Warp shuffles,
+// __syncwarp and __syncthreads are barriers: a shuffle (or __syncwarp) waits
+// for all 32 lanes of its warp at the same one, __syncthreads for every
+// thread of the block at the same __syncthreads. A barrier that can never complete (a lane has exited, or waits
 // at another barrier) aborts with a message naming the kernel and the barrier:
 // a divergence bug is an error, never a hang. 16- and 8-byte vector accesses
 // (__ldg, stores through uint4 / uint2 pointers) abort when misaligned; a fault (an access out
@@ -382,6 +382,12 @@ inline T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = 32, co
   T out;
   memcpy(&out, &f.value, sizeof(T));
   return out;
+}
+
+// A barrier of the warp's 32 lanes (a shuffle that exchanges nothing).
+inline void __syncwarp(unsigned mask = 0xffffffffu, const char* file = __builtin_FILE(),
+                       int line = __builtin_LINE()) {
+  __shfl_xor_sync(mask, 0u, 0, 32, file, line);
 }
 
 inline void __syncthreads(const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
