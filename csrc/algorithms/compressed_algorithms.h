@@ -36,7 +36,7 @@ struct CompressedArgs {
   // undefined: nothing kept.
   at::Tensor residual;
   // all_to_all: the elements of the input for each rank and of the output
-  // from each rank, in rank order (checked against every rank's: all_to_all.h).
+  // from each rank, in rank order (checked against every rank's: all_to_all_splits.h).
   std::vector<int64_t> send_numels, recv_numels;
   int64_t root = 0;  // reduce: the group rank whose tensor receives the result
 };

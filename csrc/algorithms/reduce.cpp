@@ -31,7 +31,8 @@ NodeBytes compressed::run_reduce(Route& route, const WireLayout& wire, Workspace
   const at::Tensor flat = tensor.view({-1});
 
   // What the reduce_scatter reads, P segments of k elements: the tensor, or
-  // a copy padded with zeros (the all_to_all's slots are free until it runs).
+  // a copy padded with zeros, in the all_gather's slots, which neither the
+  // reduce_scatter nor the all_to_all below uses.
   at::Tensor input = flat;
   if (P * k != n) {
     input = buffer(ws, Workspace::kGathered, P * k, tensor);

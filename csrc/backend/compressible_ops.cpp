@@ -117,10 +117,23 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupFp8::reduce(std::vector<at::Tensor>& 
   check_not_fp8_reduction(c.name, tensors);
   check_writable(c.name, tensors, "a tensor");
   at::Tensor& tensor = tensors[0];
+  const TransportTraits traits = traits_for(tensor.device().type());
+  check_reduce_op_supported(c.name, opts.reduceOp, tensor, traits);
   auto red = reduction_for(opts.reduceOp, tensor, size_);
   const CallSpec spec{tensor, tensor.numel(), reducible(red), bytes_of(tensor), opts.asyncOp, opts.timeout,
                       with_factor(tensors, opts.reduceOp, red), tensors};
-  auto exact = [&] { return inner_for(tensor.device(), c.name)->reduce(tensors, opts); };
+  auto exact = [&]() -> c10::intrusive_ptr<c10d::Work> {
+    auto inner = inner_for(tensor.device(), c.name);
+    if (!needs_emulation(opts.reduceOp, tensor, traits)) return inner->reduce(tensors, opts);
+    c10d::ReduceOptions sum = opts;
+    sum.reduceOp = c10d::ReduceOp::SUM;
+    const std::vector<at::Tensor> written = rank_ == opts.rootRank ? tensors : std::vector<at::Tensor>{};
+    emulate_reduce(c.name, opts.reduceOp, size_, tensors, written, /*in_place=*/true,
+                   [&](std::vector<at::Tensor>& copies, std::vector<at::Tensor>&) {
+                     wait_for(hold_inner_work(inner->reduce(copies, sum), tensor.device().type()));
+                   });
+    return {};
+  };
   return call(c, spec, exact, [&](auto&& algorithm) {
     at::Tensor buffer = contiguous_or_self(tensor);
     CompressedArgs args{{buffer}, {}, &*red};

@@ -15,14 +15,19 @@ struct Held {
 };
 
 // Never destroyed: a Work held at exit is never released. A forked child
-// holds none of the parent's Works' threads (and maybe a locked mutex), so
-// it forgets the parent's, left allocated, and starts afresh.
+// holds none of the parent's Works' threads, so it forgets the parent's,
+// left allocated, and starts afresh. fork() waits for held_mutex, so the
+// child never starts with it locked by a thread it does not have.
 Held* held = nullptr;
 std::mutex held_mutex;
 
 Held& the_held() {
   static const bool registered = [] {
-    pthread_atfork(nullptr, nullptr, [] { held = nullptr; });
+    pthread_atfork([] { held_mutex.lock(); }, [] { held_mutex.unlock(); },
+                   [] {
+                     held = nullptr;
+                     held_mutex.unlock();
+                   });
     return true;
   }();
   (void)registered;
@@ -57,14 +62,20 @@ std::vector<c10::intrusive_ptr<c10d::Work>> add_and_take_unshared(
 
 }  // namespace
 
+// Every device's calls let go of the unshared Works: a group whose CPU
+// calls stop (a state dict broadcast at start) still frees them.
 const c10::intrusive_ptr<c10d::Work>& hold_inner_work(const c10::intrusive_ptr<c10d::Work>& work,
                                                       c10::DeviceType device_type) {
-  if (work && device_type == c10::DeviceType::CPU) add_and_take_unshared({work});
+  if (work && device_type == c10::DeviceType::CPU) {
+    add_and_take_unshared({work});
+  } else {
+    add_and_take_unshared({});
+  }
   return work;
 }
 
 void hold_inner_works(const std::vector<c10::intrusive_ptr<c10d::Work>>& works, c10::DeviceType device_type) {
-  if (device_type == c10::DeviceType::CPU) add_and_take_unshared(works);
+  add_and_take_unshared(device_type == c10::DeviceType::CPU ? works : std::vector<c10::intrusive_ptr<c10d::Work>>{});
 }
 
 void release_unshared_inner_works() { add_and_take_unshared({}); }
