@@ -89,7 +89,7 @@ inline constexpr EnvVar kLocalSize{"FP8COMM_LOCAL_SIZE", "LOCAL_WORLD_SIZE, else
 inline constexpr EnvVar kCpuSimd{"FP8COMM_CPU_SIMD", "1", "CPU codec kernels: 1 every kernel the CPU runs, avx2 no AVX-512 kernels, 0 scalar loops (same bytes)"};
 inline constexpr EnvVar kFusedCast{"FP8COMM_FUSED_CAST", "1", "Fp8Linear on CUDA: 0 casts through the eager chain of torch ops instead of the fused CUDA kernels (the CPU always uses the fused operator)"};
 inline constexpr EnvVar kWarnPassthrough{"FP8COMM_WARN_PASSTHROUGH", "1", "0 (off) or 1 (on): a group warns once per op when a call Options.compress names passes through exactly for being below min_numel (get_stats' passthrough_reasons counts every such call); read at group creation"};
-inline constexpr EnvVar kCudaCast{"FP8COMM_CUDA_CAST", "legacy", "Fp8Linear's fused CUDA cast kernels, read at every call: legacy (csrc/linear/cast_cuda.cu) or tiled (cast_cuda_tiled.cu, for the memory bound; what it does not cover runs the legacy kernels); the same bytes"};
+inline constexpr EnvVar kCudaCast{"FP8COMM_CUDA_CAST", "legacy", "Fp8Linear's fused CUDA cast kernels, read at every call: legacy (csrc/linear/cast_cuda.cu) or tiled (cast_cuda_tiled.cu, for the memory bound; what it does not cover runs the legacy kernels; the delayed recipe's casts run fused only here); the same bytes"};
 inline constexpr EnvVar kCudaCodec{"FP8COMM_CUDA_CODEC", "legacy", "CUDA codec kernels, read at every call: legacy (csrc/codec/codec_cuda.cu) or tiled (codec_cuda_tiled.cu, for the memory bound; what it does not cover runs the legacy kernels); the same bytes"};
 // clang-format on
 

@@ -129,7 +129,7 @@ void cast_tensorwise(const CastArgs& a) {
         [](uint32_t x, uint32_t y) { return std::max(x, y); });
     amax = bits_float(bits);
   }
-  const Scale s = a.scale != nullptr ? Scale{*a.scale, 1.0f / *a.scale} : scale_of<F>(amax);
+  const Scale s = a.scale != nullptr ? given_scale(*a.scale) : scale_of<F>(amax);
   if (a.amax_out != nullptr) *a.amax_out = amax;
   if (a.data != nullptr) {
     at::parallel_for(0, n, kGrainElems, [&](int64_t b, int64_t e) {

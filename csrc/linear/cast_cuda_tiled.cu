@@ -154,10 +154,7 @@ __device__ __forceinline__ uint32_t block_max_of(const uint32_t* words, uint32_t
 
 template <Fp8Dtype F>
 __device__ __forceinline__ Scale block_scale(const ScaleIn& in) {
-  if (in.scale != nullptr) {
-    const float s = *in.scale;
-    return Scale{s, 1.0f / s};
-  }
+  if (in.scale != nullptr) return given_scale(*in.scale);
   return scale_of<F>(in.amax != nullptr ? *in.amax : bits_float(block_max_of(in.partials, in.count)));
 }
 

@@ -65,6 +65,10 @@ FP8C_HD Scale scale_of(float amax) {
   return Scale{nan ? q : s, nan ? q : inv};
 }
 
+// A given scale (the delayed recipe's) and its inverse; a NaN scale's
+// inverse is the canonical NaN on every path, whatever the scale's NaN bits.
+FP8C_HD Scale given_scale(float s) { return Scale{s, is_nan(s) ? bits_float(kCanonicalNan) : 1.0f / s}; }
+
 // c10's fp32 -> fp8 conversion, branch-free (the same integer steps), from
 // the dtype's bits: round to nearest even; past the range Inf where the dtype
 // has one, else its largest finite code; NaN the all-ones code 0x7F.

@@ -13,8 +13,9 @@ One cast (:meth:`DelayedState.cast`): data = saturate(x * scale) in FP8 with
 the operand's scale from the history, and this step's amax of x read in the
 same pass: the fused operator ``torch.ops.fp8comm.cast_fp8_scaled`` where the
 casts run fused (scaling.fused_cast_enabled: the CPU twin, and on CUDA the
-tiled kernels, one pass over x that records its amax, with the transpose
-from the same codes), else :func:`cast_with_scale`'s torch ops (an
+tiled kernels when FP8COMM_CUDA_CAST names them, one pass over x that
+records its amax, with the transpose from the same codes; the legacy set
+has no such cast), else :func:`cast_with_scale`'s torch ops (an
 elementwise cast and a max-reduction that does not wait for it). The same
 bytes (NaN codes aside: the operator writes 0x7F, as every fused cast does). An element beyond fp8_max / scale saturates to
 +-fp8_max; a cast in which one would not have rounded to fp8_max anyway
@@ -46,6 +47,7 @@ import torch.distributed as dist
 
 from ..codec import fp8_max
 from .config import Recipe
+from .. import _C
 from .scaling import EPS, fused_cast_enabled
 
 INPUT, WEIGHT, GRAD_OUTPUT = 0, 1, 2
@@ -111,6 +113,15 @@ def saturated_of(amax: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) ->
     return (amax * scale > saturation_threshold(dtype)).to(torch.int64)
 
 
+def scaled_cast_fused(device: torch.device) -> bool:
+    """Whether a delayed cast on ``device`` runs in cast_fp8_scaled: the CPU
+    twin, or on CUDA the tiled kernels alone, so FP8COMM_CUDA_CAST=legacy
+    keeps every CUDA cast in the set a GPU has measured."""
+    if not fused_cast_enabled(device):
+        return False
+    return device.type != "cuda" or _C.cuda_cast() == "tiled"
+
+
 class DelayedState:
     """What one call of an Fp8Linear needs of its delayed-scaling state."""
 
@@ -135,7 +146,7 @@ class DelayedState:
         else:  # nothing recorded yet: the operand's own amax (one more pass, once)
             amax = x.detach().abs().amax().float()
             scale = self._scaled_max(dtype) / amax.clamp(min=EPS)
-        if fused_cast_enabled(x.device):
+        if scaled_cast_fused(x.device):
             data, inv, data_t, _, amax = torch.ops.fp8comm.cast_fp8_scaled(
                 x.detach(), dtype, scale.reshape(()).to(torch.float32), True, with_transpose)
             saturated = saturated_of(amax, scale, dtype)

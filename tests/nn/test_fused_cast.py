@@ -500,6 +500,11 @@ def test_scaled_cast_errors_and_empty_inputs():
                                                                       True, True)
     assert data.shape == (0, 5) and data_t.shape == (5, 0) and inv.item() == inv_t.item() == 0.25
     assert amax.item() == 0.0
+    # A NaN scale of any NaN bits: the inverse is the canonical NaN (cast_math.h), as on CUDA.
+    for nan_bits in (0x7FC00000, -0x00400000, -0x003FFFFF):  # 0xFFC00000, 0xFFC00001 as int32
+        scale = torch.tensor([nan_bits], dtype=torch.int32).view(torch.float32).reshape(())
+        data, inv, _, _, _ = torch.ops.fp8comm.cast_fp8_scaled(x, E4M3, scale, True, False)
+        assert bits(inv).item() == 0x7FFFFFFF and bool((data.view(torch.uint8) == 0x7F).all()), hex(nan_bits)
 
 
 def test_cuda_cast_choice(monkeypatch):
