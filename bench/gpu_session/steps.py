@@ -34,7 +34,7 @@ CODEC_ENV = "FP8COMM_CUDA_CODEC"
 # kernels' rerun of the codec tests aside).
 CODEC_CAST_TESTS = ("tests/codec/test_codec_cuda.py", "tests/nn/test_fused_cast_cuda.py")
 GEMM_TESTS = ("tests/nn/test_linear_cuda.py",)
-SHARED_MEMORY_TESTS = ("tests/nn/test_fused_cast_cuda.py",)
+SHARED_MEMORY_TESTS = ("tests/nn/test_fused_cast_cuda.py", "tests/codec/test_codec_cuda.py")
 # The sanitizers' subset (of some 900 codec and cast cases): no torch.compile (minutes
 # of compiling, no kernel of ours the rest does not run), no hypothesis; float16 left
 # out (bfloat16's 2-byte paths), e5m2 and the casts' second FP8 dtype (e4m3's paths
@@ -45,7 +45,10 @@ SHARED_MEMORY_TESTS = ("tests/nn/test_fused_cast_cuda.py",)
 # the kernels the other cast tests run.
 MEMCHECK_K = ("not compile and not hypothesis and not dtype2 and not e5m2 and not fp8_dtype1 and not 1048576 "
               "and not 1048583")
-RACECHECK_K = "not compile and not dtype2 and not fp8_dtype1 and not fp8_linear"
+# Of the codec, racecheck runs the tiled NVFP4 cases alone: the codec's only
+# kernels with shared memory (the segment amaxes and g of NVFP4).
+RACECHECK_K = ("not compile and not dtype2 and not fp8_dtype1 and not fp8_linear and (test_fused_cast_cuda or "
+               "(nvfp4 and tiled and not hypothesis and not 1048576 and not 1048583))")
 CLUSTER_JSON = "{out}/cluster-1gpu.json"
 
 
