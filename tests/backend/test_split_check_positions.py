@@ -115,7 +115,44 @@ def every_position() -> dict:
     return found
 
 
+def wrong_length_lists() -> dict:
+    """all_to_all_single with one split size too few, then too many, on
+    either side: {(side, length): the error's type and text or None}, and
+    whether an agreeing call still works after them."""
+    c = ctx()
+    found = {}
+    for side in ("input", "output"):
+        for length in (c.world - 1, c.world + 1):
+            sizes = [ROWS] * length
+            good = [ROWS] * c.world
+            x = torch.zeros(ROWS * c.world, WIDTH)
+            out = torch.full((ROWS * c.world, WIDTH), 7.0)
+            try:
+                if side == "input":
+                    dist.all_to_all_single(out, x, good, sizes, group=c.group)
+                else:
+                    dist.all_to_all_single(out, x, sizes, good, group=c.group)
+                found[(side, length)] = None
+            except Exception as e:  # noqa: BLE001 (the type is part of what is checked)
+                found[(side, length)] = (type(e).__name__, str(e))
+    _agreeing("single")  # raises if the group were left out of step
+    found["usable"] = True
+    return found
+
+
 # -------------------------------------------------------------------- tests
+@pytest.mark.pools("fp8gloo-3")
+def test_a_split_list_of_the_wrong_length_is_refused_by_name(pool):
+    """One split size too few or too many: every rank refuses it where it
+    enters, naming the op and what to pass (not an IndexError from the
+    bytes the call would count), and the group stays usable."""
+    for r in pool.run(wrong_length_lists, timeout=60):
+        assert r.pop("usable") is True
+        for key, got in r.items():
+            assert got is not None and got[0] != "IndexError", (key, got)
+            assert f"fp8comm {OP}" in got[1] and "split sizes for a group of" in got[1], (key, got)
+
+
 def test_every_position_raises_on_every_rank(pool):
     """The first error of any (entry, side, s, d) is the failure message;
     every one is listed where more fail."""
