@@ -11,9 +11,11 @@
 // through the Work's noexcept destructor calls std::terminate: the process
 // aborts at exit with "terminate called without an active exception"
 // (pytorch/pytorch#190489; plain gloo does it too). So every Work fp8comm gets
-// from a CPU transport is held here, and let go of on a caller's thread once
-// it alone holds it: at the next call into any fp8 group, or when a group is
-// shut down or destroyed. Works still shared when the process exits stay
+// from a CPU transport and returns or waits for is held here (a phase started
+// but never waited for, when an earlier one failed, is not: its tensors are
+// the call's own buffers and views, made in C++), and let go of on a caller's
+// thread once it alone holds it: at the next call into any fp8 group, or
+// when a group is shut down or destroyed. Works still shared when the process exits stay
 // held, so no gloo worker ever drops a last reference.
 #include <c10/core/DeviceType.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
