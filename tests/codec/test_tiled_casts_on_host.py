@@ -14,10 +14,12 @@ import pytest
 import torch
 
 from tests.codec.test_kernels_on_host import (  # noqa: F401 (fixtures)
-    CAST_FORMAT, E4M3, E5M2, ELEM, cast_both, embed, kernels_launched, lib, lib_path, name, wide)
+    CAST_FORMAT, E4M3, E5M2, ELEM, FILL, GUARD, cast_both, embed, filled, kernels_launched, lib, lib_path, name,
+    wide)
 
 TENSORWISE, ROWWISE = False, True
 ALL_MODES = [(True, False), (True, True), (False, True)]
+PI32 = torch.tensor(math.pi).item()  # what scaled_cast's inverses hold until written
 
 
 def launches(lib, x, fp8, rowwise, with_data, with_t, amax=None):
@@ -125,13 +127,17 @@ def test_rowwise_scale_boundaries(lib, fp8):
         cast_both(lib, x, fp8, ROWWISE, with_data, with_t, 1, 0, cast_set="tiled")
 
 
-def scaled_cast(lib, x, fp8, scale, with_data, with_t):
-    """The tiled kernels' cast of x with a given scale: (data, inv, data_t,
-    inv_t, amax, kernels launched); outputs not asked for are None."""
+def scaled_cast(lib, x, fp8, scale, with_data, with_t, offset=1, outer=None):
+    """The tiled kernels' cast of x (a view `offset` elements from a 16-byte
+    boundary) with a given scale: (data, inv, data_t, inv_t, amax, kernels
+    launched); outputs not asked for are None, inverses not asked for stay pi.
+    `outer` (a list) gets the filled buffers around data and data_t."""
     M, K = x.shape
-    xs = embed(x.flatten(), 1)
-    data = torch.full((M * K,), 0xA5, dtype=torch.uint8) if with_data else None
-    data_t = torch.full((M * K,), 0xA5, dtype=torch.uint8) if with_t else None
+    xs = embed(x.flatten(), offset)
+    data_outer, data = filled(M * K, torch.uint8, offset) if with_data else (None, None)
+    t_outer, data_t = filled(M * K, torch.uint8, offset) if with_t else (None, None)
+    if outer is not None:
+        outer += [data_outer, t_outer]
     inv, inv_t, amax = (torch.full((1,), math.pi) for _ in range(3))
     scale_t = torch.tensor([scale], dtype=torch.float32)
     workspace = torch.randint(-(1 << 31), 1 << 31, (lib.simt_cast_workspace_words(M, K, 0),), dtype=torch.int32)
@@ -186,3 +192,41 @@ def test_delayed_cast_records_the_amax_in_the_same_pass(lib, dtype, fp8, special
                 assert amax.isnan().all(), k
             else:
                 assert torch.equal(amax.view(torch.int32), want_amax.reshape(1).view(torch.int32)), (k, "amax")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=name)
+@pytest.mark.parametrize("offset", [0, 3])
+@pytest.mark.parametrize("shape", [(1, 7), (64, 128), (131, 517)])
+def test_delayed_cast_equals_the_cpu_twin(lib, dtype, offset, shape):
+    """The given-scale cast against the CPU twin's operator
+    (fp8comm::cast_fp8_scaled) bit for bit, codes, inverses and amax, with a
+    NaN and an Inf planted: sources 16-byte aligned and not, every dtype,
+    tiles cut by the edges over a looping grid; nothing written outside the
+    outputs asked for, an inverse not asked for left alone."""
+    gen = torch.Generator().manual_seed(shape[0] * 7 + offset)
+    x = wide(shape, dtype, gen)
+    x.view(-1)[shape[1] // 2] = math.nan
+    x.view(-1)[-1] = -math.inf
+    finite = x.float()[torch.isfinite(x.float())].abs().amax()
+    for k, fp8 in enumerate((E4M3, E5M2)):
+        scale = torch.tensor(torch.finfo(fp8).max / finite.item() * (4.0 if k else 0.25), dtype=torch.float32)
+        for with_data, with_t in ALL_MODES:
+            outer = []
+            data, inv, data_t, inv_t, amax, _ = scaled_cast(lib, x, fp8, scale.item(), with_data, with_t, offset,
+                                                            outer)
+            want = torch.ops.fp8comm.cast_fp8_scaled(x, fp8, scale, with_data, with_t)
+            where = (fp8, with_data, with_t)
+            if with_data:
+                assert torch.equal(data, want[0].view(torch.uint8).flatten()), where
+                assert torch.equal(inv.view(torch.int32), want[1].reshape(1).view(torch.int32)), where
+            else:
+                assert inv.item() == PI32, where
+            if with_t:
+                assert torch.equal(data_t, want[2].view(torch.uint8).flatten()), where
+                assert torch.equal(inv_t.view(torch.int32), want[3].reshape(1).view(torch.int32)), where
+            else:
+                assert inv_t.item() == PI32, where
+            assert amax.isnan().all() and want[4].isnan(), where  # x holds a NaN: so does its amax
+            for buf in filter(lambda b: b is not None, outer):
+                start, n = GUARD + offset, x.numel()
+                assert bool((buf[:start] == FILL).all()) and bool((buf[start + n:] == FILL).all()), where
