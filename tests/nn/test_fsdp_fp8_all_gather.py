@@ -263,6 +263,9 @@ def count_forward_casts(ext: bool, recipe: str = "tensorwise"):
 
     def pre_hook(mod, args):
         w = mod.weight
+        # The running module's weight alone: an unsharded weight freed after its
+        # forward leaves its address to a later layer's activations.
+        held.clear()
         held.add(w._data.data_ptr() if isinstance(w, Fp8WeightCast) else w.data_ptr())
         arrived.append(w._data.data_ptr() if isinstance(w, Fp8WeightCast) else None)
 
