@@ -105,10 +105,9 @@ def _aborted_at_exit(out) -> bool:
 @pytest.mark.parametrize("name", sorted(LAUNCH))
 def test_snippet_trains_with_fp8_compressed_gradients(name, tmp_path):
     out = _run(name, snippet(name), tmp_path)
-    if name in PLAIN_GLOO and out.returncode != 0 and _aborted_at_exit(out):
-        out = _run(name, snippet(name), tmp_path)  # once more: torch's race, not the snippet, failed the run
     log = out.stdout[-3000:] + out.stderr[-5000:]
-    assert out.returncode == 0, log
+    # A plain-gloo snippet may abort after its final report in torch's race, not the snippet's: its report stands.
+    assert out.returncode == 0 or (name in PLAIN_GLOO and _aborted_at_exit(out)), log
     found = STATS.findall(out.stdout)
     assert len(found) == 1, log  # printed by rank 0 only
     calls, sent, uncompressed = map(int, found[0])

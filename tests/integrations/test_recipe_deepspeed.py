@@ -27,10 +27,11 @@ def _run(tmp_path, code, *args):
                                          DS_ACCELERATOR="cpu")
 
     out = run()
-    if args == ("gloo",) and out.returncode != 0 and doc_snippets.aborted_at_exit(out) and \
-            set(_losses(out.stdout)) == {1, 2, 3}:
-        out = run()  # once more: torch's race over plain gloo (2 of 12 runs here), not the recipe, failed it
-    assert out.returncode == 0, doc_snippets.log(out)
+    # The plain-gloo baseline may abort after its complete report in torch's
+    # teardown race (2 of 12 runs here; doc_snippets.aborted_at_exit): its
+    # losses stand. fp8gloo's runs must exit cleanly.
+    excused = args == ("gloo",) and doc_snippets.aborted_at_exit(out) and set(_losses(out.stdout)) == {1, 2, 3}
+    assert out.returncode == 0 or excused, doc_snippets.log(out)
     return out.stdout
 
 

@@ -31,7 +31,10 @@ def test_float8_fsdp2_over_fp8gloo_trains_like_gloo(tmp_path):
     code = doc_snippets.code_block("torchao_fsdp2", "recipe")
     fp8, gloo = _run(tmp_path, code), _run(tmp_path, code, "gloo")
     assert fp8.returncode == 0, doc_snippets.log(fp8)
-    assert gloo.returncode == 0, doc_snippets.log(gloo)
+    # The plain-gloo baseline may abort after its report in torch's teardown
+    # race (doc_snippets.aborted_at_exit): its loss stands.
+    excused = doc_snippets.aborted_at_exit(gloo) and re.search(r"^gloo: loss ", gloo.stdout, re.M)
+    assert gloo.returncode == 0 or excused, doc_snippets.log(gloo)
     print(fp8.stdout, gloo.stdout, sep="\n")  # the numbers docs/integrations.md carries (pytest -s)
     fp8_loss, gloo_loss = _loss(fp8.stdout, "fp8gloo"), _loss(gloo.stdout, "gloo")
     assert abs(fp8_loss - gloo_loss) <= 0.01 * gloo_loss, (fp8_loss, gloo_loss)
