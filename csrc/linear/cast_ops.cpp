@@ -73,6 +73,31 @@ void launch_cuda(const CastArgs&, const at::Device&, const at::Tensor&) {
 }
 #endif
 
+// What both casts pass the kernels: the source and the outputs asked for
+// (an output not asked for is null).
+CastArgs args_for(const at::Tensor& src, ElemType type, Fp8Dtype fp8_dtype, at::Tensor& data, at::Tensor& inv,
+                  at::Tensor& data_t, at::Tensor& inv_t, bool with_data, bool with_transpose) {
+  CastArgs args;
+  args.src = src.data_ptr();
+  args.type = type;
+  args.rows = src.size(0);
+  args.cols = src.size(1);
+  args.fp8_dtype = fp8_dtype;
+  args.data = with_data ? static_cast<uint8_t*>(data.data_ptr()) : nullptr;
+  args.inv_scale = with_data ? inv.data_ptr<float>() : nullptr;
+  args.data_t = with_transpose ? static_cast<uint8_t*>(data_t.data_ptr()) : nullptr;
+  args.inv_scale_t = with_transpose ? inv_t.data_ptr<float>() : nullptr;
+  return args;
+}
+
+void run_cast(const CastArgs& args, const at::Device& device, const at::Tensor& src) {
+  if (device.is_cpu()) {
+    cast_fp8_cpu(args);
+  } else {
+    launch_cuda(args, device, src);
+  }
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cast_fp8(const at::Tensor& x, at::ScalarType fp8_scalar_type,
                                                                     bool rowwise, bool with_data, bool with_transpose,
                                                                     const std::optional<at::Tensor>& amax) {
@@ -108,23 +133,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cast_fp8(const at::Te
     return {data, inv, data_t, inv_t};
   }
 
-  CastArgs args;
-  args.src = src.data_ptr();
-  args.type = type;
-  args.rows = M;
-  args.cols = K;
-  args.fp8_dtype = fp8_dtype;
+  CastArgs args = args_for(src, type, fp8_dtype, data, inv, data_t, inv_t, with_data, with_transpose);
   args.rowwise = rowwise;
-  args.data = with_data ? static_cast<uint8_t*>(data.data_ptr()) : nullptr;
-  args.inv_scale = with_data ? inv.data_ptr<float>() : nullptr;
-  args.data_t = with_transpose ? static_cast<uint8_t*>(data_t.data_ptr()) : nullptr;
-  args.inv_scale_t = with_transpose ? inv_t.data_ptr<float>() : nullptr;
   args.amax = amax_t.defined() ? amax_t.data_ptr<float>() : nullptr;
-  if (device.is_cpu()) {
-    cast_fp8_cpu(args);
-  } else {
-    launch_cuda(args, device, src);
-  }
+  run_cast(args, device, src);
   return {data, inv, data_t, inv_t};
 }
 
@@ -158,23 +170,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> cast_fp8_
     if (with_transpose) inv_t.copy_(scale_t.reciprocal());
     return {data, inv, data_t, inv_t, amax};
   }
-  CastArgs args;
-  args.src = src.data_ptr();
-  args.type = type;
-  args.rows = M;
-  args.cols = K;
-  args.fp8_dtype = fp8_dtype;
-  args.data = with_data ? static_cast<uint8_t*>(data.data_ptr()) : nullptr;
-  args.inv_scale = with_data ? inv.data_ptr<float>() : nullptr;
-  args.data_t = with_transpose ? static_cast<uint8_t*>(data_t.data_ptr()) : nullptr;
-  args.inv_scale_t = with_transpose ? inv_t.data_ptr<float>() : nullptr;
+  CastArgs args = args_for(src, type, fp8_dtype, data, inv, data_t, inv_t, with_data, with_transpose);
   args.scale = scale_t.data_ptr<float>();
   args.amax_out = amax.data_ptr<float>();
-  if (device.is_cpu()) {
-    cast_fp8_cpu(args);
-  } else {
-    launch_cuda(args, device, src);
-  }
+  run_cast(args, device, src);
   return {data, inv, data_t, inv_t, amax};
 }
 
