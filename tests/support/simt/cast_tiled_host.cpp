@@ -4,23 +4,15 @@
 // sets). What the tiled kernels do not cover they hand to cast_cuda.cu's,
 // which cast_host.cpp compiles into the same library.
 #include "linear/cast_cuda_tiled.cu"
+#include "cast_host_args.h"
 
 extern "C" int simt_tiled_cast(const void* src, int64_t type, int64_t rows, int64_t cols, int64_t format,
                                int64_t rowwise, uint8_t* data, float* inv_scale, uint8_t* data_t, float* inv_scale_t,
                                const float* amax, uint32_t* workspace) {
-  fp8comm::cast::CastArgs a;
-  a.src = src;
-  a.type = static_cast<fp8comm::ElemType>(type);
-  a.rows = rows;
-  a.cols = cols;
-  a.fp8_dtype = static_cast<fp8comm::Fp8Dtype>(format);
+  fp8comm::cast::CastArgs a =
+      host_cast_args(src, type, rows, cols, format, data, inv_scale, data_t, inv_scale_t, workspace);
   a.rowwise = rowwise != 0;
-  a.data = data;
-  a.inv_scale = inv_scale;
-  a.data_t = data_t;
-  a.inv_scale_t = inv_scale_t;
   a.amax = amax;
-  a.workspace = workspace;
   return fp8comm::cast::cast_fp8_cuda_tiled(a, nullptr);
 }
 
@@ -29,18 +21,9 @@ extern "C" int simt_tiled_cast(const void* src, int64_t type, int64_t rows, int6
 extern "C" int simt_tiled_cast_scaled(const void* src, int64_t type, int64_t rows, int64_t cols, int64_t format,
                                       uint8_t* data, float* inv_scale, uint8_t* data_t, float* inv_scale_t,
                                       const float* scale, float* amax_out, uint32_t* workspace) {
-  fp8comm::cast::CastArgs a;
-  a.src = src;
-  a.type = static_cast<fp8comm::ElemType>(type);
-  a.rows = rows;
-  a.cols = cols;
-  a.fp8_dtype = static_cast<fp8comm::Fp8Dtype>(format);
-  a.data = data;
-  a.inv_scale = inv_scale;
-  a.data_t = data_t;
-  a.inv_scale_t = inv_scale_t;
+  fp8comm::cast::CastArgs a =
+      host_cast_args(src, type, rows, cols, format, data, inv_scale, data_t, inv_scale_t, workspace);
   a.scale = scale;
   a.amax_out = amax_out;
-  a.workspace = workspace;
   return fp8comm::cast::cast_fp8_cuda_tiled(a, nullptr);
 }
